@@ -1,0 +1,39 @@
+# The whole set-up is two commands: `make run` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test check lint format typecheck imports clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## install: create .venv with the platform and everything its tests need
+install: $(STAMP)
+
+## run: start the platform on the embedded default, with its quickstart
+run: install
+	$(BIN)/shamal server --quickstart
+
+## check: lint, format check, types and import contracts
+check: install
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+## test: `make check`, then the whole test suite (PostgreSQL and S3 tests included)
+test: check
+	$(BIN)/python -m pytest -q
+
+## format: apply ruff's fixes and formatting
+format: install
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,3 @@
+"""Shamal: a self-hostable ML platform."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,42 @@
+"""Security domain: accounts, teams and roles, API tokens, and the audit log.
+
+Public surface for the rest of Shamal; other packages never reach into the
+private modules.
+"""
+
+from __future__ import annotations
+
+from shamal.security._audit import AuditContext, AuditLog, load_or_create_key, utc_now
+from shamal.security._entities import (
+    AccountKind,
+    ApiToken,
+    AuditEntry,
+    ChainReport,
+    IssuedToken,
+    Membership,
+    Principal,
+    Role,
+    Team,
+    User,
+)
+from shamal.security._service import SecurityService, TeamDetail, check_name
+
+__all__ = [
+    "AccountKind",
+    "ApiToken",
+    "AuditContext",
+    "AuditEntry",
+    "AuditLog",
+    "ChainReport",
+    "IssuedToken",
+    "Membership",
+    "Principal",
+    "Role",
+    "SecurityService",
+    "Team",
+    "TeamDetail",
+    "User",
+    "check_name",
+    "load_or_create_key",
+    "utc_now",
+]

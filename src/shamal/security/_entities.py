@@ -1,0 +1,149 @@
+"""What the security domain hands to callers: frozen values, never ORM rows."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shamal.errors import NotFound, PermissionDenied
+
+
+class Role(enum.IntEnum):
+    """Roles within a team, ordered: each role can do what the ones below it can."""
+
+    VIEWER = 1
+    MEMBER = 2
+    MAINTAINER = 3
+    ADMIN = 4
+
+    @classmethod
+    def parse(cls, name: str) -> Role:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown role {name!r}") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class AccountKind(enum.StrEnum):
+    USER = "user"
+    SERVICE = "service"
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    id: str
+    name: str
+    kind: AccountKind
+    is_admin: bool
+    disabled: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    id: str
+    name: str
+    description: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    team: str
+    user: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """A token's record; the secret is never part of it."""
+
+    id: str
+    user_id: str
+    user_name: str
+    name: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    def is_active(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    """A freshly created token: the only moment the secret exists outside the caller."""
+
+    token: ApiToken
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the user behind a token, and their role in each team."""
+
+    user: User
+    token_id: str | None
+    roles: Mapping[str, Role]
+
+    @property
+    def name(self) -> str:
+        return self.user.name
+
+    def require_admin(self) -> None:
+        """Raises PermissionDenied unless the principal is a platform admin."""
+        if not self.user.is_admin:
+            raise PermissionDenied("this action needs the platform admin role")
+
+    def require_team_role(self, team: str, needed: Role) -> None:
+        """Check the principal's role in ``team``.
+
+        Raises:
+            NotFound: the principal is not in the team (its existence is not revealed).
+            PermissionDenied: in the team, but with a role below ``needed``.
+        """
+        if self.user.is_admin:
+            return
+        role = self.roles.get(team)
+        if role is None:
+            raise NotFound(f"team {team!r} does not exist")
+        if role < needed:
+            raise PermissionDenied(
+                f"this action needs the {needed.label} role in team {team!r}; you are {role.label}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    seq: int
+    ts: datetime
+    actor: str
+    action: str
+    target: str
+    outcome: str
+    detail: Mapping[str, Any]
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainReport:
+    """Result of verifying the audit chain.
+
+    ``first_broken_seq`` is the sequence number of the first entry that fails
+    (edited, deleted before it, reordered, or a truncated tail), else None.
+    """
+
+    ok: bool
+    entries_checked: int
+    first_broken_seq: int | None = None
+    reason: str = ""

@@ -1,0 +1,270 @@
+"""Rules of the security domain: accounts, teams, roles, tokens, authentication."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from shamal.db import Database
+from shamal.errors import InvalidParameter, NotFound, Unauthenticated
+from shamal.security import _store
+from shamal.security._audit import AuditContext, AuditLog, Clock, utc_now
+from shamal.security._entities import (
+    AccountKind,
+    ApiToken,
+    IssuedToken,
+    Membership,
+    Principal,
+    Role,
+    Team,
+    User,
+)
+from shamal.security._tokens import display_prefix, hash_secret, looks_like_token, new_secret
+
+logger = logging.getLogger(__name__)
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+MAX_TOKEN_LIFETIME = timedelta(days=366)
+# last_used_at is bookkeeping, not security: write it at most this often per token.
+_TOUCH_INTERVAL = timedelta(minutes=1)
+BOOTSTRAP_ADMIN = "admin"
+
+
+def check_name(kind: str, name: str) -> str:
+    """Names of users, teams and tokens: lowercase, digits, ``.-_``; at most 64 characters."""
+    if not _NAME_RE.fullmatch(name):
+        raise InvalidParameter(
+            f"{kind} names use lowercase letters, digits, '.', '-' and '_' (1-64 characters)"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TeamDetail:
+    team: Team
+    members: list[Membership]
+
+
+class SecurityService:
+    """Accounts, teams, memberships and tokens, with every change audited.
+
+    Thread-safe; one instance per process.
+    """
+
+    def __init__(self, db: Database, audit: AuditLog, clock: Clock = utc_now) -> None:
+        self._db = db
+        self._audit = audit
+        self._clock = clock
+
+    # ------------------------------------------------------------------ authentication
+    def authenticate(self, secret: str) -> Principal:
+        """Resolve a bearer secret to its principal.
+
+        Raises:
+            Unauthenticated: malformed, unknown, revoked or expired token, or a disabled account.
+        """
+        if not looks_like_token(secret):
+            raise Unauthenticated("the bearer token is malformed")
+        token_hash = hash_secret(secret)
+        now = self._clock()
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find_token(s, token_hash)
+            if found is None:
+                raise Unauthenticated("the bearer token is not valid")
+            token, user = found
+            if not token.is_active(now):
+                raise Unauthenticated("the bearer token has expired or was revoked")
+            if user.disabled:
+                raise Unauthenticated("the account of this token is disabled")
+            roles = _store.roles_of(s, user.id)
+        if token.last_used_at is None or now - token.last_used_at > _TOUCH_INTERVAL:
+            self._db.run(lambda s: _store.touch_token(s, token.id, now))
+        return Principal(user=user, token_id=token.id, roles=roles)
+
+    def bootstrap(self, token_file: Path) -> str | None:
+        """On first start, create the ``admin`` account and write its token to ``token_file``.
+
+        Returns the new secret, or None when an admin exists already. The file
+        is created with mode 0600; its directory with 0700.
+        """
+        now = self._clock()
+        secret = new_secret()
+
+        def work(s: Session) -> bool:
+            if _store.count_admins(s) > 0:
+                return False
+            user = _store.insert_user(s, BOOTSTRAP_ADMIN, AccountKind.USER, is_admin=True, now=now)
+            _store.insert_token(
+                s, user, "bootstrap", hash_secret(secret), display_prefix(secret), now, None
+            )
+            self._audit.append(
+                s,
+                actor="system",
+                action="user.bootstrap",
+                target=f"user:{BOOTSTRAP_ADMIN}",
+                outcome="ok",
+            )
+            return True
+
+        if not self._db.run(work, retry_unique=True):
+            return None
+        token_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = token_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret + "\n")
+        os.replace(tmp, token_file)
+        return secret
+
+    # ------------------------------------------------------------------ users
+    def create_user(self, ctx: AuditContext, name: str, kind: AccountKind, is_admin: bool) -> User:
+        ctx.require_principal().require_admin()
+        check_name("user", name)
+        ctx.target = f"user:{name}"
+
+        def work(s: Session) -> User:
+            user = _store.insert_user(s, name, kind, is_admin=is_admin, now=self._clock())
+            self._audit.record(s, ctx, ctx.target, kind=kind.value, is_admin=is_admin)
+            return user
+
+        return self._db.run(work)
+
+    def list_users(self, principal: Principal) -> list[User]:
+        principal.require_admin()
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_users(s)
+
+    def set_user_disabled(self, ctx: AuditContext, name: str, disabled: bool) -> User:
+        principal = ctx.require_principal()
+        principal.require_admin()
+        ctx.target = f"user:{name}"
+        if disabled and name == principal.name:
+            raise InvalidParameter("you cannot disable your own account")
+
+        def work(s: Session) -> User:
+            user = _store.set_user_disabled(s, name, disabled)
+            self._audit.record(s, ctx, ctx.target, disabled=disabled)
+            return user
+
+        return self._db.run(work)
+
+    # ------------------------------------------------------------------ teams
+    def create_team(self, ctx: AuditContext, name: str, description: str = "") -> Team:
+        ctx.require_principal().require_admin()
+        check_name("team", name)
+        ctx.target = f"team:{name}"
+
+        def work(s: Session) -> Team:
+            team = _store.insert_team(s, name, description, self._clock())
+            self._audit.record(s, ctx, ctx.target)
+            return team
+
+        return self._db.run(work)
+
+    def list_teams(self, principal: Principal) -> list[Team]:
+        """Every team for admins; one's own teams for everybody else."""
+        only = None if principal.user.is_admin else list(principal.roles)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_teams(s, only)
+
+    def get_team(self, principal: Principal, name: str) -> TeamDetail:
+        principal.require_team_role(name, Role.VIEWER)
+        with self._db.unit_of_work(write=False) as s:
+            return TeamDetail(_store.get_team(s, name), _store.list_members(s, name))
+
+    def delete_team(self, ctx: AuditContext, name: str) -> None:
+        ctx.require_principal().require_admin()
+        ctx.target = f"team:{name}"
+
+        def work(s: Session) -> None:
+            _store.delete_team(s, name)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+
+    def set_member(self, ctx: AuditContext, team: str, user: str, role: Role) -> Membership:
+        """Add ``user`` to ``team`` or change their role. Needs team admin."""
+        ctx.require_principal().require_team_role(team, Role.ADMIN)
+        ctx.target = f"team:{team}/user:{user}"
+
+        def work(s: Session) -> Membership:
+            membership = _store.upsert_member(s, team, user, role, self._clock())
+            self._audit.record(s, ctx, ctx.target, role=role.label)
+            return membership
+
+        return self._db.run(work, retry_unique=True)
+
+    def remove_member(self, ctx: AuditContext, team: str, user: str) -> None:
+        ctx.require_principal().require_team_role(team, Role.ADMIN)
+        ctx.target = f"team:{team}/user:{user}"
+
+        def work(s: Session) -> None:
+            _store.remove_member(s, team, user)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(
+        self,
+        ctx: AuditContext,
+        name: str,
+        expires_in: timedelta | None,
+        for_user: str | None = None,
+    ) -> IssuedToken:
+        """Issue a token for the caller, or (admins only) for another account.
+
+        The secret is returned once and stored only as its SHA-256.
+        """
+        principal = ctx.require_principal()
+        check_name("token", name)
+        owner = for_user or principal.name
+        if owner != principal.name:
+            principal.require_admin()
+        if expires_in is not None and not timedelta(0) < expires_in <= MAX_TOKEN_LIFETIME:
+            raise InvalidParameter("token lifetime must be between 1 second and 366 days")
+        ctx.target = f"user:{owner}/token:{name}"
+        secret = new_secret()
+        now = self._clock()
+
+        def work(s: Session) -> ApiToken:
+            user = _store.get_user(s, owner)
+            if user.disabled:
+                raise InvalidParameter(f"user {owner!r} is disabled")
+            expires_at = now + expires_in if expires_in is not None else None
+            token = _store.insert_token(
+                s, user, name, hash_secret(secret), display_prefix(secret), now, expires_at
+            )
+            self._audit.record(s, ctx, f"{ctx.target}/{token.id}")
+            return token
+
+        return IssuedToken(token=self._db.run(work), secret=secret)
+
+    def list_tokens(self, principal: Principal, all_users: bool = False) -> list[ApiToken]:
+        if all_users:
+            principal.require_admin()
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_tokens(s, None if all_users else principal.name)
+
+    def revoke_token(self, ctx: AuditContext, token_id: str) -> ApiToken:
+        """Revoke one of the caller's tokens (admins: anybody's). Idempotent."""
+        principal = ctx.require_principal()
+        ctx.target = f"token:{token_id}"
+
+        def work(s: Session) -> ApiToken:
+            token = _store.get_token(s, token_id)
+            if token.user_name != principal.name and not principal.user.is_admin:
+                # Other people's tokens do not exist, as far as this caller can tell.
+                raise NotFound(f"token {token_id!r} does not exist")
+            _store.revoke_token(s, token_id, self._clock())
+            self._audit.record(s, ctx, f"user:{token.user_name}/token:{token_id}")
+            return _store.get_token(s, token_id)
+
+        return self._db.run(work)

@@ -1,0 +1,438 @@
+"""HTTP API of the security domain, and the auth and audit dependencies every router uses.
+
+Every route of every domain depends on :func:`require_principal` (the route
+inventory test enforces it), and every state-changing route on :func:`audited`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from shamal._api import ERROR_RESPONSES
+from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
+from shamal.security._audit import AuditContext, AuditLog
+from shamal.security._entities import (
+    AccountKind,
+    ApiToken,
+    AuditEntry,
+    ChainReport,
+    Principal,
+    Role,
+    Team,
+    User,
+)
+from shamal.security._service import NAME_PATTERN, SecurityService
+
+logger = logging.getLogger(__name__)
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ShamalToken",
+    description="An API token, sent as `Authorization: Bearer shm_...`",
+)
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def get_security(request: Request) -> SecurityService:
+    service: SecurityService = request.app.state.security
+    return service
+
+
+def get_audit_log(request: Request) -> AuditLog:
+    audit: AuditLog = request.app.state.audit
+    return audit
+
+
+def require_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Authenticate the caller from its bearer token.
+
+    Raises:
+        Unauthenticated: no token, or a token that is malformed, unknown,
+            expired or revoked. Rejected state-changing calls are audited.
+    """
+    try:
+        if credentials is None or not credentials.credentials:
+            raise Unauthenticated(
+                "this endpoint needs a bearer token: send 'Authorization: Bearer <token>'"
+            )
+        principal = get_security(request).authenticate(credentials.credentials)
+    except Unauthenticated:
+        if request.method not in _SAFE_METHODS:
+            route = request.scope.get("route")
+            target = getattr(route, "path", "") or "unrouted"
+            ctx = AuditContext(
+                action=f"auth.{request.method.lower()}", actor="anonymous", target=target
+            )
+            get_audit_log(request).record_outcome(ctx, "unauthenticated")
+        raise
+    request.state.principal = principal
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(require_principal)]
+
+
+def audited(action: str) -> Callable[..., Iterator[AuditContext]]:
+    """A dependency that audits one state-changing call named ``action``.
+
+    Services record success inside their own transaction; whatever they did not
+    record (rejections, failures) is recorded here with the error code as outcome.
+    """
+
+    def dependency(request: Request, principal: CurrentPrincipal) -> Iterator[AuditContext]:
+        ctx = AuditContext(action=action, actor=principal.name, principal=principal)
+        audit = get_audit_log(request)
+        try:
+            yield ctx
+        except ShamalError as exc:
+            if not ctx.recorded:
+                audit.record_outcome(ctx, exc.code.lower())
+            raise
+        except RequestValidationError:
+            if not ctx.recorded:
+                audit.record_outcome(ctx, InvalidParameter.code.lower())
+            raise
+        except Exception:
+            if not ctx.recorded:
+                audit.record_outcome(ctx, "internal_error")
+            raise
+        if not ctx.recorded:
+            logger.warning("action %s finished without an audit record; recording it", action)
+            audit.record_outcome(ctx, "ok")
+
+    dependency.shamal_audit_action = action  # type: ignore[attr-defined]
+    return dependency
+
+
+def audit_action_of(dependency: Callable[..., Any]) -> str | None:
+    """The action a dependency made by :func:`audited` records, else None."""
+    return getattr(dependency, "shamal_audit_action", None)
+
+
+# ---------------------------------------------------------------------- schemas
+Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+TokenId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+RoleName = Literal["admin", "maintainer", "member", "viewer"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+
+class UserOut(_Model):
+    name: str
+    kind: Literal["user", "service"]
+    is_admin: bool
+    disabled: bool
+    created_at: datetime
+
+    @classmethod
+    def of(cls, user: User) -> UserOut:
+        return cls(
+            name=user.name,
+            kind=user.kind.value,
+            is_admin=user.is_admin,
+            disabled=user.disabled,
+            created_at=user.created_at,
+        )
+
+
+class UserIn(_Model):
+    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    kind: Literal["user", "service"] = "user"
+    is_admin: bool = False
+
+
+class WhoAmI(_Model):
+    user: UserOut
+    teams: dict[str, RoleName]
+
+
+class TeamIn(_Model):
+    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    description: str = Field(default="", max_length=512)
+
+
+class MemberOut(_Model):
+    user: str
+    role: RoleName
+
+
+class TeamOut(_Model):
+    name: str
+    description: str
+    created_at: datetime
+    members: list[MemberOut] | None = None
+
+    @classmethod
+    def of(cls, team: Team, members: list[MemberOut] | None = None) -> TeamOut:
+        return cls(
+            name=team.name,
+            description=team.description,
+            created_at=team.created_at,
+            members=members,
+        )
+
+
+class MemberIn(_Model):
+    role: RoleName
+
+
+class TokenIn(_Model):
+    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    expires_in_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+    user: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        max_length=64,
+        description="Issue for another account (admins only)",
+    )
+
+
+class TokenOut(_Model):
+    id: str
+    user: str
+    name: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, token: ApiToken) -> TokenOut:
+        return cls(
+            id=token.id,
+            user=token.user_name,
+            name=token.name,
+            prefix=token.prefix,
+            created_at=token.created_at,
+            expires_at=token.expires_at,
+            revoked_at=token.revoked_at,
+            last_used_at=token.last_used_at,
+        )
+
+
+class IssuedTokenOut(TokenOut):
+    secret: str = Field(description="Shown once; store it now.")
+
+
+class AuditEntryOut(_Model):
+    seq: int
+    ts: datetime
+    actor: str
+    action: str
+    target: str
+    outcome: str
+    detail: dict[str, Any]
+    hash: str
+
+    @classmethod
+    def of(cls, e: AuditEntry) -> AuditEntryOut:
+        return cls(
+            seq=e.seq,
+            ts=e.ts,
+            actor=e.actor,
+            action=e.action,
+            target=e.target,
+            outcome=e.outcome,
+            detail=dict(e.detail),
+            hash=e.hash,
+        )
+
+
+class ChainReportOut(_Model):
+    ok: bool
+    entries_checked: int
+    first_broken_seq: int | None
+    reason: str
+
+    @classmethod
+    def of(cls, r: ChainReport) -> ChainReportOut:
+        return cls(
+            ok=r.ok,
+            entries_checked=r.entries_checked,
+            first_broken_seq=r.first_broken_seq,
+            reason=r.reason,
+        )
+
+
+# ---------------------------------------------------------------------- routes
+router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
+Security = Annotated[SecurityService, Depends(get_security)]
+Audit = Annotated[AuditLog, Depends(get_audit_log)]
+
+
+@router.get("/whoami", tags=["security"], summary="Who the token belongs to")
+def whoami(principal: CurrentPrincipal) -> WhoAmI:
+    teams: dict[str, Any] = {t: r.label for t, r in principal.roles.items()}
+    return WhoAmI(user=UserOut.of(principal.user), teams=teams)
+
+
+@router.post(
+    "/users",
+    status_code=status.HTTP_201_CREATED,
+    tags=["security"],
+    summary="Create a user or service account (platform admin)",
+)
+def create_user(
+    body: UserIn, svc: Security, ctx: Annotated[AuditContext, Depends(audited("user.create"))]
+) -> UserOut:
+    return UserOut.of(svc.create_user(ctx, body.name, AccountKind(body.kind), body.is_admin))
+
+
+@router.get("/users", tags=["security"], summary="List accounts (platform admin)")
+def list_users(svc: Security, principal: CurrentPrincipal) -> list[UserOut]:
+    return [UserOut.of(u) for u in svc.list_users(principal)]
+
+
+@router.post(
+    "/users/{name}/disable",
+    tags=["security"],
+    summary="Disable an account: its tokens stop working (platform admin)",
+)
+def disable_user(
+    name: Name, svc: Security, ctx: Annotated[AuditContext, Depends(audited("user.disable"))]
+) -> UserOut:
+    return UserOut.of(svc.set_user_disabled(ctx, name, True))
+
+
+@router.post("/users/{name}/enable", tags=["security"], summary="Enable an account again")
+def enable_user(
+    name: Name, svc: Security, ctx: Annotated[AuditContext, Depends(audited("user.enable"))]
+) -> UserOut:
+    return UserOut.of(svc.set_user_disabled(ctx, name, False))
+
+
+@router.post(
+    "/teams",
+    status_code=status.HTTP_201_CREATED,
+    tags=["teams"],
+    summary="Create a team (platform admin)",
+)
+def create_team(
+    body: TeamIn, svc: Security, ctx: Annotated[AuditContext, Depends(audited("team.create"))]
+) -> TeamOut:
+    return TeamOut.of(svc.create_team(ctx, body.name, body.description))
+
+
+@router.get("/teams", tags=["teams"], summary="List the teams visible to the caller")
+def list_teams(svc: Security, principal: CurrentPrincipal) -> list[TeamOut]:
+    return [TeamOut.of(t) for t in svc.list_teams(principal)]
+
+
+@router.get("/teams/{team}", tags=["teams"], summary="A team and its members")
+def get_team(team: Name, svc: Security, principal: CurrentPrincipal) -> TeamOut:
+    detail = svc.get_team(principal, team)
+    members = [MemberOut(user=m.user, role=m.role.label) for m in detail.members]
+    return TeamOut.of(detail.team, members)
+
+
+@router.delete(
+    "/teams/{team}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["teams"],
+    summary="Delete a team (platform admin)",
+)
+def delete_team(
+    team: Name, svc: Security, ctx: Annotated[AuditContext, Depends(audited("team.delete"))]
+) -> None:
+    svc.delete_team(ctx, team)
+
+
+@router.put(
+    "/teams/{team}/members/{user}",
+    tags=["teams"],
+    summary="Add a member or change their role (team admin)",
+)
+def set_member(
+    team: Name,
+    user: Name,
+    body: MemberIn,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("team.member.set"))],
+) -> MemberOut:
+    membership = svc.set_member(ctx, team, user, Role.parse(body.role))
+    return MemberOut(user=membership.user, role=body.role)
+
+
+@router.delete(
+    "/teams/{team}/members/{user}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["teams"],
+    summary="Remove a member (team admin)",
+)
+def remove_member(
+    team: Name,
+    user: Name,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("team.member.remove"))],
+) -> None:
+    svc.remove_member(ctx, team, user)
+
+
+@router.post(
+    "/tokens",
+    status_code=status.HTTP_201_CREATED,
+    tags=["tokens"],
+    summary="Issue an API token; the secret is shown once",
+)
+def create_token(
+    body: TokenIn, svc: Security, ctx: Annotated[AuditContext, Depends(audited("token.create"))]
+) -> IssuedTokenOut:
+    expires = timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
+    issued = svc.create_token(ctx, body.name, expires, body.user)
+    return IssuedTokenOut(**TokenOut.of(issued.token).model_dump(), secret=issued.secret)
+
+
+@router.get("/tokens", tags=["tokens"], summary="List your tokens (admins: everybody's)")
+def list_tokens(
+    svc: Security,
+    principal: CurrentPrincipal,
+    all_users: Annotated[bool, Query(alias="all")] = False,
+) -> list[TokenOut]:
+    return [TokenOut.of(t) for t in svc.list_tokens(principal, all_users)]
+
+
+@router.delete("/tokens/{token_id}", tags=["tokens"], summary="Revoke a token")
+def revoke_token(
+    token_id: TokenId,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("token.revoke"))],
+) -> TokenOut:
+    return TokenOut.of(svc.revoke_token(ctx, token_id))
+
+
+@router.get("/audit", tags=["audit"], summary="Audit entries, newest first (platform admin)")
+def list_audit(
+    audit: Audit,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    action: Annotated[str | None, Query(max_length=128)] = None,
+    actor: Annotated[str | None, Query(max_length=128)] = None,
+) -> list[AuditEntryOut]:
+    principal.require_admin()
+    entries = audit.entries(limit=limit, before=before, action=action, actor=actor)
+    return [AuditEntryOut.of(e) for e in entries]
+
+
+@router.get(
+    "/audit/verify",
+    tags=["audit"],
+    summary="Verify the audit hash chain; reports the first broken link (platform admin)",
+)
+def verify_audit(audit: Audit, principal: CurrentPrincipal) -> ChainReportOut:
+    principal.require_admin()
+    return ChainReportOut.of(audit.verify())

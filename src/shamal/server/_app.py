@@ -1,0 +1,103 @@
+"""The application factory: mounts each domain's router behind one error path."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+import shamal
+from shamal.config import Settings
+from shamal.db import current_revision, head_revision
+from shamal.security import api as security_api
+from shamal.server._errors import install_error_handlers
+from shamal.server._guard import RequestGuard
+from shamal.server._platform import Platform, start_platform
+
+logger = logging.getLogger(__name__)
+
+#: Routes that answer without a token. The route-inventory test holds every
+#: other route to the auth dependency.
+PUBLIC_ROUTES = frozenset({"/health", "/ready"})
+UPLOAD_PREFIXES: tuple[str, ...] = ("/api/v1/artifacts/",)
+
+
+def _bind(app: FastAPI, platform: Platform) -> None:
+    app.state.platform = platform
+    app.state.settings = platform.settings
+    app.state.db = platform.db
+    app.state.audit = platform.audit
+    app.state.security = platform.security
+
+
+def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
+    """Build the ASGI app.
+
+    Args:
+        settings: the configuration.
+        platform: already-started services (tests, multi-app processes); when
+            None the app starts them in its lifespan and closes them at shutdown.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = platform is None
+        running = start_platform(settings) if owned else platform
+        assert running is not None
+        _bind(app, running)
+        try:
+            yield
+        finally:
+            if owned:
+                running.close()
+
+    app = FastAPI(
+        title="Shamal",
+        version=shamal.__version__,
+        description="Self-hostable ML platform. Every `/api` route needs `Authorization: "
+        "Bearer <token>`; the first admin token is written to `SHAMAL_HOME/token`.",
+        lifespan=lifespan,
+    )
+    if platform is not None:
+        _bind(app, platform)
+    install_error_handlers(app)
+    app.add_middleware(
+        RequestGuard,
+        allowed_hosts=settings.effective_allowed_hosts,
+        max_body=settings.max_request_bytes,
+        upload_limits=[(p, settings.max_upload_bytes) for p in UPLOAD_PREFIXES],
+    )
+    _add_probes(app)
+    app.include_router(security_api.router)
+    return app
+
+
+def _add_probes(app: FastAPI) -> None:
+    @app.get("/health", tags=["probes"], summary="Liveness: the process answers")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get(
+        "/ready",
+        tags=["probes"],
+        summary="Readiness: the database answers and its schema is current",
+        responses={503: {"description": "Not ready"}},
+    )
+    def ready(request: Request) -> JSONResponse:
+        db = getattr(request.app.state, "db", None)
+        if db is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            with db.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            current = current_revision(db)
+        except Exception:  # noqa: BLE001 - readiness reports any failure as "not ready"
+            logger.warning("readiness check failed", exc_info=True)
+            return JSONResponse({"status": "database unavailable"}, status_code=503)
+        if current != head_revision():
+            return JSONResponse({"status": "schema not current"}, status_code=503)
+        return JSONResponse({"status": "ready", "schema": current})

@@ -1,0 +1,47 @@
+"""The running platform: every service, built once from settings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from shamal.config import Settings
+from shamal.db import Database, open_database, upgrade
+from shamal.security import AuditLog, SecurityService, load_or_create_key
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Platform:
+    """Everything a server process needs, opened and migrated.
+
+    ``admin_secret`` is set only on the very first start, when the bootstrap
+    admin token was just created (it is also in ``settings.token_file``).
+    """
+
+    settings: Settings
+    db: Database
+    audit: AuditLog
+    security: SecurityService
+    admin_secret: str | None = None
+
+    def close(self) -> None:
+        self.db.dispose()
+
+
+def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
+    """Open the database (migrating it to head), the audit chain and the services."""
+    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = open_database(settings.resolved_database_url)
+    if migrate:
+        upgrade(db)
+    key = load_or_create_key(settings.keys_dir / "audit.key", settings.audit_key)
+    audit = AuditLog(db, key)
+    security = SecurityService(db, audit)
+    admin_secret = security.bootstrap(settings.token_file)
+    if admin_secret:
+        logger.info("created the admin account; its token is in %s", settings.token_file)
+    return Platform(
+        settings=settings, db=db, audit=audit, security=security, admin_secret=admin_secret
+    )

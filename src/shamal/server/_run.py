@@ -1,0 +1,105 @@
+"""Run the server: one process or several workers sharing one listening socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI
+
+from shamal.config import Settings, is_loopback_host
+from shamal.errors import InvalidParameter
+from shamal.server._app import create_app
+from shamal.server._platform import Platform, start_platform
+
+logger = logging.getLogger(__name__)
+
+
+def make_listener(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket created with ``proto=IPPROTO_TCP``.
+
+    asyncio only sets TCP_NODELAY on accepted connections whose socket says
+    ``IPPROTO_TCP``; uvicorn's own pre-bound sockets (``--workers``) say 0, and
+    every keep-alive response then waits ~40 ms for a delayed ACK. Binding here
+    avoids that and lets ``port=0`` pick a free port.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def app_from_env() -> FastAPI:
+    """Application factory for worker processes: settings from the environment."""
+    return create_app(Settings())
+
+
+def serve(
+    settings: Settings,
+    *,
+    on_ready: Callable[[Platform, str], None] | None = None,
+) -> None:
+    """Migrate, bootstrap, then serve until SIGINT/SIGTERM (graceful drain).
+
+    Args:
+        settings: configuration; ``settings.workers > 1`` forks worker processes.
+        on_ready: called with the platform and the base URL once the socket is bound.
+
+    Raises:
+        InvalidParameter: a non-loopback bind without an explicit Host allow-list.
+    """
+    if not is_loopback_host(settings.host) and not settings.allowed_hosts:
+        raise InvalidParameter(
+            f"binding {settings.host} exposes Shamal beyond this machine: set "
+            "SHAMAL_ALLOWED_HOSTS to the names clients use (e.g. '[\"shamal.example.com\"]')"
+        )
+    platform = start_platform(settings)
+    sock = make_listener(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    base_url = f"http://{shown}:{port}"
+    common = {
+        "timeout_graceful_shutdown": int(settings.graceful_shutdown_s),
+        "server_header": False,
+        "proxy_headers": False,
+        "log_level": "info",
+    }
+    if on_ready is not None:
+        on_ready(platform, base_url)
+    try:
+        if settings.workers == 1:
+            config = uvicorn.Config(create_app(settings, platform), **common)  # type: ignore[arg-type]
+            uvicorn.Server(config).run(sockets=[sock])
+            return
+        platform.close()  # each worker opens its own connections
+        # Workers rebuild Settings from the environment: hand them ours.
+        os.environ.update(_settings_env(settings))
+        config = uvicorn.Config(
+            "shamal.server._run:app_from_env",
+            factory=True,
+            workers=settings.workers,
+            **common,  # type: ignore[arg-type]
+        )
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        sock.close()
+        platform.close()
+
+
+def _settings_env(settings: Settings) -> dict[str, str]:
+    env = {
+        "SHAMAL_HOME": str(settings.home),
+        "SHAMAL_HOST": settings.host,
+        "SHAMAL_PORT": str(settings.port),
+    }
+    if settings.database_url:
+        env["SHAMAL_DATABASE_URL"] = settings.database_url
+    return env

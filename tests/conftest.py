@@ -1,0 +1,125 @@
+"""Shared fixtures: settings in a temporary home, and both database backends for real.
+
+PostgreSQL tests use the machine's server (``SHAMAL_TEST_PG_URL``, default the
+local trust-auth server). Each test run makes a template database, migrated once;
+each test gets a fresh copy of it, dropped afterwards. There is no skip: a test
+that needs PostgreSQL fails when it is down, with CI=true or without.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
+
+from shamal.config import Settings
+from shamal.db import open_database, upgrade
+from shamal.server import Platform, create_app, start_platform
+
+PG_ADMIN_URL = os.environ.get(
+    "SHAMAL_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _pg_connect() -> psycopg.Connection[tuple[object, ...]]:
+    url = make_url(PG_ADMIN_URL)
+    try:
+        return psycopg.connect(
+            host=url.host, port=url.port or 5432, user=url.username, password=url.password,
+            dbname=url.database, autocommit=True, connect_timeout=5,
+        )
+    except psycopg.OperationalError as exc:  # pragma: no cover - environment failure
+        pytest.fail(
+            f"PostgreSQL is not reachable at {url.host}:{url.port} ({exc.__class__.__name__}); "
+            "start it (see the machine notes) or set SHAMAL_TEST_PG_URL"
+        )
+
+
+def _pg_url(dbname: str) -> str:
+    return make_url(PG_ADMIN_URL).set(database=dbname).render_as_string(hide_password=False)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ambient SHAMAL_* variables must not leak into tests."""
+    for key in list(os.environ):
+        if key.startswith("SHAMAL_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    name = f"shamal_tpl_{RUN_ID}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    db = open_database(_pg_url(name))
+    upgrade(db)
+    db.dispose()
+    yield name
+    with _pg_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def fresh_pg_url(pg_template: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database for one test."""
+    name = f"shamal_t_{RUN_ID}_{uuid.uuid4().hex[:10]}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield _pg_url(name)
+    with _pg_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_pg_url() -> Iterator[str]:
+    """A new, empty (unmigrated) PostgreSQL database for one test."""
+    name = f"shamal_e_{RUN_ID}_{uuid.uuid4().hex[:10]}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield _pg_url(name)
+    with _pg_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Each test using this runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'shamal.db'}"
+    url: str = request.getfixturevalue("fresh_pg_url")
+    return url
+
+
+@pytest.fixture
+def settings(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Settings:
+    home = tmp_path_factory.mktemp("home")
+    return Settings(home=home, database_url=database_url, allowed_hosts=("*",))
+
+
+@pytest.fixture
+def platform(settings: Settings) -> Iterator[Platform]:
+    running = start_platform(settings)
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def admin_token(platform: Platform) -> str:
+    assert platform.admin_secret is not None
+    return platform.admin_secret
+
+
+@pytest.fixture
+def api(platform: Platform, admin_token: str) -> Iterator[TestClient]:
+    """An in-process client of the app, authenticated as the bootstrap admin."""
+    app = create_app(platform.settings, platform)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {admin_token}"
+        yield client
