@@ -1,0 +1,27 @@
+"""The `shamal` command line: thin over the SDK client, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from shamal.cli import audit, db, team, token, user
+from shamal.cli.server import server
+
+app = typer.Typer(
+    name="shamal",
+    help="Shamal: a self-hostable ML platform. Start with `shamal server`; other commands "
+    "talk to it at SHAMAL_URL (default http://127.0.0.1:8600) with the token in SHAMAL_TOKEN "
+    "(default: the local admin token in ~/.shamal/token).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("server")(server)
+app.add_typer(db.app, name="db")
+app.add_typer(token.app, name="token")
+app.add_typer(team.app, name="team")
+app.add_typer(user.app, name="user")
+app.add_typer(audit.app, name="audit")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,83 @@
+"""What every CLI command shares: the client, Rich output and one error path."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shamal.client import ShamalClient
+from shamal.errors import ServiceUnavailable, ShamalError, Unauthenticated
+
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_HINTS: dict[type[ShamalError], str] = {
+    Unauthenticated: "set SHAMAL_TOKEN (the admin token of a local server is in ~/.shamal/token)",
+    ServiceUnavailable: "start the server with `shamal server`, or point SHAMAL_URL at it",
+}
+
+
+def client() -> ShamalClient:
+    return ShamalClient()
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn Shamal errors into a one-line message, a hint and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ShamalError as exc:
+            err_console.print(f"[bold red]error:[/] {exc.message} [dim]({exc.code})[/]")
+            for cls, hint in _HINTS.items():
+                if isinstance(exc, cls):
+                    err_console.print(f"[yellow]hint:[/] {hint}")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str) and len(value) > 19 and value[10:11] == "T":
+        try:
+            return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return value
+    return str(value)
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], *, as_json: bool = False
+) -> None:
+    """Rows as a Rich table, or as JSON for scripts."""
+    materialized = list(rows)
+    if as_json:
+        console.print_json(json.dumps(materialized))
+        return
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column in columns:
+        table.add_column(column.replace("_", " "))
+    for row in materialized:
+        table.add_row(*(fmt(row.get(c)) for c in columns))
+    if not materialized:
+        console.print(f"[dim]{title}: none[/]")
+        return
+    console.print(table)
+
+
+JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")

@@ -1,0 +1,88 @@
+"""`shamal server`: run the platform."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Annotated, Any
+
+import typer
+from rich.panel import Panel
+
+from shamal.cli._common import console, err_console
+from shamal.cli._quickstart import run_quickstart, wait_until_up
+from shamal.client import ShamalClient
+from shamal.config import Settings
+from shamal.errors import ShamalError
+from shamal.server import Platform, serve
+
+
+def _banner(settings: Settings, platform: Platform, url: str) -> None:
+    backend = settings.resolved_database_url.split(":", 1)[0]
+    token_line = f"admin token: {settings.token_file}"
+    if platform.admin_secret:
+        token_line += "  [green](created now: first start)[/]"
+    console.print(
+        Panel(
+            f"Shamal is running at [bold]{url}[/]\n"
+            f"API docs:  {url}/docs    OpenAPI: {url}/openapi.json\n"
+            f"{token_line}\n"
+            f"use it:    export SHAMAL_URL={url} SHAMAL_TOKEN=$(cat {settings.token_file})\n"
+            f"data:      {settings.home}  (database: {backend})",
+            title="shamal",
+            title_align="left",
+        )
+    )
+
+
+def _quickstart_in_background(settings: Settings, url: str) -> None:
+    def work() -> None:
+        token = settings.token_file.read_text().strip()
+        with ShamalClient(url, token) as client:
+            try:
+                wait_until_up(client)
+                run_quickstart(client, console)
+            except ShamalError as exc:
+                err_console.print(f"[red]quickstart failed:[/] {exc.message}")
+
+    threading.Thread(target=work, name="quickstart", daemon=True).start()
+
+
+def server(
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind. Default 127.0.0.1 (this machine only).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port; 0 picks a free one. Default 8600.")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes. Default 1.")] = None,
+    quickstart: Annotated[
+        bool, typer.Option("--quickstart", help="After start-up, walk through the quickstart.")
+    ] = False,
+) -> None:
+    """Start the Shamal server (API under /api, docs at /docs).
+
+    With no configuration it runs the embedded default: SQLite and artifacts
+    under SHAMAL_HOME (~/.shamal), bound to 127.0.0.1:8600, and an admin token
+    written to SHAMAL_HOME/token on first start. SHAMAL_DATABASE_URL selects
+    PostgreSQL. Stop it with Ctrl-C; in-flight requests finish first.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, Any] = {
+        k: v for k, v in {"host": host, "port": port, "workers": workers}.items() if v is not None
+    }
+    try:
+        settings = Settings(**overrides)
+
+        def on_ready(platform: Platform, url: str) -> None:
+            _banner(settings, platform, url)
+            if quickstart:
+                _quickstart_in_background(settings, url)
+
+        serve(settings, on_ready=on_ready)
+    except ShamalError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}")
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        err_console.print(f"[bold red]error:[/] cannot start the server: {exc.strerror}")
+        raise typer.Exit(1) from None

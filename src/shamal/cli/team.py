@@ -1,0 +1,75 @@
+"""`shamal team`: teams and who is in them with which role."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+
+app = typer.Typer(
+    help="Teams: create them, list them, manage members and their roles.", no_args_is_help=True
+)
+
+ROLE_HELP = "admin (manage members), maintainer, member (write), viewer (read only)"
+
+
+@app.command("create")
+@handle_errors
+def create(
+    name: Annotated[str, typer.Argument(help="Lowercase name, e.g. 'vision'.")],
+    description: Annotated[str, typer.Option("--description", "-d")] = "",
+) -> None:
+    """Create a team (platform admins only)."""
+    team = client().create_team(name, description)
+    console.print(f"[green]created team[/] {team['name']}")
+
+
+@app.command("list")
+@handle_errors
+def list_(as_json: bool = JsonOption) -> None:
+    """List the teams you can see (admins see all)."""
+    print_table(
+        "Teams", ["name", "description", "created_at"], client().list_teams(), as_json=as_json
+    )
+
+
+@app.command("show")
+@handle_errors
+def show(name: str, as_json: bool = JsonOption) -> None:
+    """Show a team and its members."""
+    team = client().get_team(name)
+    if not as_json:
+        console.print(f"[bold]{team['name']}[/] {team['description']}")
+    print_table("Members", ["user", "role"], team.get("members") or [], as_json=as_json)
+
+
+@app.command("delete")
+@handle_errors
+def delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y")] = False) -> None:
+    """Delete a team (platform admins only)."""
+    if not yes:
+        typer.confirm(f"Delete team {name!r}?", abort=True)
+    client().delete_team(name)
+    console.print(f"[green]deleted team[/] {name}")
+
+
+@app.command("add-member")
+@handle_errors
+def add_member(
+    team: str,
+    user: str,
+    role: Annotated[str, typer.Option("--role", "-r", help=ROLE_HELP)] = "member",
+) -> None:
+    """Add a user to a team, or change their role (team admins)."""
+    client().set_member(team, user, role)
+    console.print(f"[green]{user}[/] is now {role} in {team}")
+
+
+@app.command("remove-member")
+@handle_errors
+def remove_member(team: str, user: str) -> None:
+    """Remove a user from a team (team admins)."""
+    client().remove_member(team, user)
+    console.print(f"removed {user} from {team}")

@@ -1,0 +1,242 @@
+"""The HTTP client shared by the SDK and the CLI.
+
+``ShamalClient()`` with no arguments talks to ``SHAMAL_URL`` (default
+``http://127.0.0.1:8600``) with the token in ``SHAMAL_TOKEN``, falling back to
+the admin token the embedded server wrote to ``SHAMAL_HOME/token``. Errors the
+server sends come back as the matching :class:`shamal.errors.ShamalError`
+subclass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+import httpx
+
+from shamal.errors import ServiceUnavailable, error_for_code
+
+__all__ = ["DEFAULT_URL", "ShamalClient", "default_token"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8600"
+_CHUNK = 1024 * 1024
+
+
+def default_token() -> str | None:
+    """``SHAMAL_TOKEN``, else the token file of the local embedded server."""
+    token = os.environ.get("SHAMAL_TOKEN")
+    if token:
+        return token.strip()
+    home = Path(os.environ.get("SHAMAL_HOME") or Path.home() / ".shamal")
+    try:
+        return (home / "token").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        body = response.json()
+        code, message = str(body["error_code"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "INTERNAL_ERROR", f"HTTP {response.status_code} from the server"
+    raise error_for_code(code, message)
+
+
+class ShamalClient:
+    """A thin, typed-by-convention client of the native ``/api/v1`` API.
+
+    Args:
+        url: base URL of the server; default ``SHAMAL_URL`` or ``DEFAULT_URL``.
+        token: bearer token; default :func:`default_token`.
+        timeout: seconds per request (uploads and downloads stream without a total cap).
+        transport: an httpx transport (tests pass an in-process ASGI transport).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = (url or os.environ.get("SHAMAL_URL") or DEFAULT_URL).rstrip("/")
+        self._token = token if token is not None else default_token()
+        headers = {"User-Agent": "shamal-client"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # ------------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ShamalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send one request; return the decoded JSON (None for 204).
+
+        Raises:
+            ShamalError: the server's error, as its subclass.
+            ServiceUnavailable: the server could not be reached.
+        """
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(
+                f"cannot reach Shamal at {self.url} ({exc.__class__.__name__}); "
+                "is `shamal server` running, and is SHAMAL_URL right?"
+            ) from exc
+        _raise_for(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    def health(self) -> bool:
+        try:
+            return self._http.get("/health").is_success
+        except httpx.TransportError:
+            return False
+
+    # ------------------------------------------------------------------ identity
+    def whoami(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", "/api/v1/whoami")
+        return result
+
+    def create_user(self, name: str, *, service: bool = False, admin: bool = False) -> Any:
+        body = {"name": name, "kind": "service" if service else "user", "is_admin": admin}
+        return self.request("POST", "/api/v1/users", json=body)
+
+    def list_users(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/users")
+        return result
+
+    def set_user_disabled(self, name: str, disabled: bool) -> Any:
+        verb = "disable" if disabled else "enable"
+        return self.request("POST", f"/api/v1/users/{quote(name, safe='')}/{verb}")
+
+    # ------------------------------------------------------------------ teams
+    def create_team(self, name: str, description: str = "") -> Any:
+        return self.request(
+            "POST", "/api/v1/teams", json={"name": name, "description": description}
+        )
+
+    def list_teams(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/teams")
+        return result
+
+    def get_team(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/teams/{quote(name, safe='')}")
+        return result
+
+    def delete_team(self, name: str) -> None:
+        self.request("DELETE", f"/api/v1/teams/{quote(name, safe='')}")
+
+    def set_member(self, team: str, user: str, role: str) -> Any:
+        path = f"/api/v1/teams/{quote(team, safe='')}/members/{quote(user, safe='')}"
+        return self.request("PUT", path, json={"role": role})
+
+    def remove_member(self, team: str, user: str) -> None:
+        path = f"/api/v1/teams/{quote(team, safe='')}/members/{quote(user, safe='')}"
+        self.request("DELETE", path)
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(
+        self, name: str, *, expires_in_s: int | None = None, user: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "expires_in_s": expires_in_s, "user": user}
+        result: dict[str, Any] = self.request("POST", "/api/v1/tokens", json=body)
+        return result
+
+    def list_tokens(self, *, all_users: bool = False) -> list[dict[str, Any]]:
+        params = {"all": "true"} if all_users else None
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/tokens", params=params)
+        return result
+
+    def revoke_token(self, token_id: str) -> Any:
+        return self.request("DELETE", f"/api/v1/tokens/{quote(token_id, safe='')}")
+
+    # ------------------------------------------------------------------ audit
+    def audit_entries(
+        self, *, limit: int = 100, before: int | None = None, action: str | None = None
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if before is not None:
+            params["before"] = before
+        if action is not None:
+            params["action"] = action
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/audit", params=params)
+        return result
+
+    def verify_audit(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", "/api/v1/audit/verify")
+        return result
+
+    # ------------------------------------------------------------------ artifacts
+    def _artifact_url(self, team: str, path: str) -> str:
+        return f"/api/v1/artifacts/{quote(team, safe='')}/{quote(path, safe='/')}"
+
+    def upload_artifact(
+        self,
+        team: str,
+        path: str,
+        source: IO[bytes],
+        *,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Stream ``source`` to ``team``'s artifact ``path`` in 1 MiB chunks."""
+
+        def chunks() -> Iterator[bytes]:
+            while block := source.read(_CHUNK):
+                if on_progress is not None:
+                    on_progress(len(block))
+                yield block
+
+        result: dict[str, Any] = self.request(
+            "PUT",
+            self._artifact_url(team, path),
+            content=chunks(),
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+        )
+        return result
+
+    def download_artifact(
+        self, team: str, path: str, *, on_progress: Callable[[int], None] | None = None
+    ) -> Iterable[bytes]:
+        """Yield the artifact's bytes as they arrive (verified by the server)."""
+        try:
+            with self._http.stream("GET", self._artifact_url(team, path)) as response:
+                if not response.is_success:
+                    response.read()
+                    _raise_for(response)
+                for block in response.iter_bytes(_CHUNK):
+                    if on_progress is not None:
+                        on_progress(len(block))
+                    yield block
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"download from {self.url} failed: {exc}") from exc
+
+    def list_artifacts(self, team: str, prefix: str = "") -> list[dict[str, Any]]:
+        params = {"prefix": prefix} if prefix else None
+        url = f"/api/v1/artifacts/{quote(team, safe='')}"
+        result: list[dict[str, Any]] = self.request("GET", url, params=params)
+        return result
+
+    def delete_artifact(self, team: str, path: str) -> None:
+        self.request("DELETE", self._artifact_url(team, path))

@@ -1,0 +1,175 @@
+"""Contract tests of the metadata store, run on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from shamal.db import Database, RetryableConflict, current_revision, head_revision, open_database
+from shamal.db import upgrade as migrate
+from shamal.db.models import Base, TeamRow
+from shamal.errors import AlreadyExists, InvalidParameter, ServiceUnavailable
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = open_database(database_url)
+    migrate(database)
+    yield database
+    database.dispose()
+
+
+def _team(s: Session, name: str) -> None:
+    s.add(TeamRow(id=uuid.uuid4().hex, name=name, description="", created_at=datetime.now(UTC)))
+
+
+def _count_teams(db: Database) -> int:
+    with db.unit_of_work(write=False) as s:
+        return s.scalar(select(func.count()).select_from(TeamRow)) or 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_migrations_build_the_schema_of_the_models(
+    backend: str, tmp_path: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite:///{tmp_path}/empty.db"
+        if backend == "sqlite"
+        else request.getfixturevalue("empty_pg_url")
+    )
+    database = open_database(url)
+    assert current_revision(database) is None
+    before, after = migrate(database)
+    assert (before, after) == (None, head_revision())
+    assert migrate(database) == (head_revision(), head_revision())  # idempotent
+    with database.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    database.dispose()
+    assert diff == [], f"models and migrations disagree: {diff}"
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: pytest.TempPathFactory) -> None:
+    database = open_database(f"sqlite:///{tmp_path}/wal.db")
+    with database.engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    database.dispose()
+
+
+def test_unsupported_backend_is_refused() -> None:
+    with pytest.raises(InvalidParameter, match="unsupported database backend"):
+        open_database("mysql://root@localhost/x")
+
+
+def test_unit_of_work_commits_and_rolls_back(db: Database) -> None:
+    with db.unit_of_work() as s:
+        _team(s, "kept")
+    with pytest.raises(RuntimeError), db.unit_of_work() as s:
+        _team(s, "dropped")
+        s.flush()
+        raise RuntimeError("boom")
+    with db.unit_of_work(write=False) as s:
+        assert list(s.scalars(select(TeamRow.name))) == ["kept"]
+
+
+def test_unique_violation_becomes_already_exists(db: Database) -> None:
+    db.run(lambda s: _team(s, "dup"))
+    with pytest.raises(AlreadyExists):
+        db.run(lambda s: _team(s, "dup"))
+    assert _count_teams(db) == 1
+
+
+def test_run_retries_transient_conflicts_then_gives_up(db: Database) -> None:
+    calls = []
+
+    def flaky(s: Session) -> str:
+        calls.append(1)
+        _team(s, f"t{len(calls)}")
+        if len(calls) < 3:
+            raise RetryableConflict
+        return "done"
+
+    assert db.run(flaky) == "done"
+    assert len(calls) == 3
+    assert _count_teams(db) == 1  # the failed attempts left nothing behind
+
+    def always(s: Session) -> None:
+        raise RetryableConflict
+
+    with pytest.raises(ServiceUnavailable):
+        db.run(always, attempts=3)
+
+
+def test_concurrent_max_plus_one_numbering_is_unique_and_gapless(db: Database) -> None:
+    """Eight writers pick "next number = count + 1" at once; unique retries sort it out."""
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def work(s: Session) -> None:
+        n = s.scalar(select(func.count()).select_from(TeamRow)) or 0
+        _team(s, f"n{n + 1:03d}")
+
+    def writer() -> None:
+        try:
+            barrier.wait(timeout=30)
+            db.run(work, retry_unique=True, attempts=20)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    with db.unit_of_work(write=False) as s:
+        names = sorted(s.scalars(select(TeamRow.name)))
+    assert names == [f"n{i:03d}" for i in range(1, 9)]
+
+
+@pytest.mark.postgres
+def test_postgres_serialization_failures_are_retried(fresh_pg_url: str) -> None:
+    """Write skew under SERIALIZABLE: PostgreSQL aborts one side (40001); run() retries it."""
+    database = open_database(fresh_pg_url)
+    barrier = threading.Barrier(2)
+    attempts: dict[str, int] = {"a": 0, "b": 0}
+    errors: list[BaseException] = []
+
+    def make_work(who: str):  # type: ignore[no-untyped-def]
+        def work(s: Session) -> None:
+            s.execute(text("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"))
+            attempts[who] += 1
+            seen = s.scalar(select(func.count()).select_from(TeamRow)) or 0
+            if attempts[who] == 1:
+                barrier.wait(timeout=30)  # both have read before either writes
+            _team(s, f"{who}-saw-{seen}")
+
+        return work
+
+    def writer(who: str) -> None:
+        try:
+            database.run(make_work(who))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    database.dispose()
+    assert errors == []
+    assert sum(attempts.values()) == 3, attempts  # exactly one side was aborted and retried
+    db2 = open_database(fresh_pg_url)
+    with db2.unit_of_work(write=False) as s:
+        names = sorted(s.scalars(select(TeamRow.name)))
+    db2.dispose()
+    assert sorted(n.split("-saw-")[1] for n in names) == ["0", "1"]

@@ -1,0 +1,184 @@
+"""Accounts, teams, roles and tokens through the API, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, text
+
+from shamal.config import Settings
+from shamal.db.models import ApiTokenRow
+from shamal.security import AuditLog, SecurityService
+from shamal.server import Platform
+
+
+def _as(api: TestClient, secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def _token_for(api: TestClient, user: str, **extra: object) -> str:
+    response = api.post("/api/v1/tokens", json={"name": "t", "user": user, **extra})
+    assert response.status_code == 201, response.text
+    secret: str = response.json()["secret"]
+    return secret
+
+
+@pytest.fixture
+def team_with_roles(api: TestClient) -> dict[str, str]:
+    """Team 'vision' with one account per role, plus an outsider; returns name -> secret."""
+    assert api.post("/api/v1/teams", json={"name": "vision"}).status_code == 201
+    secrets = {}
+    for name in ("ada", "max", "mia", "vic", "out"):
+        assert api.post("/api/v1/users", json={"name": name}).status_code == 201
+        secrets[name] = _token_for(api, name)
+    for name, role in (("ada", "admin"), ("max", "maintainer"), ("mia", "member"),
+                       ("vic", "viewer")):
+        r = api.put(f"/api/v1/teams/vision/members/{name}", json={"role": role})
+        assert r.status_code == 200, r.text
+    return secrets
+
+
+def test_first_start_writes_an_admin_token_0600(settings: Settings, platform: Platform) -> None:
+    mode = stat.S_IMODE(settings.token_file.stat().st_mode)
+    assert mode == 0o600
+    assert settings.token_file.read_text().strip() == platform.admin_secret
+    assert settings.host == "127.0.0.1"
+    # A second start finds the admin and creates nothing.
+    assert platform.security.bootstrap(settings.token_file) is None
+
+
+def test_tokens_are_stored_hashed_and_shown_once(api: TestClient, platform: Platform) -> None:
+    issued = api.post("/api/v1/tokens", json={"name": "laptop"}).json()
+    secret = issued["secret"]
+    with platform.db.unit_of_work(write=False) as s:
+        row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.id == issued["id"]))
+        assert row is not None
+        assert row.token_hash == hashlib.sha256(secret.encode()).hexdigest()
+        dump = " ".join(str(v) for v in s.execute(text("SELECT * FROM api_tokens")).all())
+    assert secret not in dump
+    listed = api.get("/api/v1/tokens").json()
+    assert all("secret" not in t for t in listed)
+    assert api.get("/api/v1/whoami", headers=_as(api, secret)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "", "Bearer", "Bearer ", "Basic YWRtaW46cGFzc3dvcmQxMjM0", "Bearer shm_short",
+     "Token shm_" + "a" * 43, "Bearer shm_" + "a" * 43, "Bearer  shm_" + "b" * 43 + " x"],
+)
+def test_bad_credentials_get_401(api: TestClient, header: str | None) -> None:
+    headers = {"Authorization": header} if header is not None else {}
+    client = TestClient(api.app, raise_server_exceptions=False)
+    response = client.get("/api/v1/whoami", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error_code"] == "UNAUTHENTICATED"
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_revoked_expired_and_disabled_tokens_stop_working(
+    api: TestClient, platform: Platform
+) -> None:
+    api.post("/api/v1/users", json={"name": "bob"})
+    secret = _token_for(api, "bob")
+    token_id = next(t["id"] for t in api.get("/api/v1/tokens?all=true").json()
+                    if t["user"] == "bob")
+    assert api.get("/api/v1/whoami", headers=_as(api, secret)).status_code == 200
+    assert api.delete(f"/api/v1/tokens/{token_id}").status_code == 200
+    assert api.get("/api/v1/whoami", headers=_as(api, secret)).status_code == 401
+
+    # Expiry, with a clock that moves past it.
+    later = [datetime.now(UTC)]
+    clocked = SecurityService(platform.db, platform.audit, clock=lambda: later[0])
+    secret2 = _token_for(api, "bob", expires_in_s=60)
+    assert clocked.authenticate(secret2).name == "bob"
+    later[0] += timedelta(seconds=61)
+    with pytest.raises(Exception, match="expired"):
+        clocked.authenticate(secret2)
+
+    secret3 = _token_for(api, "bob")
+    assert api.post("/api/v1/users/bob/disable").status_code == 200
+    assert api.get("/api/v1/whoami", headers=_as(api, secret3)).status_code == 401
+    assert api.post("/api/v1/users/bob/enable").status_code == 200
+    assert api.get("/api/v1/whoami", headers=_as(api, secret3)).status_code == 200
+
+
+def test_roles_give_403_inside_the_team_and_404_outside(
+    api: TestClient, team_with_roles: dict[str, str]
+) -> None:
+    s = team_with_roles
+    for who in ("ada", "max", "mia", "vic"):
+        assert api.get("/api/v1/teams/vision", headers=_as(api, s[who])).status_code == 200
+    assert api.get("/api/v1/teams/vision", headers=_as(api, s["out"])).status_code == 404
+    # A missing team and a foreign team look the same to outsiders.
+    assert api.get("/api/v1/teams/nope", headers=_as(api, s["out"])).status_code == 404
+    assert api.get("/api/v1/teams", headers=_as(api, s["out"])).json() == []
+    # Managing members needs the team's admin role.
+    body = {"role": "viewer"}
+    assert api.put("/api/v1/teams/vision/members/out", json=body,
+                   headers=_as(api, s["max"])).status_code == 403
+    assert api.put("/api/v1/teams/vision/members/out", json=body,
+                   headers=_as(api, s["vic"])).status_code == 403
+    assert api.put("/api/v1/teams/vision/members/out", json=body,
+                   headers=_as(api, s["out"])).status_code == 404
+    assert api.put("/api/v1/teams/vision/members/out", json=body,
+                   headers=_as(api, s["ada"])).status_code == 200
+    # Platform-admin actions are 403 for everybody else.
+    assert api.post("/api/v1/teams", json={"name": "x"},
+                    headers=_as(api, s["ada"])).status_code == 403
+    assert api.get("/api/v1/users", headers=_as(api, s["mia"])).status_code == 403
+    assert api.get("/api/v1/audit", headers=_as(api, s["mia"])).status_code == 403
+    # Teams list shows only one's own teams.
+    names = [t["name"] for t in api.get("/api/v1/teams", headers=_as(api, s["mia"])).json()]
+    assert names == ["vision"]
+    assert [t["name"] for t in api.get("/api/v1/teams", headers=_as(api, s["out"])).json()] == [
+        "vision"
+    ]  # out was made a viewer above
+
+
+def test_tokens_are_private_to_their_owner(
+    api: TestClient, team_with_roles: dict[str, str]
+) -> None:
+    s = team_with_roles
+    mine = api.post("/api/v1/tokens", json={"name": "mine"}, headers=_as(api, s["mia"])).json()
+    # Not for somebody else, not visible to them, not revocable by them.
+    assert api.post("/api/v1/tokens", json={"name": "x", "user": "ada"},
+                    headers=_as(api, s["mia"])).status_code == 403
+    assert api.get("/api/v1/tokens?all=true", headers=_as(api, s["mia"])).status_code == 403
+    theirs = [t["id"] for t in api.get("/api/v1/tokens", headers=_as(api, s["vic"])).json()]
+    assert mine["id"] not in theirs
+    assert api.delete(f"/api/v1/tokens/{mine['id']}",
+                      headers=_as(api, s["vic"])).status_code == 404
+    assert api.get("/api/v1/whoami", headers=_as(api, mine["secret"])).status_code == 200
+
+
+def test_self_escalation_is_impossible(api: TestClient, team_with_roles: dict[str, str]) -> None:
+    s = team_with_roles
+    # Unknown fields are rejected, not ignored.
+    r = api.post("/api/v1/users", json={"name": "mia2", "is_admin": True, "role": "admin"})
+    assert r.status_code == 400
+    assert api.post("/api/v1/users", json={"name": "evil", "is_admin": True},
+                    headers=_as(api, s["mia"])).status_code == 403
+    assert api.put("/api/v1/teams/vision/members/mia", json={"role": "admin"},
+                   headers=_as(api, s["mia"])).status_code == 403
+    who = api.get("/api/v1/whoami", headers=_as(api, s["mia"])).json()
+    assert who["user"]["is_admin"] is False
+    assert who["teams"] == {"vision": "member"}
+
+
+def test_admin_cannot_lock_themselves_out(api: TestClient) -> None:
+    r = api.post("/api/v1/users/admin/disable")
+    assert r.status_code == 400
+    assert api.get("/api/v1/whoami").status_code == 200
+
+
+def test_audit_key_is_kept_outside_the_database(settings: Settings, platform: Platform) -> None:
+    key_file = settings.keys_dir / "audit.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    with platform.db.unit_of_work(write=False) as s:
+        dump = str(s.execute(text("SELECT * FROM audit_log")).all())
+    assert key_file.read_text().strip() not in dump
+    assert isinstance(platform.audit, AuditLog)
