@@ -174,6 +174,19 @@ class SecurityService:
         with self._db.unit_of_work(write=False) as s:
             return _store.list_teams(s, only)
 
+    def authorize_team(self, principal: Principal, name: str, needed: Role) -> Team:
+        """The team, if ``principal`` holds at least ``needed`` in it (admins: any team).
+
+        Other domains call this before touching a team's objects.
+
+        Raises:
+            NotFound: no such team, or the principal is not in it.
+            PermissionDenied: in the team with a lower role.
+        """
+        principal.require_team_role(name, needed)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get_team(s, name)
+
     def get_team(self, principal: Principal, name: str) -> TeamDetail:
         principal.require_team_role(name, Role.VIEWER)
         with self._db.unit_of_work(write=False) as s:

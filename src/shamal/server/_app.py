@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
@@ -17,6 +17,7 @@ from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
+from shamal.server._strict import reject_unknown_query
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
         description="Self-hostable ML platform. Every `/api` route needs `Authorization: "
         "Bearer <token>`; the first admin token is written to `SHAMAL_HOME/token`.",
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query)],
     )
     if platform is not None:
         _bind(app, platform)

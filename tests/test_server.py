@@ -1,0 +1,184 @@
+"""The server shell: route inventory, error path, request guard, probes, listener."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, iter_route_contexts
+from fastapi.testclient import TestClient
+
+from shamal.config import Settings
+from shamal.security.api import audit_action_of, require_principal
+from shamal.server import PUBLIC_ROUTES, Platform, create_app, make_listener
+
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def _calls(dependant: Any) -> Iterator[Callable[..., Any]]:
+    for dep in dependant.dependencies:
+        if dep.call is not None:
+            yield dep.call
+        yield from _calls(dep)
+
+
+DOC_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def api_routes(app: FastAPI) -> list[Any]:
+    """Every effective route, routers' own dependencies included."""
+    return [rc for rc in iter_route_contexts(app.routes) if isinstance(rc.original_route, APIRoute)]
+
+
+def route_inventory_problems(app: FastAPI) -> list[str]:
+    """Every API route needs the auth dependency; every mutating one the audit dependency."""
+    problems = []
+    for rc in iter_route_contexts(app.routes):
+        if not isinstance(rc.original_route, APIRoute):
+            if rc.path not in DOC_ROUTES:
+                problems.append(f"{rc.path}: a non-API route outside the allow-list")
+            continue
+        if rc.path in PUBLIC_ROUTES:
+            continue
+        calls = list(_calls(rc.dependant))
+        if require_principal not in calls:
+            problems.append(f"{sorted(rc.methods)} {rc.path}: no auth dependency")
+        if rc.methods & MUTATING and not any(audit_action_of(c) for c in calls):
+            problems.append(f"{sorted(rc.methods)} {rc.path}: not audited")
+    return problems
+
+
+def test_every_route_but_the_probes_needs_a_token_and_changes_are_audited(
+    api: TestClient,
+) -> None:
+    app = api.app
+    assert isinstance(app, FastAPI)
+    routes = api_routes(app)
+    assert len(routes) > 10
+    assert route_inventory_problems(app) == []
+    public = {r.path for r in routes if require_principal not in list(_calls(r.dependant))}
+    assert public == set(PUBLIC_ROUTES)
+
+
+def test_the_inventory_flags_an_unguarded_route(platform: Platform) -> None:
+    app = create_app(platform.settings, platform)
+
+    @app.post("/api/v1/forgotten")
+    def forgotten() -> dict[str, str]:
+        return {}
+
+    problems = route_inventory_problems(app)
+    assert any("/api/v1/forgotten: no auth dependency" in p for p in problems)
+    assert any("/api/v1/forgotten: not audited" in p for p in problems)
+
+
+def test_probes_answer_without_a_token(api: TestClient) -> None:
+    anonymous = TestClient(api.app)
+    assert anonymous.get("/health").json() == {"status": "ok"}
+    ready = anonymous.get("/ready")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    assert anonymous.get("/openapi.json").json()["info"]["title"] == "Shamal"
+
+
+def test_unknown_endpoints_and_methods(api: TestClient) -> None:
+    r = api.get("/api/v1/no/such/thing")
+    assert r.status_code == 404
+    assert r.json()["error_code"] == "ENDPOINT_NOT_FOUND"
+    r = api.patch("/api/v1/teams")
+    assert r.status_code == 405
+
+
+def test_unexpected_errors_leak_nothing(platform: Platform, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(platform.settings, platform)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("password=hunter2 at /srv/secret/path.py")
+
+    client = TestClient(app, raise_server_exceptions=False)
+    with caplog.at_level("ERROR"):
+        r = client.get("/boom")
+    assert r.status_code == 500
+    assert r.json() == {
+        "error_code": "INTERNAL_ERROR",
+        "message": "internal error; the server log has the details",
+    }
+    assert "hunter2" not in r.text
+    assert "Traceback" not in r.text
+    assert "hunter2" in caplog.text  # the detail stays in the server log
+
+
+def test_body_limit_by_header_and_by_bytes_received(platform: Platform, admin_token: str) -> None:
+    settings = platform.settings.model_copy(update={"max_request_bytes": 2048})
+    client = TestClient(create_app(settings, platform), raise_server_exceptions=False)
+    client.headers["Authorization"] = f"Bearer {admin_token}"
+    big = b'{"name": "' + b"x" * 5000 + b'"}'
+    r = client.post("/api/v1/teams", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error_code"] == "REQUEST_TOO_LARGE"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the bytes are counted
+        yield b'{"name": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = client.post("/api/v1/teams", content=chunked(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = client.post("/api/v1/teams", content=b"{}", headers={"Content-Length": "nonsense"})
+    assert r.status_code in (400, 413)
+    assert [t["name"] for t in client.get("/api/v1/teams").json()] == []
+
+
+def test_host_header_allow_list_guards_loopback_servers(platform: Platform) -> None:
+    settings = Settings(home=platform.settings.home, database_url=platform.settings.database_url)
+    assert "attacker.example" not in settings.effective_allowed_hosts
+    app = create_app(settings, platform)
+    client = TestClient(app, base_url="http://127.0.0.1:8600")
+    assert client.get("/health").status_code == 200
+    assert client.get("/health", headers={"Host": "localhost:8600"}).status_code == 200
+    assert client.get("/health", headers={"Host": "[::1]:8600"}).status_code == 200
+    r = client.get("/health", headers={"Host": "attacker.example"})
+    assert r.status_code == 400
+    assert r.json()["message"] == "host not allowed"
+
+
+def test_listener_gives_accepted_connections_tcp_nodelay() -> None:
+    """The uvicorn multi-worker pitfall: without IPPROTO_TCP, keep-alive waits ~40 ms."""
+    sock = make_listener("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    port = sock.getsockname()[1]
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        done = asyncio.Event()
+
+        def on_client(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+            done.set()
+
+        server = await asyncio.start_server(on_client, sock=sock)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.wait_for(done.wait(), 10)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(scenario())
+    assert seen and seen[0] != 0
+
+
+def test_public_bind_needs_an_explicit_host_allow_list(tmp_path: Any) -> None:
+    from shamal.errors import InvalidParameter
+    from shamal.server import serve
+
+    with pytest.raises(InvalidParameter, match="SHAMAL_ALLOWED_HOSTS"):
+        serve(Settings(home=tmp_path, host="0.0.0.0"))
+    assert not (tmp_path / "shamal.db").exists()  # refused before touching anything
