@@ -36,7 +36,9 @@ def _count_teams(db: Database) -> int:
         return s.scalar(select(func.count()).select_from(TeamRow)) or 0
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def test_migrations_build_the_schema_of_the_models(
     backend: str, tmp_path: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> None:
@@ -72,10 +74,15 @@ def test_unsupported_backend_is_refused() -> None:
 def test_unit_of_work_commits_and_rolls_back(db: Database) -> None:
     with db.unit_of_work() as s:
         _team(s, "kept")
-    with pytest.raises(RuntimeError), db.unit_of_work() as s:
-        _team(s, "dropped")
-        s.flush()
-        raise RuntimeError("boom")
+
+    def failing() -> None:
+        with db.unit_of_work() as s:
+            _team(s, "dropped")
+            s.flush()
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        failing()
     with db.unit_of_work(write=False) as s:
         assert list(s.scalars(select(TeamRow.name))) == ["kept"]
 

@@ -93,7 +93,9 @@ def test_unknown_endpoints_and_methods(api: TestClient) -> None:
     assert r.status_code == 405
 
 
-def test_unexpected_errors_leak_nothing(platform: Platform, caplog: pytest.LogCaptureFixture) -> None:
+def test_unexpected_errors_leak_nothing(
+    platform: Platform, caplog: pytest.LogCaptureFixture
+) -> None:
     app = create_app(platform.settings, platform)
 
     @app.get("/boom")
@@ -128,7 +130,9 @@ def test_body_limit_by_header_and_by_bytes_received(platform: Platform, admin_to
             yield b"y" * 1000
         yield b'"}'
 
-    r = client.post("/api/v1/teams", content=chunked(), headers={"Content-Type": "application/json"})
+    r = client.post(
+        "/api/v1/teams", content=chunked(), headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 413
     r = client.post("/api/v1/teams", content=b"{}", headers={"Content-Length": "nonsense"})
     assert r.status_code in (400, 413)
@@ -172,7 +176,8 @@ def test_listener_gives_accepted_connections_tcp_nodelay() -> None:
         await server.wait_closed()
 
     asyncio.run(scenario())
-    assert seen and seen[0] != 0
+    assert seen
+    assert seen[0] != 0
 
 
 def test_public_bind_needs_an_explicit_host_allow_list(tmp_path: Any) -> None:

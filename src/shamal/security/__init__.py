@@ -19,9 +19,10 @@ from shamal.security._entities import (
     Team,
     User,
 )
-from shamal.security._service import SecurityService, TeamDetail, check_name
+from shamal.security._service import NAME_PATTERN, SecurityService, TeamDetail, check_name
 
 __all__ = [
+    "NAME_PATTERN",
     "AccountKind",
     "ApiToken",
     "AuditContext",

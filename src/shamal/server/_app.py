@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 import shamal
+from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
 from shamal.security import api as security_api
@@ -33,6 +34,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.db = platform.db
     app.state.audit = platform.audit
     app.state.security = platform.security
+    app.state.artifacts = platform.artifacts
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -75,6 +77,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     )
     _add_probes(app)
     app.include_router(security_api.router)
+    app.include_router(artifacts_api.router)
     return app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, upgrade
 from shamal.security import AuditLog, SecurityService, load_or_create_key
@@ -24,6 +25,8 @@ class Platform:
     db: Database
     audit: AuditLog
     security: SecurityService
+    blobs: BlobStore
+    artifacts: ArtifactService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -42,6 +45,14 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     admin_secret = security.bootstrap(settings.token_file)
     if admin_secret:
         logger.info("created the admin account; its token is in %s", settings.token_file)
+    blobs = open_blob_store(settings)
+    artifacts = ArtifactService(db, blobs, audit, security)
     return Platform(
-        settings=settings, db=db, audit=audit, security=security, admin_secret=admin_secret
+        settings=settings,
+        db=db,
+        audit=audit,
+        security=security,
+        blobs=blobs,
+        artifacts=artifacts,
+        admin_secret=admin_secret,
     )

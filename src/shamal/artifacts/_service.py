@@ -1,0 +1,108 @@
+"""Rules of the artifact store: team-scoped files over content-addressed blobs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+from sqlalchemy.orm import Session
+
+from shamal.artifacts import _store
+from shamal.artifacts._blobs import BlobStore
+from shamal.artifacts._entities import ArtifactFile
+from shamal.artifacts._paths import safe_relpath
+from shamal.db import Database
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
+from shamal.security._audit import Clock
+
+logger = logging.getLogger(__name__)
+
+MAX_LIST = 10_000
+
+
+def team_namespace(team_id: str) -> str:
+    """Namespaces use the team's id: a team re-created under an old name sees nothing old."""
+    return f"team/{team_id}"
+
+
+class ArtifactService:
+    """Files of a team's artifact tree: put (members), read and list (viewers), delete
+    (maintainers).
+
+    The blob is written first, then the index row and its audit entry commit
+    together: a crash in between leaves at most an unreferenced blob, never an
+    index entry without its bytes.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        blobs: BlobStore,
+        audit: AuditLog,
+        security: SecurityService,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._db = db
+        self._blobs = blobs
+        self._audit = audit
+        self._security = security
+        self._clock = clock
+
+    def _namespace(self, principal: Principal, team: str, needed: Role) -> str:
+        return team_namespace(self._security.authorize_team(principal, team, needed).id)
+
+    def put(
+        self, ctx: AuditContext, team: str, raw_path: str, chunks: Iterable[bytes]
+    ) -> ArtifactFile:
+        """Stream ``chunks`` into the team's file ``raw_path`` (replacing it if present).
+
+        Raises:
+            InvalidParameter: the path fails the path rules.
+            NotFound / PermissionDenied: see :meth:`SecurityService.authorize_team`.
+        """
+        path = safe_relpath(raw_path)
+        ctx.target = f"team:{team}/artifact:{path}"
+        namespace = self._namespace(ctx.require_principal(), team, Role.MEMBER)
+        info = self._blobs.put(chunks)
+
+        def work(s: Session) -> ArtifactFile:
+            stored = _store.upsert_file(
+                s, namespace, path, info.digest, info.size, self._clock(), ctx.actor
+            )
+            self._audit.record(s, ctx, ctx.target, digest=info.digest, size=info.size)
+            return stored
+
+        return self._db.run(work)
+
+    def stat(self, principal: Principal, team: str, raw_path: str) -> ArtifactFile:
+        path = safe_relpath(raw_path)
+        namespace = self._namespace(principal, team, Role.VIEWER)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get_file(s, namespace, path)
+
+    def open(
+        self, principal: Principal, team: str, raw_path: str
+    ) -> tuple[ArtifactFile, Iterator[bytes]]:
+        """The file's record and its bytes, verified against the digest as they stream."""
+        found = self.stat(principal, team, raw_path)
+        return found, self._blobs.open(found.digest)
+
+    def list(
+        self, principal: Principal, team: str, prefix: str = "", limit: int = 1000
+    ) -> list[ArtifactFile]:
+        clean = safe_relpath(prefix) if prefix else ""
+        namespace = self._namespace(principal, team, Role.VIEWER)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_files(s, namespace, clean, min(limit, MAX_LIST))
+
+    def delete(self, ctx: AuditContext, team: str, raw_path: str) -> None:
+        """Remove the file from the index; the blob stays while other files use it."""
+        path = safe_relpath(raw_path)
+        ctx.target = f"team:{team}/artifact:{path}"
+        namespace = self._namespace(ctx.require_principal(), team, Role.MAINTAINER)
+
+        def work(s: Session) -> None:
+            removed = _store.delete_file(s, namespace, path)
+            self._audit.record(s, ctx, ctx.target, digest=removed.digest)
+
+        self._db.run(work)

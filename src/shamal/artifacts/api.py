@@ -1,0 +1,133 @@
+"""HTTP API of the artifact store: streaming upload and download of a team's files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from shamal._api import ERROR_RESPONSES
+from shamal.artifacts._entities import ArtifactFile
+from shamal.artifacts._service import ArtifactService
+from shamal.security import NAME_PATTERN, AuditContext
+from shamal.security.api import CurrentPrincipal, audited
+
+
+def get_artifacts(request: Request) -> ArtifactService:
+    service: ArtifactService = request.app.state.artifacts
+    return service
+
+
+Artifacts = Annotated[ArtifactService, Depends(get_artifacts)]
+Team = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+# Any string reaches the one path validator, which decides (400 for hostile paths).
+FilePath = Annotated[str, Path(min_length=1, max_length=8192)]
+
+
+class ArtifactOut(BaseModel):
+    path: str
+    digest: str
+    size: int
+    created_at: datetime
+    created_by: str
+
+    @classmethod
+    def of(cls, f: ArtifactFile) -> ArtifactOut:
+        return cls(
+            path=f.path,
+            digest=f.digest,
+            size=f.size,
+            created_at=f.created_at,
+            created_by=f.created_by,
+        )
+
+
+router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=ERROR_RESPONSES)
+
+
+@router.get("/{team}", summary="List a team's artifacts (viewer)")
+def list_artifacts(
+    team: Team,
+    svc: Artifacts,
+    principal: CurrentPrincipal,
+    prefix: Annotated[str, Query(max_length=1024)] = "",
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[ArtifactOut]:
+    return [ArtifactOut.of(f) for f in svc.list(principal, team, prefix, limit)]
+
+
+@router.put(
+    "/{team}/{path:path}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload a file (member); the body is streamed, never buffered whole",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def put_artifact(
+    team: Team,
+    path: FilePath,
+    request: Request,
+    svc: Artifacts,
+    ctx: Annotated[AuditContext, Depends(audited("artifact.put"))],
+) -> ArtifactOut:
+    body = request.stream().__aiter__()
+
+    async def next_chunk() -> bytes | None:
+        try:
+            return await body.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def chunks() -> Iterator[bytes]:
+        # Runs in a worker thread: pull each chunk from the event loop as it arrives.
+        while (chunk := anyio.from_thread.run(next_chunk)) is not None:
+            if chunk:
+                yield chunk
+
+    stored = await anyio.to_thread.run_sync(lambda: svc.put(ctx, team, path, chunks()))
+    return ArtifactOut.of(stored)
+
+
+@router.get(
+    "/{team}/{path:path}",
+    summary="Download a file (viewer); verified against its sha256 as it streams",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_artifact(
+    team: Team, path: FilePath, svc: Artifacts, principal: CurrentPrincipal
+) -> StreamingResponse:
+    found, data = svc.open(principal, team, path)
+    headers = {
+        "Content-Length": str(found.size),
+        "ETag": f'"{found.digest}"',
+        "X-Content-SHA256": found.digest,
+    }
+    return StreamingResponse(data, media_type="application/octet-stream", headers=headers)
+
+
+@router.delete(
+    "/{team}/{path:path}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a file (maintainer)",
+)
+def delete_artifact(
+    team: Team,
+    path: FilePath,
+    svc: Artifacts,
+    ctx: Annotated[AuditContext, Depends(audited("artifact.delete"))],
+) -> None:
+    svc.delete(ctx, team, path)

@@ -1,0 +1,93 @@
+"""A real `shamal server` process for tests that need one (faults, CLI, peer clients)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LiveServer:
+    """Start `python -m shamal server` with ``env`` and wait until /ready answers 200."""
+
+    def __init__(self, home: Path, env: Mapping[str, str] | None = None, workers: int = 1) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "SHAMAL_HOME": str(home), **(env or {})}
+        self.workers = workers
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = home / f"server-{self.port}.log"
+
+    def start(self, deadline_s: float = 60.0) -> LiveServer:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "shamal",
+                    "server",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    str(self.workers),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)  # polling with a deadline, not synchronising on a sleep
+        self.stop()
+        raise RuntimeError(f"server did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no shutdown code runs."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (graceful drain) and wait; returns the exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def __enter__(self) -> LiveServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
