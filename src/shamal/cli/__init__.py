@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shamal.cli import audit, db, team, token, user
+from shamal.cli import artifacts, audit, db, team, token, user
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app.add_typer(token.app, name="token")
 app.add_typer(team.app, name="team")
 app.add_typer(user.app, name="user")
 app.add_typer(audit.app, name="audit")
+app.add_typer(artifacts.app, name="artifacts")
 
 
 def main() -> None:
