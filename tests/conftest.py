@@ -31,8 +31,13 @@ def _pg_connect() -> psycopg.Connection[tuple[object, ...]]:
     url = make_url(PG_ADMIN_URL)
     try:
         return psycopg.connect(
-            host=url.host, port=url.port or 5432, user=url.username, password=url.password,
-            dbname=url.database, autocommit=True, connect_timeout=5,
+            host=url.host,
+            port=url.port or 5432,
+            user=url.username,
+            password=url.password,
+            dbname=url.database,
+            autocommit=True,
+            connect_timeout=5,
         )
     except psycopg.OperationalError as exc:  # pragma: no cover - environment failure
         pytest.fail(

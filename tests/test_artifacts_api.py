@@ -218,3 +218,47 @@ def test_nothing_is_written_outside_the_store(
         if not p.is_relative_to(platform.settings.home)
     }
     assert after == outside
+
+
+def test_key_rotation_under_a_running_server_rewrites_no_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from shamal.cli import app as cli_app
+    from shamal.config import Settings
+    from shamal.server import create_app, start_platform
+
+    settings = Settings(home=tmp_path / "home", encrypt_artifacts=True, allowed_hosts=("*",))
+    running = start_platform(settings)
+    client = TestClient(create_app(settings, running))
+    client.headers["Authorization"] = f"Bearer {running.admin_secret}"
+    client.post("/api/v1/teams", json={"name": "sec"})
+    data = b"model weights " * 100_000
+    assert client.put("/api/v1/artifacts/sec/w.bin", content=data).status_code == 201
+    blobs_dir = settings.artifact_root / "blobs"
+    stored = {p: p.read_bytes() for p in blobs_dir.rglob("*") if p.is_file()}
+    blob_files = {p: b for p, b in stored.items() if not p.name.endswith(".key")}
+    assert blob_files
+    assert all(data[:64] not in b for b in blob_files.values())  # encrypted at rest
+
+    monkeypatch.setenv("SHAMAL_HOME", str(settings.home))
+    monkeypatch.setenv("SHAMAL_ENCRYPT_ARTIFACTS", "true")
+    result = CliRunner().invoke(cli_app, ["artifacts", "rotate-key", "--retire-old"])
+    assert result.exit_code == 0, result.output
+    assert "re-wrapped 1 blob key" in result.output
+    for path, before in blob_files.items():
+        assert path.read_bytes() == before  # the blobs were not rewritten
+    sidecars = [p for p in stored if p.name.endswith(".key")]
+    assert all(p.read_bytes() != stored[p] for p in sidecars)  # only the keys were
+    # The running server learns the new master key from the keyring file.
+    assert client.get("/api/v1/artifacts/sec/w.bin").content == data
+    running.close()
+
+    # Turning encryption off later keeps what was stored encrypted readable.
+    plain = start_platform(settings.model_copy(update={"encrypt_artifacts": False}))
+    found, chunks = plain.artifacts.open(
+        plain.security.authenticate(settings.token_file.read_text().strip()), "sec", "w.bin"
+    )
+    assert b"".join(chunks) == data
+    plain.close()

@@ -56,7 +56,11 @@ def test_entries_name_who_what_target_when(api: TestClient, platform: Platform) 
     api.post("/api/v1/teams", json={"name": "nlp"})
     newest = platform.audit.entries(limit=1)[0]
     assert (newest.actor, newest.action, newest.target, newest.outcome) == (
-        "admin", "team.create", "team:nlp", "ok")
+        "admin",
+        "team.create",
+        "team:nlp",
+        "ok",
+    )
     assert newest.ts.tzinfo is not None
 
 
@@ -93,8 +97,13 @@ def _forge_with_plain_sha256(p: Platform) -> None:
 
 @pytest.mark.parametrize(
     ("tamper", "broken_at"),
-    [(_edit, 3), (_delete_middle, 3), (_reorder, 3), (_truncate_tail, 5),
-     (_forge_with_plain_sha256, 3)],
+    [
+        (_edit, 3),
+        (_delete_middle, 3),
+        (_reorder, 3),
+        (_truncate_tail, 5),
+        (_forge_with_plain_sha256, 3),
+    ],
     ids=["edit", "delete", "reorder", "truncate-tail", "forge-hash"],
 )
 def test_tampering_is_caught_at_the_first_broken_link(

@@ -90,9 +90,11 @@ def test_kill_mid_write_leaves_a_consistent_database(
         teams = {t["name"] for t in c.list_teams()} - {"fault"}
         assert acked_teams <= teams  # nothing acknowledged was lost
         # Each change committed together with its audit entry: neither exists alone.
-        created = {e["target"].removeprefix("team:")
-                   for e in c.audit_entries(limit=1000, action="team.create")
-                   if e["outcome"] == "ok"}
+        created = {
+            e["target"].removeprefix("team:")
+            for e in c.audit_entries(limit=1000, action="team.create")
+            if e["outcome"] == "ok"
+        }
         assert created - {"fault"} == teams
         listed = {f["path"]: f["digest"] for f in c.list_artifacts("fault")}
         for path, digest in acked_files.items():
@@ -152,8 +154,9 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
             yield b"z" * 256 * 1024
 
     def upload() -> None:
-        with httpx.Client(base_url=server.url, timeout=30,
-                          headers={"Authorization": f"Bearer {server.token}"}) as client:
+        with httpx.Client(
+            base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.token}"}
+        ) as client:
             r = client.put("/api/v1/artifacts/drain/x.bin", content=body())
             result["status"] = r.status_code
 
@@ -173,14 +176,24 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shamal", *args], env=env, text=True,
-                          capture_output=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "shamal", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_cli_drives_a_live_server(tmp_path: Path) -> None:
     with LiveServer(tmp_path / "home") as server:
-        env = {**os.environ, "SHAMAL_URL": server.url, "SHAMAL_TOKEN": server.token,
-               "COLUMNS": "200"}
+        env = {
+            **os.environ,
+            "SHAMAL_URL": server.url,
+            "SHAMAL_TOKEN": server.token,
+            "COLUMNS": "200",
+        }
         assert _cli(env, "team", "create", "cv").returncode == 0
         listed = _cli(env, "team", "list", "--json")
         assert [t["name"] for t in json.loads(listed.stdout)] == ["cv"]
@@ -208,9 +221,10 @@ def test_cli_drives_a_live_server(tmp_path: Path) -> None:
 
 def test_two_workers_answer_keep_alive_requests_without_nagle_stalls(tmp_path: Path) -> None:
     """uvicorn's pre-bound worker socket lacks TCP_NODELAY: ~44 ms per keep-alive request."""
-    with LiveServer(tmp_path / "home", workers=2) as server, httpx.Client(
-        base_url=server.url
-    ) as client:
+    with (
+        LiveServer(tmp_path / "home", workers=2) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
         latencies = []
         for _ in range(40):
             start = time.perf_counter()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi import checks
 
 from shamal.config import Settings
 from shamal.server import Platform, create_app, start_platform
@@ -35,23 +36,35 @@ def api_schema(fuzz_platform: Platform) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+def _relaxed_checks(path: str) -> list[schemathesis.CheckFunction]:
+    """Artifact paths are judged by the path validator, which no JSON-schema pattern can state
+    (NFKC folding, decoding until stable, device names). A schema-valid path may get 400 and a
+    pattern-violating legal name (`100%.txt`) 201, so the two data-acceptance checks do not
+    apply there; the hostile path catalogue and the containment property test those
+    parameters instead. Every other check still runs on these operations."""
+    if path.startswith("/api/v1/artifacts"):
+        return [checks.positive_data_acceptance, checks.negative_data_rejection]
+    return []
+
+
 def _operations(schema: schemathesis.BaseSchema) -> list[schemathesis.APIOperation]:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-@pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE,
-                                  schemathesis.GenerationMode.NEGATIVE])
+@pytest.mark.parametrize(
+    "mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]
+)
 def test_every_operation_conforms_to_its_schema(
-    api_schema: schemathesis.BaseSchema, fuzz_platform: Platform,
-    mode: schemathesis.GenerationMode
+    api_schema: schemathesis.BaseSchema, fuzz_platform: Platform, mode: schemathesis.GenerationMode
 ) -> None:
     secret = fuzz_platform.admin_secret
     assert secret is not None
     operations = _operations(api_schema)
     assert len(operations) > 10
     for operation in operations:
-        takes_input = any(len(getattr(operation, part)) for part in ("path_parameters", "query",
-                                                                     "body"))
+        takes_input = any(
+            len(getattr(operation, part)) for part in ("path_parameters", "query", "body")
+        )
         if mode is schemathesis.GenerationMode.NEGATIVE and not takes_input:
             continue  # nothing to get wrong: no negative inputs exist
 
@@ -64,7 +77,10 @@ def test_every_operation_conforms_to_its_schema(
             suppress_health_check=list(HealthCheck),
         )
         def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(headers={"Authorization": f"Bearer {secret}"})
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {secret}"},
+                excluded_checks=_relaxed_checks(case.operation.path),
+            )
 
         check()
     # The fuzzing left the audit chain intact.

@@ -35,8 +35,12 @@ def team_with_roles(api: TestClient) -> dict[str, str]:
     for name in ("ada", "max", "mia", "vic", "out"):
         assert api.post("/api/v1/users", json={"name": name}).status_code == 201
         secrets[name] = _token_for(api, name)
-    for name, role in (("ada", "admin"), ("max", "maintainer"), ("mia", "member"),
-                       ("vic", "viewer")):
+    for name, role in (
+        ("ada", "admin"),
+        ("max", "maintainer"),
+        ("mia", "member"),
+        ("vic", "viewer"),
+    ):
         r = api.put(f"/api/v1/teams/vision/members/{name}", json={"role": role})
         assert r.status_code == 200, r.text
     return secrets
@@ -67,8 +71,17 @@ def test_tokens_are_stored_hashed_and_shown_once(api: TestClient, platform: Plat
 
 @pytest.mark.parametrize(
     "header",
-    [None, "", "Bearer", "Bearer ", "Basic YWRtaW46cGFzc3dvcmQxMjM0", "Bearer shm_short",
-     "Token shm_" + "a" * 43, "Bearer shm_" + "a" * 43, "Bearer  shm_" + "b" * 43 + " x"],
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic YWRtaW46cGFzc3dvcmQxMjM0",
+        "Bearer shm_short",
+        "Token shm_" + "a" * 43,
+        "Bearer shm_" + "a" * 43,
+        "Bearer  shm_" + "b" * 43 + " x",
+    ],
 )
 def test_bad_credentials_get_401(api: TestClient, header: str | None) -> None:
     headers = {"Authorization": header} if header is not None else {}
@@ -84,8 +97,9 @@ def test_revoked_expired_and_disabled_tokens_stop_working(
 ) -> None:
     api.post("/api/v1/users", json={"name": "bob"})
     secret = _token_for(api, "bob")
-    token_id = next(t["id"] for t in api.get("/api/v1/tokens?all=true").json()
-                    if t["user"] == "bob")
+    token_id = next(
+        t["id"] for t in api.get("/api/v1/tokens?all=true").json() if t["user"] == "bob"
+    )
     assert api.get("/api/v1/whoami", headers=_as(api, secret)).status_code == 200
     assert api.delete(f"/api/v1/tokens/{token_id}").status_code == 200
     assert api.get("/api/v1/whoami", headers=_as(api, secret)).status_code == 401
@@ -118,17 +132,34 @@ def test_roles_give_403_inside_the_team_and_404_outside(
     assert api.get("/api/v1/teams", headers=_as(api, s["out"])).json() == []
     # Managing members needs the team's admin role.
     body = {"role": "viewer"}
-    assert api.put("/api/v1/teams/vision/members/out", json=body,
-                   headers=_as(api, s["max"])).status_code == 403
-    assert api.put("/api/v1/teams/vision/members/out", json=body,
-                   headers=_as(api, s["vic"])).status_code == 403
-    assert api.put("/api/v1/teams/vision/members/out", json=body,
-                   headers=_as(api, s["out"])).status_code == 404
-    assert api.put("/api/v1/teams/vision/members/out", json=body,
-                   headers=_as(api, s["ada"])).status_code == 200
+    assert (
+        api.put(
+            "/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["max"])
+        ).status_code
+        == 403
+    )
+    assert (
+        api.put(
+            "/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["vic"])
+        ).status_code
+        == 403
+    )
+    assert (
+        api.put(
+            "/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["out"])
+        ).status_code
+        == 404
+    )
+    assert (
+        api.put(
+            "/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["ada"])
+        ).status_code
+        == 200
+    )
     # Platform-admin actions are 403 for everybody else.
-    assert api.post("/api/v1/teams", json={"name": "x"},
-                    headers=_as(api, s["ada"])).status_code == 403
+    assert (
+        api.post("/api/v1/teams", json={"name": "x"}, headers=_as(api, s["ada"])).status_code == 403
+    )
     assert api.get("/api/v1/users", headers=_as(api, s["mia"])).status_code == 403
     assert api.get("/api/v1/audit", headers=_as(api, s["mia"])).status_code == 403
     # Teams list shows only one's own teams.
@@ -145,13 +176,16 @@ def test_tokens_are_private_to_their_owner(
     s = team_with_roles
     mine = api.post("/api/v1/tokens", json={"name": "mine"}, headers=_as(api, s["mia"])).json()
     # Not for somebody else, not visible to them, not revocable by them.
-    assert api.post("/api/v1/tokens", json={"name": "x", "user": "ada"},
-                    headers=_as(api, s["mia"])).status_code == 403
+    assert (
+        api.post(
+            "/api/v1/tokens", json={"name": "x", "user": "ada"}, headers=_as(api, s["mia"])
+        ).status_code
+        == 403
+    )
     assert api.get("/api/v1/tokens?all=true", headers=_as(api, s["mia"])).status_code == 403
     theirs = [t["id"] for t in api.get("/api/v1/tokens", headers=_as(api, s["vic"])).json()]
     assert mine["id"] not in theirs
-    assert api.delete(f"/api/v1/tokens/{mine['id']}",
-                      headers=_as(api, s["vic"])).status_code == 404
+    assert api.delete(f"/api/v1/tokens/{mine['id']}", headers=_as(api, s["vic"])).status_code == 404
     assert api.get("/api/v1/whoami", headers=_as(api, mine["secret"])).status_code == 200
 
 
@@ -160,10 +194,18 @@ def test_self_escalation_is_impossible(api: TestClient, team_with_roles: dict[st
     # Unknown fields are rejected, not ignored.
     r = api.post("/api/v1/users", json={"name": "mia2", "is_admin": True, "role": "admin"})
     assert r.status_code == 400
-    assert api.post("/api/v1/users", json={"name": "evil", "is_admin": True},
-                    headers=_as(api, s["mia"])).status_code == 403
-    assert api.put("/api/v1/teams/vision/members/mia", json={"role": "admin"},
-                   headers=_as(api, s["mia"])).status_code == 403
+    assert (
+        api.post(
+            "/api/v1/users", json={"name": "evil", "is_admin": True}, headers=_as(api, s["mia"])
+        ).status_code
+        == 403
+    )
+    assert (
+        api.put(
+            "/api/v1/teams/vision/members/mia", json={"role": "admin"}, headers=_as(api, s["mia"])
+        ).status_code
+        == 403
+    )
     who = api.get("/api/v1/whoami", headers=_as(api, s["mia"])).json()
     assert who["user"]["is_admin"] is False
     assert who["teams"] == {"vision": "member"}

@@ -187,3 +187,41 @@ def test_public_bind_needs_an_explicit_host_allow_list(tmp_path: Any) -> None:
     with pytest.raises(InvalidParameter, match="SHAMAL_ALLOWED_HOSTS"):
         serve(Settings(home=tmp_path, host="0.0.0.0"))
     assert not (tmp_path / "shamal.db").exists()  # refused before touching anything
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "application/json"),  # nested 100k deep
+        (b"--x\r\n", "multipart/form-data; boundary=x" + ";" * 5000),  # parser DoS (header)
+        (b'{"name": "' + b"a" * 3_000_000 + b'"}', "application/json"),  # one 3 MB field
+        (b"\xff\xfe\x00garbage", "application/json"),
+        (b"name=x", "application/x-www-form-urlencoded"),
+        (b"\x80\x04\x95pickle", "application/vnd.bentoml+pickle"),
+    ],
+    ids=["deep-json", "semicolons", "huge-field", "binary", "form", "pickle-type"],
+)
+def test_hostile_bodies_get_a_clean_4xx(
+    api: TestClient, platform: Platform, body: bytes, content_type: str
+) -> None:
+    before = [t["name"] for t in api.get("/api/v1/teams").json()]
+    r = api.post("/api/v1/teams", content=body, headers={"Content-Type": content_type})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error_code"] in ("INVALID_PARAMETER_VALUE", "REQUEST_TOO_LARGE")
+    assert [t["name"] for t in api.get("/api/v1/teams").json()] == before
+    assert api.get("/health").status_code == 200  # still serving
+
+
+def test_forwarded_headers_and_header_tricks_do_not_authenticate(api: TestClient) -> None:
+    anonymous = TestClient(api.app, raise_server_exceptions=False)
+    tricks = [
+        {"X-Forwarded-For": "127.0.0.1"},
+        {"X-Real-IP": "127.0.0.1", "X-Forwarded-User": "admin"},
+        {"User-Agent": "shamal-client", "Origin": "http://127.0.0.1:8600"},
+        {"authorization": "bearer"},
+        {"Authorization": "Bearer null"},
+    ]
+    for headers in tricks:
+        r = anonymous.post("/api/v1/teams", json={"name": "sneaky"}, headers=headers)
+        assert r.status_code == 401, headers
+    assert "sneaky" not in [t["name"] for t in api.get("/api/v1/teams").json()]

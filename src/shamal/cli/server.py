@@ -68,6 +68,8 @@ def server(
     PostgreSQL. Stop it with Ctrl-C; in-flight requests finish first.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("alembic", "httpx"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     overrides: dict[str, Any] = {
         k: v for k, v in {"host": host, "port": port, "workers": workers}.items() if v is not None
     }
