@@ -180,3 +180,25 @@ def test_postgres_serialization_failures_are_retried(fresh_pg_url: str) -> None:
         names = sorted(s.scalars(select(TeamRow.name)))
     db2.dispose()
     assert sorted(n.split("-saw-")[1] for n in names) == ["0", "1"]
+
+
+def test_cli_db_upgrade_and_current(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from shamal.cli import app as cli_app
+
+    monkeypatch.setenv("SHAMAL_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    runner = CliRunner()
+    before = runner.invoke(cli_app, ["db", "current"])
+    assert before.exit_code == 0
+    assert "database: empty" in before.output
+    assert "needs `shamal db upgrade`" in before.output
+    upgraded = runner.invoke(cli_app, ["db", "upgrade"])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert f"migrated empty database -> {head_revision()}" in upgraded.output
+    again = runner.invoke(cli_app, ["db", "upgrade"])
+    assert "already current" in again.output
+    assert "current" in runner.invoke(cli_app, ["db", "current"]).output

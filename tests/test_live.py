@@ -211,6 +211,22 @@ def test_cli_drives_a_live_server(tmp_path: Path) -> None:
         verify = _cli(env, "audit", "verify")
         assert verify.returncode == 0
         assert "intact" in verify.stdout
+        folder = tmp_path / "model"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "config.json").write_text('{"layers": 2}')
+        (folder / "sub" / "weights.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+        put = _cli(env, "artifacts", "put", "cv", str(folder), "--to", "models/v1")
+        assert put.returncode == 0, put.stderr
+        assert "uploaded 2 file(s)" in put.stdout
+        listed = json.loads(_cli(env, "artifacts", "ls", "cv", "--json").stdout)
+        assert [f["path"] for f in listed] == ["models/v1/config.json", "models/v1/sub/weights.bin"]
+        out = tmp_path / "w.bin"
+        got = _cli(env, "artifacts", "get", "cv", "models/v1/sub/weights.bin", "-o", str(out))
+        assert got.returncode == 0, got.stderr
+        assert out.read_bytes() == (folder / "sub" / "weights.bin").read_bytes()
+        assert _cli(env, "artifacts", "rm", "cv", "models/v1/config.json").returncode == 0
+        hostile = _cli(env, "artifacts", "get", "cv", "%2e%2e/%2e%2e/etc/passwd")
+        assert hostile.returncode == 1
         bad = _cli({**env, "SHAMAL_TOKEN": "shm_" + "x" * 43}, "team", "list")
         assert bad.returncode == 1
         assert "hint:" in bad.stderr

@@ -11,10 +11,9 @@ import anyio.from_thread
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from shamal._api import ERROR_RESPONSES
-from shamal.artifacts._entities import ArtifactFile
 from shamal.artifacts._service import ArtifactService
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, audited
@@ -32,21 +31,13 @@ FilePath = Annotated[str, Path(min_length=1, max_length=8192)]
 
 
 class ArtifactOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     path: str
     digest: str
     size: int
     created_at: datetime
     created_by: str
-
-    @classmethod
-    def of(cls, f: ArtifactFile) -> ArtifactOut:
-        return cls(
-            path=f.path,
-            digest=f.digest,
-            size=f.size,
-            created_at=f.created_at,
-            created_by=f.created_by,
-        )
 
 
 router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=ERROR_RESPONSES)
@@ -60,7 +51,7 @@ def list_artifacts(
     prefix: Annotated[str, Query(max_length=1024)] = "",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[ArtifactOut]:
-    return [ArtifactOut.of(f) for f in svc.list(principal, team, prefix, limit)]
+    return [ArtifactOut.model_validate(f) for f in svc.list(principal, team, prefix, limit)]
 
 
 @router.put(
@@ -98,7 +89,7 @@ async def put_artifact(
                 yield chunk
 
     stored = await anyio.to_thread.run_sync(lambda: svc.put(ctx, team, path, chunks()))
-    return ArtifactOut.of(stored)
+    return ArtifactOut.model_validate(stored)
 
 
 @router.get(

@@ -9,25 +9,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from shamal._api import ERROR_RESPONSES
 from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
 from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
     AccountKind,
-    ApiToken,
-    AuditEntry,
-    ChainReport,
     Principal,
     Role,
-    Team,
-    User,
 )
 from shamal.security._service import NAME_PATTERN, SecurityService
 
@@ -127,7 +122,13 @@ RoleName = Literal["admin", "maintainer", "member", "viewer"]
 
 
 class _Model(BaseModel):
+    """Request bodies reject unknown keys; responses are read off the domain's frozen values."""
+
     model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    @classmethod
+    def of(cls, value: object) -> Self:
+        return cls.model_validate(value, from_attributes=True)
 
 
 class UserOut(_Model):
@@ -136,16 +137,6 @@ class UserOut(_Model):
     is_admin: bool
     disabled: bool
     created_at: datetime
-
-    @classmethod
-    def of(cls, user: User) -> UserOut:
-        return cls(
-            name=user.name,
-            kind=user.kind.value,
-            is_admin=user.is_admin,
-            disabled=user.disabled,
-            created_at=user.created_at,
-        )
 
 
 class UserIn(_Model):
@@ -175,15 +166,6 @@ class TeamOut(_Model):
     created_at: datetime
     members: list[MemberOut] | None = None
 
-    @classmethod
-    def of(cls, team: Team, members: list[MemberOut] | None = None) -> TeamOut:
-        return cls(
-            name=team.name,
-            description=team.description,
-            created_at=team.created_at,
-            members=members,
-        )
-
 
 class MemberIn(_Model):
     role: RoleName
@@ -202,26 +184,13 @@ class TokenIn(_Model):
 
 class TokenOut(_Model):
     id: str
-    user: str
+    user: str = Field(validation_alias=AliasChoices("user_name", "user"))
     name: str
     prefix: str
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
-
-    @classmethod
-    def of(cls, token: ApiToken) -> TokenOut:
-        return cls(
-            id=token.id,
-            user=token.user_name,
-            name=token.name,
-            prefix=token.prefix,
-            created_at=token.created_at,
-            expires_at=token.expires_at,
-            revoked_at=token.revoked_at,
-            last_used_at=token.last_used_at,
-        )
 
 
 class IssuedTokenOut(TokenOut):
@@ -238,34 +207,12 @@ class AuditEntryOut(_Model):
     detail: dict[str, Any]
     hash: str
 
-    @classmethod
-    def of(cls, e: AuditEntry) -> AuditEntryOut:
-        return cls(
-            seq=e.seq,
-            ts=e.ts,
-            actor=e.actor,
-            action=e.action,
-            target=e.target,
-            outcome=e.outcome,
-            detail=dict(e.detail),
-            hash=e.hash,
-        )
-
 
 class ChainReportOut(_Model):
     ok: bool
     entries_checked: int
     first_broken_seq: int | None
     reason: str
-
-    @classmethod
-    def of(cls, r: ChainReport) -> ChainReportOut:
-        return cls(
-            ok=r.ok,
-            entries_checked=r.entries_checked,
-            first_broken_seq=r.first_broken_seq,
-            reason=r.reason,
-        )
 
 
 # ---------------------------------------------------------------------- routes
@@ -335,8 +282,9 @@ def list_teams(svc: Security, principal: CurrentPrincipal) -> list[TeamOut]:
 @router.get("/teams/{team}", tags=["teams"], summary="A team and its members")
 def get_team(team: Name, svc: Security, principal: CurrentPrincipal) -> TeamOut:
     detail = svc.get_team(principal, team)
-    members = [MemberOut(user=m.user, role=m.role.label) for m in detail.members]
-    return TeamOut.of(detail.team, members)
+    team_out = TeamOut.of(detail.team)
+    team_out.members = [MemberOut(user=m.user, role=m.role.label) for m in detail.members]
+    return team_out
 
 
 @router.delete(
