@@ -19,12 +19,13 @@ install: $(STAMP)
 run: install
 	$(BIN)/shamal server --quickstart
 
-## check: lint, format check, types and import contracts
+## check: lint, format check, types, import contracts and the security linter
 check: install
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/bandit --quiet --recursive src --severity-level medium
 
 ## test: `make check`, then the whole test suite (PostgreSQL and S3 tests included)
 test: check

@@ -163,3 +163,48 @@ def test_concurrent_appends_keep_one_linear_chain(platform: Platform) -> None:
     report = audit.verify()
     assert report.ok, report
     assert report.entries_checked == 1 + 80
+
+
+def _cut_tail_and_rewind_head(p: Platform, keep: int) -> None:
+    with p.db.engine.begin() as c:
+        c.execute(text("DELETE FROM audit_log WHERE seq > :k"), {"k": keep})
+        last = c.execute(text("SELECT hash FROM audit_log WHERE seq = :k"), {"k": keep}).scalar()
+        c.execute(text("UPDATE audit_head SET seq = :k, hash = :h"), {"k": keep, "h": last})
+
+
+def test_a_witness_kept_outside_the_database_catches_a_rewound_head(
+    api: TestClient, platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(api)
+    seen = platform.audit.verify()
+    assert seen.ok
+    assert seen.head_seq == 6
+    _cut_tail_and_rewind_head(platform, keep=4)
+    # The chain alone is consistent again: only the witness knows it was longer.
+    assert platform.audit.verify().ok
+    report = platform.audit.verify(witness=(seen.head_seq, seen.head_hash))
+    assert not report.ok
+    assert report.first_broken_seq == 5
+    body = api.get(
+        "/api/v1/audit/verify",
+        params={"witness_seq": seen.head_seq, "witness_hash": seen.head_hash},
+    ).json()
+    assert body["ok"] is False
+
+
+def test_cli_remembers_the_witness_between_runs(
+    api: TestClient, platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(api)
+    monkeypatch.setenv("SHAMAL_HOME", str(platform.settings.home))
+    monkeypatch.setenv("SHAMAL_DATABASE_URL", platform.settings.resolved_database_url)
+    runner = CliRunner()
+    assert runner.invoke(cli_app, ["audit", "verify", "--local"]).exit_code == 0
+    witness_file = platform.settings.home / "audit-witness.json"
+    assert oct(witness_file.stat().st_mode & 0o777) == "0o600"
+    _cut_tail_and_rewind_head(platform, keep=3)
+    caught = runner.invoke(cli_app, ["audit", "verify", "--local"])
+    assert caught.exit_code == 1
+    assert "BROKEN at entry 4" in caught.output
+    # --fresh ignores the witness: exactly the blind spot the witness covers.
+    assert runner.invoke(cli_app, ["audit", "verify", "--local", "--fresh"]).exit_code == 0

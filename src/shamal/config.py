@@ -130,12 +130,16 @@ class Settings(BaseSettings):
         """Host names the server answers to (guards loopback servers against DNS rebinding)."""
         if self.allowed_hosts:
             return self.allowed_hosts
-        hosts = {"localhost", "127.0.0.1", "::1", "[::1]"}
-        if self.host not in ("0.0.0.0", "::"):
-            hosts.add(self.host)
-        else:
+        if _is_wildcard(self.host):
             return ("*",)
-        return tuple(sorted(hosts))
+        return tuple(sorted({"localhost", "127.0.0.1", "::1", "[::1]", self.host}))
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
 
 
 def is_loopback_host(host: str) -> bool:

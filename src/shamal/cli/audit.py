@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -31,7 +36,38 @@ def list_(
     )
 
 
-def _verify_locally() -> dict[str, Any]:
+def _witness_name(local: bool) -> str:
+    # Keyed by a digest of where the log lives, so no URL or password lands in the file.
+    where = Settings().resolved_database_url if local else client().url
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def _witness_file() -> Path:
+    return Path(os.environ.get("SHAMAL_HOME") or Path.home() / ".shamal") / "audit-witness.json"
+
+
+def _load_witnesses() -> dict[str, Any]:
+    try:
+        data = json.loads(_witness_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_witness(name: str, report: dict[str, Any]) -> None:
+    """Keep the verified head outside the database, for the next verification."""
+    witnesses = _load_witnesses()
+    witnesses[name] = {"seq": report["head_seq"], "hash": report["head_hash"]}
+    path = _witness_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(witnesses, handle)
+    os.replace(tmp, path)
+
+
+def _verify_locally(witness: tuple[int, str] | None) -> dict[str, Any]:
     from shamal.db import open_database
     from shamal.security import AuditLog, load_or_create_key
 
@@ -39,15 +75,16 @@ def _verify_locally() -> dict[str, Any]:
     db = open_database(settings.resolved_database_url)
     try:
         key = load_or_create_key(settings.keys_dir / "audit.key", settings.audit_key)
-        report = AuditLog(db, key).verify()
+        report = AuditLog(db, key).verify(witness)
     finally:
         db.dispose()
-    return {
-        "ok": report.ok,
-        "entries_checked": report.entries_checked,
-        "first_broken_seq": report.first_broken_seq,
-        "reason": report.reason,
-    }
+    return dataclasses.asdict(report)
+
+
+def _verify_remotely(witness: tuple[int, str] | None) -> dict[str, Any]:
+    params = {"witness_seq": witness[0], "witness_hash": witness[1]} if witness else None
+    report: dict[str, Any] = client().request("GET", "/api/v1/audit/verify", params=params)
+    return report
 
 
 @app.command("verify")
@@ -61,11 +98,24 @@ def verify(
             "instead of asking the server; works while the server is down.",
         ),
     ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option("--fresh", help="Ignore the remembered witness (after restoring a backup)."),
+    ] = False,
     as_json: bool = JsonOption,
 ) -> None:
-    """Check every link of the hash chain; report the first broken one. Exit 1 if broken."""
+    """Check every link of the hash chain; report the first broken one. Exit 1 if broken.
+
+    The newest verified entry is remembered in SHAMAL_HOME/audit-witness.json, outside
+    the database: the next run also fails if that entry was removed or changed since.
+    """
+    name = _witness_name(local)
+    entry = None if fresh else _load_witnesses().get(name)
+    witness = (int(entry["seq"]), str(entry["hash"])) if entry and entry.get("seq") else None
     with console.status("verifying the audit chain..."):
-        report = _verify_locally() if local else client().verify_audit()
+        report = _verify_locally(witness) if local else _verify_remotely(witness)
+    if report["ok"]:
+        _save_witness(name, report)
     if as_json:
         console.print_json(data=report)
     elif report["ok"]:

@@ -152,8 +152,13 @@ class AuditLog:
         with self._db.unit_of_work(write=False) as s:
             return _store.list_audit(s, limit=limit, before=before, action=action, actor=actor)
 
-    def verify(self) -> ChainReport:
-        """Check every link; the report names the first broken one."""
+    def verify(self, witness: tuple[int, str] | None = None) -> ChainReport:
+        """Check every link; the report names the first broken one.
+
+        Args:
+            witness: ``(head_seq, head_hash)`` of an earlier report, kept outside
+                the database; catches a tail cut together with a rewound head.
+        """
         with self._db.unit_of_work(write=False) as s:
             head_seq, head_hash = _store.read_audit_head(s)
-            return verify_chain(self._key, _store.iter_audit(s), head_seq, head_hash)
+            return verify_chain(self._key, _store.iter_audit(s), head_seq, head_hash, witness)

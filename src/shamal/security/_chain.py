@@ -35,26 +35,53 @@ def _recomputed(key: bytes, entry: AuditEntry) -> str:
     return entry_hash(key, {name: getattr(entry, name) for name in _FIELDS})
 
 
+def _entry_problem(
+    key: bytes, entry: AuditEntry, expected_seq: int, prev: str, witness: tuple[int, str] | None
+) -> str | None:
+    if entry.seq != expected_seq:
+        return "entry missing (sequence gap)"
+    if entry.prev_hash != prev:
+        return "link to the previous entry broken"
+    if not hmac.compare_digest(_recomputed(key, entry), entry.hash):
+        return "entry contents altered"
+    if witness is not None and entry.seq == witness[0] and entry.hash != witness[1]:
+        return "differs from a verified checkpoint"
+    return None
+
+
+def _tail_problem(
+    checked: int, last_hash: str, head_seq: int, head_hash: str, witness: tuple[int, str] | None
+) -> str | None:
+    if head_seq != checked or not hmac.compare_digest(head_hash, last_hash):
+        return "tail of the log removed or head altered"
+    if witness is not None and witness[0] > checked:
+        return f"log ends before entry {witness[0]}, which was verified earlier"
+    return None
+
+
 def verify_chain(
-    key: bytes, entries: Iterable[AuditEntry], head_seq: int, head_hash: str
+    key: bytes,
+    entries: Iterable[AuditEntry],
+    head_seq: int,
+    head_hash: str,
+    witness: tuple[int, str] | None = None,
 ) -> ChainReport:
     """Walk ``entries`` in ascending ``seq`` order and report the first broken link.
 
     ``head_seq``/``head_hash`` is the chain head the writers maintain; a tail cut
-    off the log shows up as a head that points past the last entry.
+    off the log shows up as a head that points past the last entry. Someone who
+    can write the database can cut the tail *and* rewind the head; ``witness``
+    (a head seen by an earlier verification, kept outside the database) catches
+    that: the entry it names must still be there with the same hash.
     """
-    expected_seq, prev = 1, GENESIS_HASH
-    checked = 0
+    checked, prev = 0, GENESIS_HASH
     for entry in entries:
-        if entry.seq != expected_seq:
-            return ChainReport(False, checked, expected_seq, "entry missing (sequence gap)")
-        if entry.prev_hash != prev:
-            return ChainReport(False, checked, entry.seq, "link to the previous entry broken")
-        if not hmac.compare_digest(_recomputed(key, entry), entry.hash):
-            return ChainReport(False, checked, entry.seq, "entry contents altered")
+        problem = _entry_problem(key, entry, checked + 1, prev, witness)
+        if problem is not None:
+            return ChainReport(False, checked, checked + 1, problem)
         prev = entry.hash
-        expected_seq += 1
         checked += 1
-    if head_seq != checked or not hmac.compare_digest(head_hash, prev):
-        return ChainReport(False, checked, checked + 1, "tail of the log removed or head altered")
-    return ChainReport(True, checked)
+    problem = _tail_problem(checked, prev, head_seq, head_hash, witness)
+    if problem is not None:
+        return ChainReport(False, checked, checked + 1, problem)
+    return ChainReport(True, checked, head_seq=checked, head_hash=prev)

@@ -141,9 +141,13 @@ class ChainReport:
 
     ``first_broken_seq`` is the sequence number of the first entry that fails
     (edited, deleted before it, reordered, or a truncated tail), else None.
+    ``head_seq``/``head_hash`` name the newest verified entry: kept outside the
+    database (the CLI does), they are a witness for the next verification.
     """
 
     ok: bool
     entries_checked: int
     first_broken_seq: int | None = None
     reason: str = ""
+    head_seq: int = 0
+    head_hash: str = ""

@@ -213,6 +213,8 @@ class ChainReportOut(_Model):
     entries_checked: int
     first_broken_seq: int | None
     reason: str
+    head_seq: int
+    head_hash: str
 
 
 # ---------------------------------------------------------------------- routes
@@ -381,6 +383,15 @@ def list_audit(
     tags=["audit"],
     summary="Verify the audit hash chain; reports the first broken link (platform admin)",
 )
-def verify_audit(audit: Audit, principal: CurrentPrincipal) -> ChainReportOut:
+def verify_audit(
+    audit: Audit,
+    principal: CurrentPrincipal,
+    witness_seq: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    witness_hash: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
+) -> ChainReportOut:
+    """Pass the head of an earlier report as the witness to also catch a cut-off tail."""
     principal.require_admin()
-    return ChainReportOut.of(audit.verify())
+    if (witness_seq is None) != (witness_hash is None):
+        raise InvalidParameter("give both witness_seq and witness_hash, or neither")
+    witness = (witness_seq, witness_hash) if witness_seq and witness_hash else None
+    return ChainReportOut.of(audit.verify(witness))
