@@ -224,3 +224,27 @@ def test_audit_key_is_kept_outside_the_database(settings: Settings, platform: Pl
         dump = str(s.execute(text("SELECT * FROM audit_log")).all())
     assert key_file.read_text().strip() not in dump
     assert isinstance(platform.audit, AuditLog)
+
+
+def test_concurrent_first_starts_agree_on_one_audit_key(tmp_path: pytest.TempPathFactory) -> None:
+    import threading
+
+    from shamal.security import load_or_create_key
+
+    path = tmp_path / "keys" / "audit.key"  # type: ignore[operator]
+    barrier = threading.Barrier(8)
+    keys: list[bytes] = []
+
+    def start() -> None:
+        barrier.wait(timeout=10)
+        keys.append(load_or_create_key(path, None))
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(keys) == 8
+    assert len(set(keys)) == 1
+    assert bytes.fromhex(path.read_text().strip()) == keys[0]
+    assert [p.name for p in path.parent.iterdir()] == ["audit.key"]  # no temp files left

@@ -64,9 +64,18 @@ def load_or_create_key(path: Path, configured: str | None) -> bytes:
         return bytes.fromhex(path.read_text().strip())
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key_hex = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(key_hex + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, path)  # atomic, and never replaces a key another process made first
+    except FileExistsError:
+        key_hex = path.read_text().strip()
+    finally:
+        tmp.unlink()
     return bytes.fromhex(key_hex)
 
 
