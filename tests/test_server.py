@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 
 from shamal.config import Settings
-from shamal.security.api import audit_action_of, require_principal
+from shamal.security.api import audit_action_of, audit_exemption_of, require_principal
 from shamal.server import PUBLIC_ROUTES, Platform, create_app, make_listener
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
@@ -47,7 +47,9 @@ def route_inventory_problems(app: FastAPI) -> list[str]:
         calls = list(_calls(rc.dependant))
         if require_principal not in calls:
             problems.append(f"{sorted(rc.methods)} {rc.path}: no auth dependency")
-        if rc.methods & MUTATING and not any(audit_action_of(c) for c in calls):
+        if rc.methods & MUTATING and not any(
+            audit_action_of(c) or audit_exemption_of(c) for c in calls
+        ):
             problems.append(f"{sorted(rc.methods)} {rc.path}: not audited")
     return problems
 

@@ -94,6 +94,7 @@ class Principal:
     user: User
     token_id: str | None
     roles: Mapping[str, Role]
+    team_ids: Mapping[str, str] = field(default_factory=dict)  # team name -> team id
 
     @property
     def name(self) -> str:
@@ -103,6 +104,27 @@ class Principal:
         """Raises PermissionDenied unless the principal is a platform admin."""
         if not self.user.is_admin:
             raise PermissionDenied("this action needs the platform admin role")
+
+    def role_in_team_id(self, team_id: str) -> Role | None:
+        for name, tid in self.team_ids.items():
+            if tid == team_id:
+                return self.roles.get(name)
+        return None
+
+    def require_owner_role(self, team_id: str | None, needed: Role, what: str) -> None:
+        """Access to an object owned by the team ``team_id`` (None: open to every account).
+
+        Raises:
+            NotFound: the object's team is not one of the principal's (existence hidden).
+            PermissionDenied: in the team, with a role below ``needed``.
+        """
+        if team_id is None or self.user.is_admin:
+            return
+        role = self.role_in_team_id(team_id)
+        if role is None:
+            raise NotFound(f"{what} does not exist")
+        if role < needed:
+            raise PermissionDenied(f"this action on {what} needs the {needed.label} role")
 
     def require_team_role(self, team: str, needed: Role) -> None:
         """Check the principal's role in ``team``.

@@ -83,10 +83,10 @@ class SecurityService:
                 raise Unauthenticated("the bearer token has expired or was revoked")
             if user.disabled:
                 raise Unauthenticated("the account of this token is disabled")
-            roles = _store.roles_of(s, user.id)
+            roles, team_ids = _store.roles_of(s, user.id)
         if token.last_used_at is None or now - token.last_used_at > _TOUCH_INTERVAL:
             self._db.run(lambda s: _store.touch_token(s, token.id, now))
-        return Principal(user=user, token_id=token.id, roles=roles)
+        return Principal(user=user, token_id=token.id, roles=roles, team_ids=team_ids)
 
     def bootstrap(self, token_file: Path) -> str | None:
         """On first start, create the ``admin`` account and write its token to ``token_file``.

@@ -156,13 +156,14 @@ def list_members(s: Session, team: str) -> list[Membership]:
     return [Membership(team=team, user=name, role=Role.parse(role)) for name, role in rows]
 
 
-def roles_of(s: Session, user_id: str) -> dict[str, Role]:
+def roles_of(s: Session, user_id: str) -> tuple[dict[str, Role], dict[str, str]]:
+    """(team name -> role, team name -> team id) for one user."""
     rows = s.execute(
-        select(TeamRow.name, TeamMemberRow.role)
+        select(TeamRow.name, TeamRow.id, TeamMemberRow.role)
         .join(TeamRow, TeamRow.id == TeamMemberRow.team_id)
         .where(TeamMemberRow.user_id == user_id)
-    )
-    return {name: Role.parse(role) for name, role in rows}
+    ).all()
+    return {name: Role.parse(role) for name, _, role in rows}, {name: tid for name, tid, _ in rows}
 
 
 # ---------------------------------------------------------------------- tokens

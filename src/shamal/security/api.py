@@ -110,6 +110,34 @@ def audited(action: str) -> Callable[..., Iterator[AuditContext]]:
     return dependency
 
 
+def data_plane_write(principal: CurrentPrincipal) -> Principal:
+    """Marks a high-volume write into an object whose creation was audited (metrics, params,
+    tags logged to a run). Authenticated like everything else, but not one audit entry per
+    call: that would serialize every logger on the audit chain's head. The route inventory
+    accepts a mutating route without :func:`audited` only with this marker."""
+    return principal
+
+
+data_plane_write.shamal_data_plane = True  # type: ignore[attr-defined]
+
+
+def read_only_post(principal: CurrentPrincipal) -> Principal:
+    """Marks a POST that changes nothing (searches sent with a body, as MLflow does)."""
+    return principal
+
+
+read_only_post.shamal_read_only = True  # type: ignore[attr-defined]
+
+
+def audit_exemption_of(dependency: Callable[..., Any]) -> str | None:
+    """'data-plane' or 'read-only' for the two markers above, else None."""
+    if getattr(dependency, "shamal_data_plane", False):
+        return "data-plane"
+    if getattr(dependency, "shamal_read_only", False):
+        return "read-only"
+    return None
+
+
 def audit_action_of(dependency: Callable[..., Any]) -> str | None:
     """The action a dependency made by :func:`audited` records, else None."""
     return getattr(dependency, "shamal_audit_action", None)

@@ -12,9 +12,11 @@ from sqlalchemy import text
 
 import shamal
 from shamal.artifacts import api as artifacts_api
+from shamal.registry import mlflow_api as registry_mlflow
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
 from shamal.security import api as security_api
+from shamal.tracking import mlflow_api as tracking_mlflow
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
@@ -78,6 +80,8 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     _add_probes(app)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
+    app.include_router(tracking_mlflow.router)
+    app.include_router(registry_mlflow.router)
     return app
 
 

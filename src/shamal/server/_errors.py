@@ -16,15 +16,20 @@ from shamal.errors import (
     ShamalError,
     Unauthenticated,
 )
+from shamal.mlflow_dialect import is_mlflow_path, mlflow_status
 
 logger = logging.getLogger(__name__)
 
 
-def error_response(exc: ShamalError, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    exc: ShamalError, headers: dict[str, str] | None = None, *, path: str = ""
+) -> JSONResponse:
+    """The one error answer. Under the MLflow dialect's prefixes, MLflow's status mapping."""
     all_headers = dict(headers or {})
     if isinstance(exc, Unauthenticated):
         all_headers.setdefault("WWW-Authenticate", 'Bearer realm="shamal"')
-    return JSONResponse(exc.to_body(), status_code=exc.status, headers=all_headers)
+    status = mlflow_status(exc) if is_mlflow_path(path) else exc.status
+    return JSONResponse(exc.to_body(), status_code=status, headers=all_headers)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -36,16 +41,16 @@ def _describe_validation(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-async def _on_shamal_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_shamal_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ShamalError)
     if exc.status >= 500:
         logger.error("request failed: %s (%s)", exc.code, exc.message)
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(InvalidParameter(_describe_validation(exc)))
+    return error_response(InvalidParameter(_describe_validation(exc)), path=request.url.path)
 
 
 async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:

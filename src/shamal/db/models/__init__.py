@@ -5,7 +5,29 @@ from __future__ import annotations
 from shamal.db.models._base import Base, UTCDateTime
 from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
+from shamal.db.models.registry import (
+    ModelAliasRow,
+    ModelVersionRow,
+    ModelVersionTagRow,
+    RegisteredModelRow,
+    RegisteredModelTagRow,
+)
 from shamal.db.models.security import ApiTokenRow, TeamMemberRow, TeamRow, UserRow
+from shamal.db.models.tracking import (
+    DatasetRow,
+    ExperimentRow,
+    ExperimentTagRow,
+    LatestMetricRow,
+    LoggedModelParamRow,
+    LoggedModelRow,
+    LoggedModelTagRow,
+    MetricRow,
+    ParamRow,
+    RunInputRow,
+    RunModelLinkRow,
+    RunRow,
+    RunTagRow,
+)
 
 __all__ = [
     "ApiTokenRow",
@@ -13,6 +35,24 @@ __all__ = [
     "AuditEntryRow",
     "AuditHeadRow",
     "Base",
+    "DatasetRow",
+    "ExperimentRow",
+    "ExperimentTagRow",
+    "LatestMetricRow",
+    "LoggedModelParamRow",
+    "LoggedModelRow",
+    "LoggedModelTagRow",
+    "MetricRow",
+    "ModelAliasRow",
+    "ModelVersionRow",
+    "ModelVersionTagRow",
+    "ParamRow",
+    "RegisteredModelRow",
+    "RegisteredModelTagRow",
+    "RunInputRow",
+    "RunModelLinkRow",
+    "RunRow",
+    "RunTagRow",
     "TeamMemberRow",
     "TeamRow",
     "UTCDateTime",

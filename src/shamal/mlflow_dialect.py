@@ -1,0 +1,208 @@
+"""The MLflow REST dialect: how requests arrive and answers leave.
+
+Shared by every router that speaks it (tracking, registry, artifacts proxy).
+GET requests carry fields as query parameters (repeated keys for lists, numbers
+as strings); the other methods carry a JSON object body (DELETE too). Answers
+are protobuf-style JSON: int64 as numbers, enums as names, NaN and infinities
+as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, unset fields omitted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from shamal.errors import AlreadyExists, InvalidParameter, ShamalError
+
+__all__ = [
+    "MLFLOW_PREFIXES",
+    "Fields",
+    "is_mlflow_path",
+    "mlflow_status",
+    "proto_json",
+    "read_fields",
+]
+
+#: Path prefixes served in the MLflow dialect (their errors use MLflow's status mapping).
+MLFLOW_PREFIXES = (
+    "/api/2.0/mlflow",
+    "/api/3.0/mlflow",
+    "/ajax-api/2.0/mlflow",
+    "/ajax-api/3.0/mlflow",
+)
+_MAX_LIST = 10_000
+
+
+def is_mlflow_path(path: str) -> bool:
+    return path.startswith(MLFLOW_PREFIXES)
+
+
+def mlflow_status(exc: ShamalError) -> int:
+    """MLflow's stock status for an error: a duplicate name is 400, not 409."""
+    if isinstance(exc, AlreadyExists):
+        return 400
+    return exc.status
+
+
+class Fields:
+    """The request's fields, read the same way whether they came by query or by body."""
+
+    def __init__(self, data: Mapping[str, Any], lists: Mapping[str, list[str]] | None = None):
+        self._data = data
+        self._lists = lists or {}
+
+    def raw(self, name: str) -> Any:
+        return self._data.get(name)
+
+    def has(self, name: str) -> bool:
+        return self._data.get(name) is not None
+
+    def text(self, name: str, *, required: bool = False, max_len: int = 100_000) -> str | None:
+        value = self._data.get(name)
+        if value is None or value == "":
+            if required:
+                raise InvalidParameter(f"Missing value for required parameter '{name}'.")
+            return None if value is None else ""
+        if not isinstance(value, str):
+            raise InvalidParameter(f"Parameter '{name}' must be a string.")
+        if len(value) > max_len:
+            raise InvalidParameter(f"Parameter '{name}' is longer than {max_len} characters.")
+        return value
+
+    def required(self, name: str, *, max_len: int = 100_000) -> str:
+        value = self.text(name, required=True, max_len=max_len)
+        assert value is not None
+        return value
+
+    def integer(
+        self, name: str, *, required: bool = False, default: int | None = None
+    ) -> int | None:
+        value = self._data.get(name)
+        if value is None or value == "":
+            if required:
+                raise InvalidParameter(f"Missing value for required parameter '{name}'.")
+            return default
+        if isinstance(value, bool):
+            raise InvalidParameter(f"Parameter '{name}' must be an integer.")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise InvalidParameter(f"Parameter '{name}' must be an integer.")
+
+    def number(self, name: str, *, required: bool = False) -> float | None:
+        value = self._data.get(name)
+        if value is None:
+            if required:
+                raise InvalidParameter(f"Missing value for required parameter '{name}'.")
+            return None
+        return parse_double(value, name)
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        value = self._data.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise InvalidParameter(f"Parameter '{name}' must be true or false.")
+
+    def many(self, name: str) -> list[Any]:
+        """A repeated field: repeated query keys, or a JSON list."""
+        if name in self._lists:
+            values: list[Any] = self._lists[name]
+        else:
+            raw = self._data.get(name)
+            if raw is None:
+                return []
+            values = raw if isinstance(raw, list) else [raw]
+        if len(values) > _MAX_LIST:
+            raise InvalidParameter(f"Parameter '{name}' has more than {_MAX_LIST} items.")
+        return values
+
+    def objects(self, name: str) -> list[Mapping[str, Any]]:
+        items = self.many(name)
+        if not all(isinstance(i, dict) for i in items):
+            raise InvalidParameter(f"Parameter '{name}' must be a list of objects.")
+        return items
+
+
+def parse_double(value: Any, name: str) -> float:
+    """A double as protobuf JSON sends it: a number, or "NaN" / "Infinity" / "-Infinity"."""
+    if isinstance(value, bool):
+        raise InvalidParameter(f"Parameter '{name}' must be a number.")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        special = {
+            "nan": math.nan,
+            "infinity": math.inf,
+            "-infinity": -math.inf,
+            "inf": math.inf,
+            "-inf": -math.inf,
+        }
+        if value.strip().lower() in special:
+            return special[value.strip().lower()]
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise InvalidParameter(f"Parameter '{name}' must be a number.")
+
+
+async def read_fields(request: Request) -> Fields:
+    """The request's fields: query parameters for GET, else the JSON object body.
+
+    Raises:
+        InvalidParameter: the body is not a JSON object.
+    """
+    if request.method == "GET":
+        query = request.query_params
+        lists = {k: query.getlist(k) for k in query}
+        return Fields({k: v[-1] for k, v in lists.items()}, lists)
+    body = await request.body()
+    if not body.strip():
+        return Fields({})
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidParameter("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise InvalidParameter("The request body must be a JSON object.")
+    return Fields(data)
+
+
+def _protobuf_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {k: _protobuf_safe(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_protobuf_safe(v) for v in value]
+    return value
+
+
+class ProtoJSONResponse(JSONResponse):
+    """JSON with protobuf's spellings of NaN and the infinities, unset fields omitted."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            _protobuf_safe(content), allow_nan=False, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+
+
+def proto_json(content: Mapping[str, Any] | None = None) -> ProtoJSONResponse:
+    """A 200 answer; every 200 in the dialect is a JSON object (``{}`` when empty)."""
+    return ProtoJSONResponse(dict(content or {}))

@@ -1,0 +1,1 @@
+"""Model registry: registered models, versions, aliases, tags, lineage to runs."""

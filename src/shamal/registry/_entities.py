@@ -1,0 +1,3 @@
+"""_entities of the registry domain."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""_service of the registry domain."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""_store of the registry domain."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""api of the registry domain."""
+
+from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Experiment tracking: experiments, runs, params, metrics, tags, datasets, logged models."""

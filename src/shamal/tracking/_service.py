@@ -1,0 +1,3 @@
+"""_service of the tracking domain."""
+
+from __future__ import annotations

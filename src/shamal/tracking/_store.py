@@ -1,0 +1,3 @@
+"""_store of the tracking domain."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""api of the tracking domain."""
+
+from __future__ import annotations
