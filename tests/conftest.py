@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from shamal.config import Settings
 from shamal.db import open_database, upgrade
 from shamal.server import Platform, create_app, start_platform
+from tests.live import LiveServer
 
 PG_ADMIN_URL = os.environ.get(
     "SHAMAL_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -128,3 +129,42 @@ def api(platform: Platform, admin_token: str) -> Iterator[TestClient]:
     with TestClient(app, raise_server_exceptions=False) as client:
         client.headers["Authorization"] = f"Bearer {admin_token}"
         yield client
+
+
+@pytest.fixture(scope="module")
+def module_pg_url(pg_template: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database shared by one test module."""
+    name = f"shamal_m_{RUN_ID}_{uuid.uuid4().hex[:10]}"
+    with _pg_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield _pg_url(name)
+    with _pg_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def mlflow_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """A real Shamal server process per test module, on SQLite and on PostgreSQL."""
+    env = {}
+    if request.param == "postgres":
+        env["SHAMAL_DATABASE_URL"] = request.getfixturevalue("module_pg_url")
+    with LiveServer(tmp_path_factory.mktemp("mlflow-home"), env) as server:
+        yield server
+
+
+@pytest.fixture
+def mlflow_env(mlflow_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
+    """Point the stock mlflow client at the live server, as a user's script would be."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", mlflow_server.token)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_server.url)
+    mlflow.set_registry_uri(mlflow_server.url)
+    return mlflow_server
