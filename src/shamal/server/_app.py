@@ -12,15 +12,15 @@ from sqlalchemy import text
 
 import shamal
 from shamal.artifacts import api as artifacts_api
-from shamal.registry import mlflow_api as registry_mlflow
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
+from shamal.registry import mlflow_api as registry_mlflow
 from shamal.security import api as security_api
-from shamal.tracking import mlflow_api as tracking_mlflow
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
 from shamal.server._strict import reject_unknown_query
+from shamal.tracking import mlflow_api as tracking_mlflow
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.audit = platform.audit
     app.state.security = platform.security
     app.state.artifacts = platform.artifacts
+    app.state.tracking = platform.tracking
+    app.state.registry = platform.registry
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, upgrade
+from shamal.registry import RegistryService
 from shamal.security import AuditLog, SecurityService, load_or_create_key
+from shamal.tracking import TrackingService
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ class Platform:
     security: SecurityService
     blobs: BlobStore
     artifacts: ArtifactService
+    tracking: TrackingService
+    registry: RegistryService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -47,6 +51,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         logger.info("created the admin account; its token is in %s", settings.token_file)
     blobs = open_blob_store(settings)
     artifacts = ArtifactService(db, blobs, audit, security)
+    tracking = TrackingService(db, audit, security, artifacts)
+    registry = RegistryService(db, audit, tracking)
     return Platform(
         settings=settings,
         db=db,
@@ -54,5 +60,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         security=security,
         blobs=blobs,
         artifacts=artifacts,
+        tracking=tracking,
+        registry=registry,
         admin_secret=admin_secret,
     )
