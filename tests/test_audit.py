@@ -187,7 +187,7 @@ def test_a_witness_kept_outside_the_database_catches_a_rewound_head(
     assert report.first_broken_seq == 5
     body = api.get(
         "/api/v1/audit/verify",
-        params={"witness_seq": seen.head_seq, "witness_hash": seen.head_hash},
+        params={"witness": f"{seen.head_seq}:{seen.head_hash}"},
     ).json()
     assert body["ok"] is False
 

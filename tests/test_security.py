@@ -248,3 +248,25 @@ def test_concurrent_first_starts_agree_on_one_audit_key(tmp_path: pytest.TempPat
     assert len(set(keys)) == 1
     assert bytes.fromhex(path.read_text().strip()) == keys[0]
     assert [p.name for p in path.parent.iterdir()] == ["audit.key"]  # no temp files left
+
+
+def test_another_process_sees_a_revocation_within_the_cache_window(
+    api: TestClient, platform: Platform
+) -> None:
+    from shamal.security import AuditContext
+    from shamal.security._service import PRINCIPAL_CACHE_TTL
+
+    now = [datetime.now(UTC)]
+    here = SecurityService(platform.db, platform.audit, clock=lambda: now[0])
+    there = SecurityService(platform.db, platform.audit, clock=lambda: now[0])
+    api.post("/api/v1/users", json={"name": "carl"})
+    issued = api.post("/api/v1/tokens", json={"name": "t", "user": "carl"}).json()
+    assert here.authenticate(issued["secret"]).name == "carl"  # now cached here
+    admin = there.authenticate(platform.admin_secret or "")
+    there.revoke_token(AuditContext("token.revoke", "admin", admin), issued["id"])
+    with pytest.raises(Exception, match="revoked"):
+        there.authenticate(issued["secret"])  # the revoking process forgets at once
+    assert here.authenticate(issued["secret"]).name == "carl"  # still inside the window
+    now[0] += PRINCIPAL_CACHE_TTL
+    with pytest.raises(Exception, match="revoked"):
+        here.authenticate(issued["secret"])  # never longer than the window

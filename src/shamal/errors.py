@@ -22,6 +22,7 @@ __all__ = [
     "InternalError",
     "InvalidParameter",
     "NotFound",
+    "NotImplementedFeature",
     "PayloadTooLarge",
     "PermissionDenied",
     "ServiceUnavailable",
@@ -109,6 +110,13 @@ class PayloadTooLarge(ShamalError):
     code = "REQUEST_TOO_LARGE"
 
 
+class NotImplementedFeature(ShamalError):
+    """The feature exists in the protocol but this server does not offer it."""
+
+    status = 501
+    code = "NOT_IMPLEMENTED"
+
+
 class TooManyRequests(ShamalError):
     """A rate limit or a bounded queue is full; retry later."""
 
@@ -148,6 +156,7 @@ _BY_CODE: dict[str, type[ShamalError]] = {
         AlreadyExists,
         Conflict,
         PayloadTooLarge,
+        NotImplementedFeature,
         TooManyRequests,
         ServiceUnavailable,
         IntegrityCheckFailed,

@@ -203,6 +203,21 @@ class ProtoJSONResponse(JSONResponse):
         ).encode("utf-8")
 
 
-def proto_json(content: Mapping[str, Any] | None = None) -> ProtoJSONResponse:
-    """A 200 answer; every 200 in the dialect is a JSON object (``{}`` when empty)."""
+class _PreparedJSONResponse(ProtoJSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, allow_nan=False, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+
+
+def proto_json(
+    content: Mapping[str, Any] | None = None, *, prepared: bool = False
+) -> ProtoJSONResponse:
+    """A 200 answer; every 200 in the dialect is a JSON object (``{}`` when empty).
+
+    ``prepared``: the content already spells NaN/infinities as strings and has no
+    None fields (large answers built for speed); it is sent as it is.
+    """
+    if prepared:
+        return _PreparedJSONResponse({k: v for k, v in (content or {}).items() if v is not None})
     return ProtoJSONResponse(dict(content or {}))

@@ -100,7 +100,6 @@ LEGAL = {
     "u\u0308n\u0131\u0308code/nai\u0308ve.json": "\u00fcn\u0131\u0308code/na\u00efve.json",
     "v1.2/x": "v1.2/x",
     ".hidden/config.yaml": ".hidden/config.yaml",
-    "a//b/": "a/b",
     "./a/./b": "a/b",
     "my%20file.txt": "my file.txt",
     "a%252Fb": "a/b",
@@ -273,3 +272,13 @@ def test_a_root_reached_through_a_symlink_still_works(tmp_path: Path) -> None:
     link.symlink_to(real)
     assert contained_path(link, "a/b") == real.resolve() / "a" / "b"
     assert os.path.realpath(link) == str(real.resolve())
+
+
+@pytest.mark.parametrize("raw", ["a//b", "0//etc/passwd", "0/%2fetc%2fpasswd", "a/./b//c"])
+def test_empty_inner_segments_are_refused(raw: str) -> None:
+    with pytest.raises(InvalidParameter, match="empty segment"):
+        safe_relpath(raw)
+
+
+def test_a_trailing_slash_names_the_folder() -> None:
+    assert safe_relpath("outputs/plots/") == "outputs/plots"

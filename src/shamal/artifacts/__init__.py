@@ -22,6 +22,7 @@ from shamal.artifacts._local import LocalObjectStore
 from shamal.artifacts._objects import ObjectStore, open_object_store
 from shamal.artifacts._paths import contained_path, safe_relpath
 from shamal.artifacts._service import ArtifactService, team_namespace
+from shamal.artifacts._streaming import consume_body
 
 if TYPE_CHECKING:
     from shamal.artifacts._s3 import S3ObjectStore
@@ -35,6 +36,7 @@ __all__ = [
     "LocalObjectStore",
     "ObjectStore",
     "S3ObjectStore",
+    "consume_body",
     "contained_path",
     "open_blob_store",
     "open_object_store",

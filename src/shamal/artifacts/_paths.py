@@ -99,6 +99,10 @@ def _normalize_form(text: str, *, max_length: int, max_depth: int) -> str:
     _check_characters(text)
     if text.startswith("/"):
         raise _reject("absolute paths are not allowed")
+    if "//" in text.rstrip("/"):
+        # An empty segment in the middle hides an absolute path behind a prefix
+        # ("a//etc/passwd"): refuse it rather than collapse it.
+        raise _reject("the path has an empty segment ('//')")
     segments = [s for s in text.split("/") if s not in ("", ".")]
     if not segments:
         raise _reject("the path is empty")

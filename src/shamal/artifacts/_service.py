@@ -51,6 +51,56 @@ class ArtifactService:
     def _namespace(self, principal: Principal, team: str, needed: Role) -> str:
         return team_namespace(self._security.authorize_team(principal, team, needed).id)
 
+    # ------------------------------------------------------------------ namespaces
+    # For domains that own their artifacts (tracking, registry) and authorize their own
+    # objects first: these check paths, never permissions.
+    def store_file(
+        self, ctx: AuditContext | None, namespace: str, path: str, chunks: Iterable[bytes]
+    ) -> ArtifactFile:
+        """Stream ``chunks`` into ``namespace``/``path``; audited when ``ctx`` is given."""
+        clean = safe_relpath(path)
+        info = self._blobs.put(chunks)
+        actor = ctx.actor if ctx is not None else "system"
+
+        def work(s: Session) -> ArtifactFile:
+            stored = _store.upsert_file(
+                s, namespace, clean, info.digest, info.size, self._clock(), actor
+            )
+            if ctx is not None:
+                self._audit.record(
+                    s, ctx, ctx.target or f"{namespace}/{clean}", digest=info.digest, size=info.size
+                )
+            return stored
+
+        return self._db.run(work)
+
+    def file_info(self, namespace: str, path: str) -> ArtifactFile:
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get_file(s, namespace, safe_relpath(path))
+
+    def read_file(self, namespace: str, path: str) -> tuple[ArtifactFile, Iterator[bytes]]:
+        found = self.file_info(namespace, path)
+        return found, self._blobs.open(found.digest)
+
+    def files_under(
+        self, namespace: str, prefix: str = "", limit: int = MAX_LIST
+    ) -> list[ArtifactFile]:
+        clean = safe_relpath(prefix) if prefix else ""
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_files(s, namespace, clean, limit)
+
+    def remove_files(self, ctx: AuditContext, namespace: str, path: str) -> int:
+        """Remove a file, or every file under a folder; returns how many."""
+        clean = safe_relpath(path)
+
+        def work(s: Session) -> int:
+            removed = _store.delete_tree(s, namespace, clean)
+            if removed:
+                self._audit.record(s, ctx, ctx.target or f"{namespace}/{clean}", files=removed)
+            return removed
+
+        return self._db.run(work)
+
     def put(
         self, ctx: AuditContext, team: str, raw_path: str, chunks: Iterable[bytes]
     ) -> ArtifactFile:

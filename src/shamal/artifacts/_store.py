@@ -67,3 +67,15 @@ def digest_in_use(s: Session, digest: str) -> bool:
         s.scalar(select(ArtifactFileRow.path).where(ArtifactFileRow.digest == digest).limit(1))
         is not None
     )
+
+
+def delete_tree(s: Session, namespace: str, path: str) -> int:
+    """Delete ``path`` and everything below ``path/``; returns the number of files."""
+    result = s.execute(
+        delete(ArtifactFileRow).where(
+            ArtifactFileRow.namespace == namespace,
+            (ArtifactFileRow.path == path)
+            | ((ArtifactFileRow.path >= path + "/") & (ArtifactFileRow.path < path + "/\uffff")),
+        )
+    )
+    return int(getattr(result, "rowcount", 0) or 0)

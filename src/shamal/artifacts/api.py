@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
-import anyio
-import anyio.from_thread
-import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._service import ArtifactService
+from shamal.artifacts._streaming import consume_body
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 
@@ -74,21 +71,7 @@ async def put_artifact(
     svc: Artifacts,
     ctx: Annotated[AuditContext, Depends(audited("artifact.put"))],
 ) -> ArtifactOut:
-    body = request.stream().__aiter__()
-
-    async def next_chunk() -> bytes | None:
-        try:
-            return await body.__anext__()
-        except StopAsyncIteration:
-            return None
-
-    def chunks() -> Iterator[bytes]:
-        # Runs in a worker thread: pull each chunk from the event loop as it arrives.
-        while (chunk := anyio.from_thread.run(next_chunk)) is not None:
-            if chunk:
-                yield chunk
-
-    stored = await anyio.to_thread.run_sync(lambda: svc.put(ctx, team, path, chunks()))
+    stored = await consume_body(request, lambda chunks: svc.put(ctx, team, path, chunks))
     return ArtifactOut.model_validate(stored)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shamal.cli import artifacts, audit, db, team, token, user
+from shamal.cli import artifacts, audit, db, team, token, tracking, user
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -22,6 +22,9 @@ app.add_typer(team.app, name="team")
 app.add_typer(user.app, name="user")
 app.add_typer(audit.app, name="audit")
 app.add_typer(artifacts.app, name="artifacts")
+app.add_typer(tracking.experiments, name="experiments")
+app.add_typer(tracking.runs, name="runs")
+app.add_typer(tracking.models, name="models")
 
 
 def main() -> None:

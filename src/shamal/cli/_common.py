@@ -27,8 +27,14 @@ _HINTS: dict[type[ShamalError], str] = {
 }
 
 
+_open_clients: list[ShamalClient] = []
+
+
 def client() -> ShamalClient:
-    return ShamalClient()
+    """A client for the current command; closed by :func:`handle_errors` when it returns."""
+    opened = ShamalClient()
+    _open_clients.append(opened)
+    return opened
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -44,6 +50,9 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 if isinstance(exc, cls):
                     err_console.print(f"[yellow]hint:[/] {hint}")
             raise typer.Exit(1) from None
+        finally:
+            while _open_clients:
+                _open_clients.pop().close()
 
     return wrapper
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 
 from rich.console import Console
@@ -23,6 +24,54 @@ def wait_until_up(client: ShamalClient, deadline_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def track_a_model(url: str, token: str) -> list[str]:
+    """Train a classifier on scikit-learn's wine data with the stock mlflow client:
+    params, per-epoch metric curves, the model as an artifact, registered as `champion`."""
+    os.environ["MLFLOW_TRACKING_TOKEN"] = token
+    # Imported here: the server process loads mlflow and scikit-learn only for the quickstart.
+    import mlflow
+    import numpy as np
+    from sklearn.datasets import load_wine
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.metrics import accuracy_score, log_loss
+    from sklearn.model_selection import train_test_split
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    mlflow.set_tracking_uri(url)
+    mlflow.set_registry_uri(url)  # both: a process may have pointed the registry elsewhere
+    mlflow.set_experiment("quickstart")
+    x, y = load_wine(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.3, random_state=0)
+    scaler = StandardScaler().fit(x_train)
+    classifier = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
+    classes = np.unique(y)
+    with mlflow.start_run(run_name="wine-sgd") as run:
+        mlflow.log_params(
+            {"model": "SGDClassifier", "alpha": 1e-3, "epochs": 20, "dataset": "sklearn wine"}
+        )
+        for epoch in range(20):
+            classifier.partial_fit(scaler.transform(x_train), y_train, classes=classes)
+            probs = classifier.predict_proba(scaler.transform(x_test))
+            mlflow.log_metrics(
+                {
+                    "test_log_loss": float(log_loss(y_test, probs, labels=classes)),
+                    "test_accuracy": float(accuracy_score(y_test, classes[probs.argmax(1)])),
+                },
+                step=epoch,
+            )
+        pipeline = make_pipeline(scaler, classifier)
+        info = mlflow.sklearn.log_model(pipeline, name="model", input_example=x_test[:2])
+    version = mlflow.register_model(info.model_uri, "quickstart-wine")
+    mlflow.MlflowClient().set_registered_model_alias("quickstart-wine", "champion", version.version)
+    accuracy = mlflow.get_run(run.info.run_id).data.metrics["test_accuracy"]
+    return [
+        f"tracked run [bold]{run.info.run_id[:12]}[/] (wine, 20 epochs, "
+        f"test accuracy {accuracy:.3f}) with the stock mlflow client",
+        f"registered [bold]quickstart-wine[/] version {version.version} as [bold]@champion[/]",
+    ]
+
+
 def run_quickstart(client: ShamalClient, console: Console) -> None:
     """Create a team, store an artifact, read it back and verify the audit chain."""
     steps: list[str] = []
@@ -38,6 +87,7 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     steps.append(
         f"stored artifact hello/greeting.txt (sha256 {stored['digest'][:12]}...) and read it back"
     )
+    steps.extend(track_a_model(client.url, client.token or ""))
     report = client.verify_audit()
     steps.append(
         f"audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"

@@ -82,7 +82,7 @@ def _verify_locally(witness: tuple[int, str] | None) -> dict[str, Any]:
 
 
 def _verify_remotely(witness: tuple[int, str] | None) -> dict[str, Any]:
-    params = {"witness_seq": witness[0], "witness_hash": witness[1]} if witness else None
+    params = {"witness": f"{witness[0]}:{witness[1]}"} if witness else None
     report: dict[str, Any] = client().request("GET", "/api/v1/audit/verify", params=params)
     return report
 

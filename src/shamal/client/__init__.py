@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from shamal.errors import ServiceUnavailable, error_for_code
+from shamal.errors import NotFound, ServiceUnavailable, error_for_code
 
 __all__ = ["DEFAULT_URL", "ShamalClient", "default_token"]
 
@@ -79,6 +79,11 @@ class ShamalClient:
         )
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def token(self) -> str | None:
+        """The bearer token this client sends (for handing to other clients, e.g. mlflow)."""
+        return self._token
+
     def close(self) -> None:
         self._http.close()
 
@@ -185,6 +190,70 @@ class ShamalClient:
 
     def verify_audit(self) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", "/api/v1/audit/verify")
+        return result
+
+    # ------------------------------------------------------------------ tracking
+    def list_experiments(
+        self, *, filter_string: str | None = None, view: str = "ACTIVE_ONLY", limit: int = 100
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"view": view, "max_results": limit}
+        if filter_string:
+            params["filter"] = filter_string
+        result: dict[str, Any] = self.request("GET", "/api/v1/experiments", params=params)
+        return list(result["items"])
+
+    def get_experiment(self, experiment_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "GET", f"/api/v1/experiments/{quote(experiment_id, safe='')}"
+        )
+        return result
+
+    def experiment_id_of(self, id_or_name: str) -> str:
+        """An experiment id from an id or an exact name."""
+        if id_or_name.isdigit():
+            return id_or_name
+        escaped = id_or_name.replace("'", "''")
+        found = self.list_experiments(filter_string=f"name = '{escaped}'", view="ALL", limit=1)
+        if not found:
+            raise NotFound(f"no experiment named {id_or_name!r}")
+        return str(found[0]["experiment_id"])
+
+    def list_runs(
+        self,
+        experiment_id: str,
+        *,
+        filter_string: str | None = None,
+        order_by: list[str] | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"max_results": limit}
+        if filter_string:
+            params["filter"] = filter_string
+        if order_by:
+            params["order_by"] = order_by
+        url = f"/api/v1/experiments/{quote(experiment_id, safe='')}/runs"
+        result: dict[str, Any] = self.request("GET", url, params=params)
+        return list(result["items"])
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/runs/{quote(run_id, safe='')}")
+        return result
+
+    def metric_history(self, run_id: str, key: str) -> list[dict[str, Any]]:
+        url = f"/api/v1/runs/{quote(run_id, safe='')}/metrics/{quote(key, safe='')}"
+        result: dict[str, Any] = self.request("GET", url)
+        return list(result["items"])
+
+    # ------------------------------------------------------------------ registry
+    def list_models(self, *, search: str = "", limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if search:
+            params["search"] = search
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/models", params=params)
+        return result
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/models/{quote(name, safe='')}")
         return result
 
     # ------------------------------------------------------------------ artifacts

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 from shamal.errors import InvalidParameter
 
@@ -44,9 +44,17 @@ def build_engine(url: str) -> Engine:
 def _sqlite_engine(url: str, database: str | None) -> Engine:
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
-    # NullPool: each unit of work gets its own connection, so WAL readers run
-    # beside the single writer, and no connection outlives a fork.
-    engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+    # A pool of connections, each used by one thread at a time: opening and closing
+    # per unit of work cost a connect, the PRAGMAs and a WAL checkpoint every time.
+    # WAL lets the pooled readers run beside the single writer.
+    engine = create_engine(
+        url,
+        poolclass=QueuePool,
+        pool_size=8,
+        max_overflow=24,
+        pool_pre_ping=False,
+        connect_args={"timeout": 30, "check_same_thread": False},
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -13,7 +13,13 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from shamal.errors import AlreadyExists, InternalError, ServiceUnavailable, ShamalError
+from shamal.errors import (
+    AlreadyExists,
+    Conflict,
+    InternalError,
+    ServiceUnavailable,
+    ShamalError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +28,7 @@ T = TypeVar("T")
 # PostgreSQL SQLSTATEs that mean "nothing happened, try the whole transaction again".
 _PG_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected
 _PG_UNIQUE = "23505"
+_PG_FOREIGN_KEY = "23503"
 
 
 class RetryableConflict(Exception):
@@ -44,6 +51,12 @@ def is_transient(exc: BaseException) -> bool:
             "database is locked" in message or "database is busy" in message
         )
     return False
+
+
+def is_foreign_key_violation(exc: BaseException) -> bool:
+    if not isinstance(exc, IntegrityError):
+        return False
+    return _sqlstate(exc) == _PG_FOREIGN_KEY or "foreign key constraint" in str(exc.orig).lower()
 
 
 def is_unique_violation(exc: BaseException) -> bool:
@@ -95,6 +108,11 @@ class Database:
         except IntegrityError as exc:
             if is_unique_violation(exc):
                 raise AlreadyExists("an object with this name or key exists already") from exc
+            if is_foreign_key_violation(exc):
+                raise Conflict(
+                    "other objects still refer to this one (e.g. a team that owns experiments "
+                    "or models): remove or move them first"
+                ) from exc
             logger.exception("integrity error in unit of work")
             raise InternalError("the database rejected the change") from exc
         except DBAPIError as exc:

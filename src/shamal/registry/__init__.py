@@ -1,7 +1,36 @@
-"""Model registry: registered models, versions, aliases, tags, lineage to runs."""
+"""Model registry: registered models, versions, stages, aliases and tags.
+
+* :class:`RegistryService` holds the rules (team ownership, roles, validation)
+  and audits every change in the transaction that makes it.
+* :class:`ModelSources` is what it asks to vet a new version's ``source``
+  (the tracking service implements it): only URIs Shamal minted pass.
+* The entities it returns are frozen: :class:`RegisteredModel`,
+  :class:`ModelVersion`, :class:`ModelAlias`, one :class:`Page` of a search.
+* ``shamal.registry.mlflow_api.router`` serves it in the MLflow REST dialect;
+  ``shamal.registry.api.router`` is the native read API under ``/api/v1/models``.
+"""
 
 from __future__ import annotations
 
+from shamal.registry._entities import (
+    TEAM_TAG,
+    ModelAlias,
+    ModelVersion,
+    Page,
+    RegisteredModel,
+    Stage,
+    VersionStatus,
+)
 from shamal.registry._service import ModelSources, RegistryService
 
-__all__ = ["ModelSources", "RegistryService"]
+__all__ = [
+    "TEAM_TAG",
+    "ModelAlias",
+    "ModelSources",
+    "ModelVersion",
+    "Page",
+    "RegisteredModel",
+    "RegistryService",
+    "Stage",
+    "VersionStatus",
+]

@@ -1,12 +1,55 @@
-"""Rules of the model registry (filled in by the registry work)."""
+"""Rules of the model registry: who may do what, and every change audited in its transaction.
+
+Access: a registered model created with the tag ``shamal.team`` = <team> belongs
+to that team (the creator must be a member or more of it). On a team's model
+viewers read, members write (descriptions, tags, versions, stages, aliases,
+renames) and maintainers delete. Models without a team are open to every
+authenticated account. Another team's model answers 404, as if it did not
+exist, and is left out of searches; so does a model whose team was deleted,
+for everyone but platform admins. Platform admins see and do everything.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Protocol
 
+from sqlalchemy.orm import Session
+
 from shamal.db import Database
-from shamal.security import AuditLog, Principal, utc_now
+from shamal.errors import InvalidParameter
+from shamal.registry import _rules, _store
+from shamal.registry._entities import (
+    TEAM_TAG,
+    ModelRef,
+    ModelVersion,
+    Page,
+    RegisteredModel,
+    Stage,
+    VersionStatus,
+)
+from shamal.security import AuditContext, AuditLog, Principal, Role, check_name, utc_now
 from shamal.security._audit import Clock
+from shamal.tracking import (
+    MAX_PAGE_OFFSET,
+    MODEL_VERSIONS,
+    REGISTERED_MODELS,
+    decode_page_token,
+    encode_page_token,
+    parse_filter,
+    parse_order_by,
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``max_results`` of registered-model searches: MLflow's default and cap.
+MODELS_PAGE_DEFAULT, MODELS_PAGE_MAX = 100, 1000
+#: ``max_results`` of model-version searches: MLflow's default and cap.
+VERSIONS_PAGE_DEFAULT, VERSIONS_PAGE_MAX = 200_000, 200_000
+_RUN_ID_LENGTH, _MODEL_ID_LENGTH = 32, 64
 
 
 class ModelSources(Protocol):
@@ -22,8 +65,50 @@ class ModelSources(Protocol):
 
     def resolve_model_source(self, principal: Principal, source: str) -> str: ...
 
+    def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
+        """The run that produced a logged model (None if it names none).
+
+        Raises:
+            NotFound: no such logged model, or not visible to the principal.
+        """
+        ...
+
+
+def _model_target(name: str) -> str:
+    return f"registered_model:{name}"
+
+
+def _version_target(name: str, version: int) -> str:
+    return f"model_version:{name}/{version}"
+
+
+def _visibility(principal: Principal) -> _store.Visibility:
+    return None if principal.user.is_admin else frozenset(principal.team_ids.values())
+
+
+def _next_token(offset: int, limit: int, more: bool) -> str | None:
+    if not more or offset + limit > MAX_PAGE_OFFSET:
+        return None
+    return encode_page_token(offset + limit)
+
+
+def _check_max_results(value: int, cap: int) -> int:
+    if not 1 <= value <= cap:
+        raise InvalidParameter(f"max_results must be between 1 and {cap}.")
+    return value
+
 
 class RegistryService:
+    """Registered models, their versions, tags, stages and aliases.
+
+    Thread-safe; one instance per process. Reads take a :class:`Principal`;
+    changes take the request's :class:`AuditContext` and record their audit
+    entry in the transaction that makes the change. Every method raises
+    ``NotFound`` for a model (or version) that does not exist or that the
+    caller may not see, ``PermissionDenied`` for a role too low on a model it
+    can see, and ``InvalidParameter`` for malformed input.
+    """
+
     def __init__(
         self, db: Database, audit: AuditLog, sources: ModelSources, clock: Clock = utc_now
     ) -> None:
@@ -31,3 +116,461 @@ class RegistryService:
         self._audit = audit
         self._sources = sources
         self._clock = clock
+
+    # ------------------------------------------------------------------ helpers
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        """A read-only transaction that sees one snapshot from start to end."""
+        with self._db.unit_of_work(write=False) as s:
+            _store.read_snapshot(s)
+            yield s
+
+    def _now_ms(self) -> int:
+        return int(self._clock().timestamp() * 1000)
+
+    @staticmethod
+    def _access(
+        s: Session, principal: Principal, name: str, needed: Role, *, lock: bool = False
+    ) -> ModelRef:
+        """The model, if ``principal`` holds ``needed`` on it (``lock``: its row lock)."""
+        if not name:
+            raise InvalidParameter("Missing value for required parameter 'name'.")
+        ref = _store.find_model(s, name, lock=lock)
+        if ref.orphaned and not principal.user.is_admin:
+            raise _store.model_not_found(name)
+        principal.require_owner_role(ref.team_id, needed, f"registered model {name!r}")
+        return ref
+
+    @staticmethod
+    def _team_of_new_model(principal: Principal, tags: Mapping[str, str]) -> str | None:
+        team = tags.get(TEAM_TAG)
+        if team is None:
+            return None
+        check_name("team", team)
+        principal.require_team_role(team, Role.MEMBER)
+        team_id = principal.team_ids.get(team)
+        if team_id is None:  # a platform admin outside the team
+            raise InvalidParameter(
+                f"to create a model for team {team!r}, be a member (or more) of that team"
+            )
+        return team_id
+
+    # ------------------------------------------------------------------ models
+    def create_registered_model(
+        self,
+        ctx: AuditContext,
+        name: str,
+        *,
+        tags: _rules.TagsIn = None,
+        description: str | None = None,
+    ) -> RegisteredModel:
+        """Create a model; the ``shamal.team`` tag makes it the team's (member or more).
+
+        Raises:
+            AlreadyExists: the name is taken.
+            NotFound: the ``shamal.team`` team is not one of the caller's.
+            PermissionDenied: a viewer of that team.
+        """
+        principal = ctx.require_principal()
+        _rules.check_model_name(name)
+        checked_tags = _rules.check_tags(tags)
+        text = _rules.check_description(description)
+        ctx.target = _model_target(name)
+        team_id = self._team_of_new_model(principal, checked_tags)
+        now = self._now_ms()
+
+        def work(s: Session) -> RegisteredModel:
+            ref = _store.insert_model(
+                s,
+                name=name,
+                description=text,
+                user_id=principal.name,
+                team_id=team_id,
+                tags=checked_tags,
+                now=now,
+            )
+            self._audit.record(s, ctx, ctx.target, team=checked_tags.get(TEAM_TAG))
+            return _store.load_model(s, ref)
+
+        model = self._db.run(work)
+        logger.info("registered model %r created by %s", name, principal.name)
+        return model
+
+    def get_registered_model(self, principal: Principal, name: str) -> RegisteredModel:
+        """The model with its tags, aliases and latest version per stage (viewer)."""
+        with self._reading() as s:
+            return _store.load_model(s, self._access(s, principal, name, Role.VIEWER))
+
+    def rename_registered_model(
+        self, ctx: AuditContext, name: str, new_name: str
+    ) -> RegisteredModel:
+        """Rename (member); versions and aliases stay. ``AlreadyExists``: ``new_name`` is taken."""
+        principal = ctx.require_principal()
+        _rules.check_model_name(new_name, "new_name")
+        ctx.target = _model_target(name)
+        now = self._now_ms()
+
+        def work(s: Session) -> RegisteredModel:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            renamed = _store.rename_model(s, ref, new_name, now)
+            self._audit.record(s, ctx, ctx.target, new_name=new_name)
+            return _store.load_model(s, renamed)
+
+        return self._db.run(work)
+
+    def update_registered_model(
+        self, ctx: AuditContext, name: str, description: str | None
+    ) -> RegisteredModel:
+        """Set the description (member); None leaves it as it is."""
+        principal = ctx.require_principal()
+        text = None if description is None else _rules.check_description(description)
+        ctx.target = _model_target(name)
+        now = self._now_ms()
+
+        def work(s: Session) -> RegisteredModel:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.update_model(s, ref, now, description=text)
+            self._audit.record(s, ctx, ctx.target)
+            return _store.load_model(s, ref)
+
+        return self._db.run(work)
+
+    def delete_registered_model(self, ctx: AuditContext, name: str) -> None:
+        """Delete the model with its versions, tags and aliases (maintainer)."""
+        principal = ctx.require_principal()
+        ctx.target = _model_target(name)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MAINTAINER, lock=True)
+            _store.delete_model(s, ref)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+        logger.info("registered model %r deleted by %s", name, principal.name)
+
+    def set_registered_model_tag(self, ctx: AuditContext, name: str, key: str, value: str) -> None:
+        """Set (or overwrite) a tag (member). The ``shamal.team`` tag cannot change."""
+        principal = ctx.require_principal()
+        key, value = _rules.check_tag(key, value)
+        _refuse_team_tag(key)
+        ctx.target = _model_target(name)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.set_model_tag(s, ref, key, value)
+            self._audit.record(s, ctx, ctx.target, key=key)
+
+        self._db.run(work)
+
+    def delete_registered_model_tag(self, ctx: AuditContext, name: str, key: str) -> None:
+        """Remove a tag (member); an absent tag is not an error."""
+        principal = ctx.require_principal()
+        key = _rules.check_tag_key(key)
+        _refuse_team_tag(key)
+        ctx.target = _model_target(name)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.delete_model_tag(s, ref, key)
+            self._audit.record(s, ctx, ctx.target, key=key)
+
+        self._db.run(work)
+
+    def search_registered_models(
+        self,
+        principal: Principal,
+        *,
+        filter_string: str | None = None,
+        order_by: Sequence[str] = (),
+        max_results: int = MODELS_PAGE_DEFAULT,
+        page_token: str | None = None,
+    ) -> Page[RegisteredModel]:
+        """One page of the models the caller may see that match the MLflow filter.
+
+        Prompts (models tagged ``mlflow.prompt.is_prompt`` = ``true``) are left
+        out unless the filter asks for them, as MLflow's own server does.
+
+        Raises:
+            InvalidParameter: a malformed filter, order_by or page token, or
+                ``max_results`` outside 1..1000.
+        """
+        limit = _check_max_results(max_results, MODELS_PAGE_MAX)
+        offset = decode_page_token(page_token)
+        filters, prompts = _rules.split_prompt_clauses(
+            parse_filter(filter_string, REGISTERED_MODELS)
+        )
+        order = parse_order_by(list(order_by), REGISTERED_MODELS)
+        with self._reading() as s:
+            models, more = _store.search_models(
+                s, filters, order, _visibility(principal), offset, limit, prompts=prompts
+            )
+        return Page(tuple(models), _next_token(offset, limit, more))
+
+    def list_registered_models(
+        self, principal: Principal, *, search: str = "", offset: int = 0, limit: int = 100
+    ) -> list[RegisteredModel]:
+        """Models the caller may see whose name contains ``search`` (case-insensitive), by name."""
+        if offset < 0 or not 1 <= limit <= MODELS_PAGE_MAX:
+            raise InvalidParameter(f"offset must be >= 0 and limit 1..{MODELS_PAGE_MAX}")
+        with self._reading() as s:
+            return _store.list_models(s, _visibility(principal), search, offset, limit)
+
+    # ------------------------------------------------------------------ aliases
+    def set_registered_model_alias(
+        self, ctx: AuditContext, name: str, alias: str, version: int
+    ) -> None:
+        """Point ``alias`` at ``version``, creating or moving it atomically (member).
+
+        Raises:
+            InvalidParameter: a malformed or reserved alias (``latest``, ``v<n>``).
+            NotFound: no such model or version.
+        """
+        principal = ctx.require_principal()
+        alias = _rules.check_alias(alias)
+        ctx.target = _model_target(name)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            before = _store.set_alias(s, ref, alias, version)
+            self._audit.record(s, ctx, ctx.target, alias=alias, version=version, moved_from=before)
+
+        self._db.run(work)
+
+    def delete_registered_model_alias(self, ctx: AuditContext, name: str, alias: str) -> None:
+        """Remove an alias (member); an absent alias is not an error."""
+        principal = ctx.require_principal()
+        alias = _rules.check_alias(alias)
+        ctx.target = _model_target(name)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            before = _store.delete_alias(s, ref, alias)
+            self._audit.record(s, ctx, ctx.target, alias=alias, version=before)
+
+        self._db.run(work)
+
+    def get_model_version_by_alias(
+        self, principal: Principal, name: str, alias: str
+    ) -> ModelVersion:
+        """The version ``alias`` points at (viewer); what ``models:/name@alias`` resolves to."""
+        if not alias:
+            raise InvalidParameter("Missing value for required parameter 'alias'.")
+        with self._reading() as s:
+            ref = self._access(s, principal, name, Role.VIEWER)
+            return _store.get_version(s, ref, _store.alias_version(s, ref, alias))
+
+    # ------------------------------------------------------------------ versions
+    def create_model_version(
+        self,
+        ctx: AuditContext,
+        name: str,
+        source: str,
+        *,
+        run_id: str | None = None,
+        tags: _rules.TagsIn = None,
+        run_link: str | None = None,
+        description: str | None = None,
+        model_id: str | None = None,
+    ) -> ModelVersion:
+        """Register the next version of a model (member), numbered 1, 2, ... without gaps.
+
+        ``source`` is never trusted: the source resolver validates it (only URIs
+        Shamal minted, readable by the caller) and says where the files are;
+        that location is what download URIs answer. Nothing is stored when it
+        refuses.
+
+        Raises:
+            InvalidParameter: a refused source, or malformed input.
+            NotFound: no such model, or a source naming a run or model that is not visible.
+        """
+        principal = ctx.require_principal()
+        if not source:
+            raise InvalidParameter("Missing value for required parameter 'source'.")
+        _rules.check_uri_length(source, "source")
+        draft = ModelVersion(
+            name=name,
+            version=0,
+            creation_timestamp=0,
+            last_updated_timestamp=0,
+            user_id=principal.name,
+            current_stage=Stage.NONE,
+            description=_rules.check_description(description),
+            source=source,
+            storage_location="",
+            run_id=_rules.check_reference_id(run_id, "run_id", _RUN_ID_LENGTH),
+            run_link=_rules.check_run_link(run_link),
+            status=VersionStatus.READY,
+            status_message="",
+            model_id=_rules.check_reference_id(model_id, "model_id", _MODEL_ID_LENGTH),
+            tags=_rules.check_tags(tags),
+        )
+        ctx.target = _model_target(name)
+        with self._reading() as s:
+            # Access first: a caller who cannot write here learns nothing about sources.
+            self._access(s, principal, name, Role.MEMBER)
+        location = self._sources.resolve_model_source(principal, source)
+        _rules.check_uri_length(location, "source")
+        if draft.run_id is None and draft.model_id is not None:
+            # MLflow 3 clients register `models:/<id>` without a run: keep the lineage anyway.
+            draft = replace(draft, run_id=self._sources.logged_model_run(principal, draft.model_id))
+        return self._db.run(lambda s: self._insert_version(s, ctx, draft, location))
+
+    def _insert_version(
+        self, s: Session, ctx: AuditContext, draft: ModelVersion, location: str
+    ) -> ModelVersion:
+        ref = self._access(s, ctx.require_principal(), draft.name, Role.MEMBER)
+        now = self._now_ms()
+        number = _store.allocate_version(s, ref, now)
+        version = replace(
+            draft,
+            version=number,
+            creation_timestamp=now,
+            last_updated_timestamp=now,
+            storage_location=location,
+        )
+        _store.insert_version(s, ref, version)
+        self._audit.record(s, ctx, _version_target(ref.name, number), source=draft.source)
+        return _store.get_version(s, ref, number)
+
+    def get_model_version(self, principal: Principal, name: str, version: int) -> ModelVersion:
+        """One version with its tags and aliases (viewer)."""
+        with self._reading() as s:
+            return _store.get_version(s, self._access(s, principal, name, Role.VIEWER), version)
+
+    def list_model_versions(self, principal: Principal, name: str) -> list[ModelVersion]:
+        """Every version of a model, newest first (viewer)."""
+        with self._reading() as s:
+            return _store.list_versions(s, self._access(s, principal, name, Role.VIEWER))
+
+    def get_model_version_download_uri(self, principal: Principal, name: str, version: int) -> str:
+        """Where the version's files are, as the source resolver found them (viewer)."""
+        found = self.get_model_version(principal, name, version)
+        return found.storage_location or found.source
+
+    def update_model_version(
+        self, ctx: AuditContext, name: str, version: int, description: str | None
+    ) -> ModelVersion:
+        """Set a version's description (member); None leaves it as it is."""
+        principal = ctx.require_principal()
+        text = None if description is None else _rules.check_description(description)
+        ctx.target = _version_target(name, version)
+        now = self._now_ms()
+
+        def work(s: Session) -> ModelVersion:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.update_version(s, ref, version, now, description=text)
+            self._audit.record(s, ctx, ctx.target)
+            return _store.get_version(s, ref, version)
+
+        return self._db.run(work)
+
+    def transition_model_version_stage(
+        self, ctx: AuditContext, name: str, version: int, stage: Stage, archive_existing: bool
+    ) -> ModelVersion:
+        """Move a version to ``stage`` (member), archiving the others there if asked.
+
+        Raises:
+            InvalidParameter: ``archive_existing`` with a stage other than Staging or Production.
+        """
+        principal = ctx.require_principal()
+        if archive_existing and stage not in (Stage.STAGING, Stage.PRODUCTION):
+            raise InvalidParameter(
+                "archive_existing_versions applies only to the Staging and Production stages."
+            )
+        ctx.target = _version_target(name, version)
+        now = self._now_ms()
+
+        def work(s: Session) -> ModelVersion:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.update_version(s, ref, version, now, stage=stage)
+            archived = _store.archive_stage(s, ref, stage, version, now) if archive_existing else []
+            _store.update_model(s, ref, now)
+            self._audit.record(s, ctx, ctx.target, stage=stage.value, archived=archived)
+            return _store.get_version(s, ref, version)
+
+        return self._db.run(work)
+
+    def delete_model_version(self, ctx: AuditContext, name: str, version: int) -> None:
+        """Delete a version with its tags and aliases (maintainer); numbers are not reused."""
+        principal = ctx.require_principal()
+        ctx.target = _version_target(name, version)
+        now = self._now_ms()
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MAINTAINER)
+            _store.delete_version(s, ref, version)
+            _store.update_model(s, ref, now)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+
+    def set_model_version_tag(
+        self, ctx: AuditContext, name: str, version: int, key: str, value: str
+    ) -> None:
+        """Set (or overwrite) a version's tag (member)."""
+        principal = ctx.require_principal()
+        key, value = _rules.check_tag(key, value)
+        ctx.target = _version_target(name, version)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.set_version_tag(s, ref, version, key, value)
+            self._audit.record(s, ctx, ctx.target, key=key)
+
+        self._db.run(work)
+
+    def delete_model_version_tag(
+        self, ctx: AuditContext, name: str, version: int, key: str
+    ) -> None:
+        """Remove a version's tag (member); an absent tag is not an error."""
+        principal = ctx.require_principal()
+        key = _rules.check_tag_key(key)
+        ctx.target = _version_target(name, version)
+
+        def work(s: Session) -> None:
+            ref = self._access(s, principal, name, Role.MEMBER)
+            _store.delete_version_tag(s, ref, version, key)
+            self._audit.record(s, ctx, ctx.target, key=key)
+
+        self._db.run(work)
+
+    def get_latest_versions(
+        self, principal: Principal, name: str, stages: Sequence[Stage] | None = None
+    ) -> list[ModelVersion]:
+        """The newest READY version in each of ``stages`` (empty or None: every stage)."""
+        with self._reading() as s:
+            ref = self._access(s, principal, name, Role.VIEWER)
+            return _store.latest_versions(s, ref, set(stages) if stages else None)
+
+    def search_model_versions(
+        self,
+        principal: Principal,
+        *,
+        filter_string: str | None = None,
+        order_by: Sequence[str] = (),
+        max_results: int = VERSIONS_PAGE_DEFAULT,
+        page_token: str | None = None,
+    ) -> Page[ModelVersion]:
+        """One page of the versions (of models the caller may see) that match the filter.
+
+        Raises:
+            InvalidParameter: a malformed filter, order_by or page token, or
+                ``max_results`` outside 1..200,000.
+        """
+        limit = _check_max_results(max_results, VERSIONS_PAGE_MAX)
+        offset = decode_page_token(page_token)
+        filters, prompts = _rules.split_prompt_clauses(parse_filter(filter_string, MODEL_VERSIONS))
+        order = parse_order_by(list(order_by), MODEL_VERSIONS)
+        with self._reading() as s:
+            versions, more = _store.search_versions(
+                s, filters, order, _visibility(principal), offset, limit, prompts=prompts
+            )
+        return Page(tuple(versions), _next_token(offset, limit, more))
+
+
+def _refuse_team_tag(key: str) -> None:
+    if key == TEAM_TAG:
+        raise InvalidParameter(
+            f"the {TEAM_TAG} tag names the owning team; it is set when the model is created "
+            "and cannot change"
+        )

@@ -1,3 +1,137 @@
-"""api of the registry domain."""
+"""Native HTTP API of the registry: list and read registered models (what the CLI uses).
+
+Changes go through the MLflow-dialect routes (``mlflow_api``), which every
+MLflow client already speaks; this router only reads.
+"""
 
 from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from shamal._api import ERROR_RESPONSES
+from shamal.registry._entities import ModelVersion, RegisteredModel
+from shamal.registry._rules import MAX_NAME_LENGTH
+from shamal.registry._service import MODELS_PAGE_MAX, RegistryService
+from shamal.security.api import CurrentPrincipal
+
+logger = logging.getLogger(__name__)
+
+
+def get_registry(request: Request) -> RegistryService:
+    service: RegistryService = request.app.state.registry
+    return service
+
+
+Registry = Annotated[RegistryService, Depends(get_registry)]
+ModelName = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH)]
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+class VersionOut(BaseModel):
+    """One version of a registered model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int
+    stage: str = Field(examples=["None", "Staging", "Production", "Archived"])
+    status: str
+    source: str
+    run_id: str | None
+    model_id: str | None
+    description: str
+    user_id: str
+    created_at: datetime
+    updated_at: datetime
+    tags: dict[str, str]
+    aliases: list[str]
+
+    @classmethod
+    def of(cls, version: ModelVersion) -> VersionOut:
+        return cls(
+            version=version.version,
+            stage=version.current_stage.value,
+            status=version.status.value,
+            source=version.source,
+            run_id=version.run_id,
+            model_id=version.model_id,
+            description=version.description,
+            user_id=version.user_id,
+            created_at=_time(version.creation_timestamp),
+            updated_at=_time(version.last_updated_timestamp),
+            tags=dict(version.tags),
+            aliases=list(version.aliases),
+        )
+
+
+class ModelOut(BaseModel):
+    """A registered model: its aliases (alias -> version) and latest version per stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    team: str | None
+    user_id: str
+    created_at: datetime
+    updated_at: datetime
+    tags: dict[str, str]
+    aliases: dict[str, int]
+    latest_versions: list[VersionOut]
+
+    @classmethod
+    def fields_of(cls, model: RegisteredModel) -> dict[str, object]:
+        return {
+            "name": model.name,
+            "description": model.description,
+            "team": model.team,
+            "user_id": model.user_id,
+            "created_at": _time(model.creation_timestamp),
+            "updated_at": _time(model.last_updated_timestamp),
+            "tags": dict(model.tags),
+            "aliases": {a.alias: a.version for a in model.aliases},
+            "latest_versions": [VersionOut.of(v) for v in model.latest_versions],
+        }
+
+    @classmethod
+    def of(cls, model: RegisteredModel) -> ModelOut:
+        return cls.model_validate(cls.fields_of(model))
+
+
+class ModelDetailOut(ModelOut):
+    """A registered model with every version, newest first."""
+
+    versions: list[VersionOut]
+
+
+router = APIRouter(prefix="/api/v1/models", tags=["models"], responses=ERROR_RESPONSES)
+
+
+@router.get("", summary="List the registered models you can see, by name")
+def list_models(
+    svc: Registry,
+    principal: CurrentPrincipal,
+    search: Annotated[
+        str, Query(max_length=MAX_NAME_LENGTH, description="Part of the name (any case)")
+    ] = "",
+    limit: Annotated[int, Query(ge=1, le=MODELS_PAGE_MAX)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> list[ModelOut]:
+    models = svc.list_registered_models(principal, search=search, offset=offset, limit=limit)
+    return [ModelOut.of(m) for m in models]
+
+
+@router.get("/{name}", summary="A registered model with its versions and aliases (viewer)")
+def get_model(name: ModelName, svc: Registry, principal: CurrentPrincipal) -> ModelDetailOut:
+    model = svc.get_registered_model(principal, name)
+    versions = svc.list_model_versions(principal, name)
+    return ModelDetailOut.model_validate(
+        {**ModelOut.fields_of(model), "versions": [VersionOut.of(v) for v in versions]}
+    )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -35,6 +36,11 @@ MAX_TOKEN_LIFETIME = timedelta(days=366)
 # last_used_at is bookkeeping, not security: write it at most this often per token.
 _TOUCH_INTERVAL = timedelta(minutes=1)
 BOOTSTRAP_ADMIN = "admin"
+# Authentication is two queries on every request; a principal is reused for at most this
+# long. Changes made through this process drop the cache at once; other processes of the
+# same deployment see a revoked token or a changed role within this window.
+PRINCIPAL_CACHE_TTL = timedelta(seconds=2)
+_PRINCIPAL_CACHE_MAX = 10_000
 
 
 def check_name(kind: str, name: str) -> str:
@@ -62,6 +68,8 @@ class SecurityService:
         self._db = db
         self._audit = audit
         self._clock = clock
+        self._principals: dict[str, tuple[Principal, datetime]] = {}
+        self._cache_lock = threading.Lock()
 
     # ------------------------------------------------------------------ authentication
     def authenticate(self, secret: str) -> Principal:
@@ -74,6 +82,9 @@ class SecurityService:
             raise Unauthenticated("the bearer token is malformed")
         token_hash = hash_secret(secret)
         now = self._clock()
+        cached = self._principals.get(token_hash)
+        if cached is not None and now < cached[1]:
+            return cached[0]
         with self._db.unit_of_work(write=False) as s:
             found = _store.find_token(s, token_hash)
             if found is None:
@@ -86,7 +97,20 @@ class SecurityService:
             roles, team_ids = _store.roles_of(s, user.id)
         if token.last_used_at is None or now - token.last_used_at > _TOUCH_INTERVAL:
             self._db.run(lambda s: _store.touch_token(s, token.id, now))
-        return Principal(user=user, token_id=token.id, roles=roles, team_ids=team_ids)
+        principal = Principal(user=user, token_id=token.id, roles=roles, team_ids=team_ids)
+        until = now + PRINCIPAL_CACHE_TTL
+        if token.expires_at is not None:
+            until = min(until, token.expires_at)
+        with self._cache_lock:
+            if len(self._principals) >= _PRINCIPAL_CACHE_MAX:
+                self._principals.clear()
+            self._principals[token_hash] = (principal, until)
+        return principal
+
+    def forget_principals(self) -> None:
+        """Drop cached principals: called after every change to accounts, teams or tokens."""
+        with self._cache_lock:
+            self._principals.clear()
 
     def bootstrap(self, token_file: Path) -> str | None:
         """On first start, create the ``admin`` account and write its token to ``token_file``.
@@ -153,7 +177,10 @@ class SecurityService:
             self._audit.record(s, ctx, ctx.target, disabled=disabled)
             return user
 
-        return self._db.run(work)
+        try:
+            return self._db.run(work)
+        finally:
+            self.forget_principals()
 
     # ------------------------------------------------------------------ teams
     def create_team(self, ctx: AuditContext, name: str, description: str = "") -> Team:
@@ -200,7 +227,10 @@ class SecurityService:
             _store.delete_team(s, name)
             self._audit.record(s, ctx, ctx.target)
 
-        self._db.run(work)
+        try:
+            self._db.run(work)
+        finally:
+            self.forget_principals()
 
     def set_member(self, ctx: AuditContext, team: str, user: str, role: Role) -> Membership:
         """Add ``user`` to ``team`` or change their role. Needs team admin."""
@@ -212,7 +242,10 @@ class SecurityService:
             self._audit.record(s, ctx, ctx.target, role=role.label)
             return membership
 
-        return self._db.run(work, retry_unique=True)
+        try:
+            return self._db.run(work, retry_unique=True)
+        finally:
+            self.forget_principals()
 
     def remove_member(self, ctx: AuditContext, team: str, user: str) -> None:
         ctx.require_principal().require_team_role(team, Role.ADMIN)
@@ -222,7 +255,10 @@ class SecurityService:
             _store.remove_member(s, team, user)
             self._audit.record(s, ctx, ctx.target)
 
-        self._db.run(work)
+        try:
+            self._db.run(work)
+        finally:
+            self.forget_principals()
 
     # ------------------------------------------------------------------ tokens
     def create_token(
@@ -280,4 +316,7 @@ class SecurityService:
             self._audit.record(s, ctx, f"user:{token.user_name}/token:{token_id}")
             return _store.get_token(s, token_id)
 
-        return self._db.run(work)
+        try:
+            return self._db.run(work)
+        finally:
+            self.forget_principals()

@@ -414,12 +414,18 @@ def list_audit(
 def verify_audit(
     audit: Audit,
     principal: CurrentPrincipal,
-    witness_seq: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-    witness_hash: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
+    witness: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[1-9][0-9]{0,17}:[0-9a-f]{64}$",
+            description="`<head_seq>:<head_hash>` of an earlier report, kept outside the "
+            "database: also catches a tail cut off together with a rewound head",
+        ),
+    ] = None,
 ) -> ChainReportOut:
-    """Pass the head of an earlier report as the witness to also catch a cut-off tail."""
     principal.require_admin()
-    if (witness_seq is None) != (witness_hash is None):
-        raise InvalidParameter("give both witness_seq and witness_hash, or neither")
-    witness = (witness_seq, witness_hash) if witness_seq and witness_hash else None
-    return ChainReportOut.of(audit.verify(witness))
+    seen = None
+    if witness:
+        seq, _, digest = witness.partition(":")
+        seen = (int(seq), digest)
+    return ChainReportOut.of(audit.verify(seen))

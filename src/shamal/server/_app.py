@@ -14,20 +14,30 @@ import shamal
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
+from shamal.registry import api as registry_api
 from shamal.registry import mlflow_api as registry_mlflow
 from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
 from shamal.server._strict import reject_unknown_query
+from shamal.tracking import api as tracking_api
 from shamal.tracking import mlflow_api as tracking_mlflow
 
 logger = logging.getLogger(__name__)
 
 #: Routes that answer without a token. The route-inventory test holds every
 #: other route to the auth dependency.
-PUBLIC_ROUTES = frozenset({"/health", "/ready"})
-UPLOAD_PREFIXES: tuple[str, ...] = ("/api/v1/artifacts/",)
+PUBLIC_ROUTES = frozenset(
+    {
+        "/health",
+        "/ready",
+        "/version",
+        "/api/3.0/mlflow/server-info",
+        "/ajax-api/3.0/mlflow/server-info",
+    }
+)
+UPLOAD_PREFIXES: tuple[str, ...] = ("/api/v1/artifacts/", "/api/2.0/mlflow-artifacts/artifacts/")
 
 
 def _bind(app: FastAPI, platform: Platform) -> None:
@@ -82,8 +92,10 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     _add_probes(app)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
+    app.include_router(tracking_api.router)
     app.include_router(tracking_mlflow.router)
     app.include_router(registry_mlflow.router)
+    app.include_router(registry_api.router)
     return app
 
 
@@ -91,6 +103,10 @@ def _add_probes(app: FastAPI) -> None:
     @app.get("/health", tags=["probes"], summary="Liveness: the process answers")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/version", tags=["probes"], summary="The server's version")
+    def version() -> dict[str, str]:
+        return {"version": shamal.__version__}
 
     @app.get(
         "/ready",

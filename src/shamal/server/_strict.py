@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import Request
 
 from shamal.errors import InvalidParameter
+from shamal.mlflow_dialect import is_mlflow_path
 
 
 def _declared_query(dependant: Any) -> frozenset[str]:
@@ -22,8 +23,8 @@ def _declared_query(dependant: Any) -> frozenset[str]:
 
 def reject_unknown_query(request: Request) -> None:
     """App-wide dependency: 400 for any query parameter the matched route does not take."""
-    if not request.query_params:
-        return
+    if not request.query_params or is_mlflow_path(request.url.path):
+        return  # the MLflow dialect reads GET fields from the query itself
     dependant = getattr(request.scope.get("route"), "dependant", None)
     if dependant is None:
         return

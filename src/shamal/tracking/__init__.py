@@ -2,6 +2,39 @@
 
 from __future__ import annotations
 
+from shamal.tracking._filters import (
+    EXPERIMENTS,
+    LOGGED_MODELS,
+    MAX_PAGE_OFFSET,
+    MODEL_VERSIONS,
+    REGISTERED_MODELS,
+    RUNS,
+    Comparison,
+    Grammar,
+    OrderBy,
+    decode_page_token,
+    encode_page_token,
+    parse_filter,
+    parse_order_by,
+)
+from shamal.tracking._search import compare, sort_key
 from shamal.tracking._service import TrackingService
 
-__all__ = ["TrackingService"]
+__all__ = [
+    "EXPERIMENTS",
+    "LOGGED_MODELS",
+    "MAX_PAGE_OFFSET",
+    "MODEL_VERSIONS",
+    "REGISTERED_MODELS",
+    "RUNS",
+    "Comparison",
+    "Grammar",
+    "OrderBy",
+    "TrackingService",
+    "compare",
+    "decode_page_token",
+    "encode_page_token",
+    "parse_filter",
+    "parse_order_by",
+    "sort_key",
+]

@@ -1,3 +1,117 @@
-"""_entities of the tracking domain."""
+"""What the tracking domain hands to callers: frozen values, never ORM rows."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+RUN_STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
+LOGGED_MODEL_STATUSES = (
+    "LOGGED_MODEL_PENDING",
+    "LOGGED_MODEL_READY",
+    "LOGGED_MODEL_UPLOAD_FAILED",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    experiment_id: str
+    name: str
+    artifact_location: str
+    lifecycle_stage: str
+    creation_time: int
+    last_update_time: int
+    tags: Mapping[str, str]
+    team_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    value: float
+    timestamp: int
+    step: int = 0
+    run_id: str | None = None
+    model_id: str | None = None
+    dataset_name: str | None = None
+    dataset_digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    name: str
+    digest: str
+    source_type: str
+    source: str
+    schema: str | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetInput:
+    dataset: Dataset
+    tags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    run_id: str
+    experiment_id: str
+    run_name: str
+    user_id: str
+    status: str
+    start_time: int
+    end_time: int | None
+    artifact_uri: str
+    lifecycle_stage: str
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    info: RunInfo
+    metrics: tuple[Metric, ...] = ()
+    params: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    dataset_inputs: tuple[DatasetInput, ...] = ()
+    model_inputs: tuple[str, ...] = ()
+    model_outputs: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedModel:
+    model_id: str
+    experiment_id: str
+    name: str
+    artifact_location: str
+    creation_timestamp_ms: int
+    last_updated_timestamp_ms: int
+    status: str
+    model_type: str | None
+    source_run_id: str | None
+    status_message: str | None
+    creator_id: str | None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+    metrics: tuple[Metric, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedModelSpec:
+    """What a client sends to create a logged model."""
+
+    name: str
+    model_type: str | None = None
+    source_run_id: str | None = None
+    params: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a search; ``next_page_token`` is None on the last page."""
+
+    items: list[T]
+    next_page_token: str | None = None

@@ -1,20 +1,128 @@
-"""Rules of experiment tracking."""
+"""Rules of experiment tracking: experiments, runs and what is logged to them.
+
+Shared by the MLflow-dialect router and the native router. Access follows the
+experiment: an experiment created with the tag ``shamal.team`` belongs to that
+team (viewers read, members write, maintainers delete); one without it is open
+to every account, as on a stock MLflow server.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-from shamal.artifacts import ArtifactService
+from sqlalchemy.orm import Session
+
+from shamal.artifacts import ArtifactService, safe_relpath
 from shamal.db import Database
 from shamal.errors import InvalidParameter
-from shamal.security import AuditLog, Principal, SecurityService, utc_now
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
+from shamal.tracking import _store
+from shamal.tracking._artifact_service import RunArtifacts
+from shamal.tracking._entities import (
+    RUN_STATUSES,
+    DatasetInput,
+    Experiment,
+    Metric,
+    Page,
+    Run,
+    RunInfo,
+)
+from shamal.tracking._filters import (
+    EXPERIMENTS,
+    RUNS,
+    decode_page_token,
+    parse_filter,
+    parse_order_by,
+)
+from shamal.tracking._model_service import LoggedModelService
+from shamal.tracking._paging import page_of
+from shamal.tracking._search import experiments_query, runs_query
 
 logger = logging.getLogger(__name__)
 
+TEAM_TAG = "shamal.team"
+MAX_KEY = 250
+MAX_PARAM_VALUE = 8000
+MAX_TAG_VALUE = 8000
+MAX_EXPERIMENT_TAG_VALUE = 20_000
+MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
+MAX_SEARCH = {"runs": 50_000, "experiments": 50_000, "history": 1_000_000}
+_KEY_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,250}$")
+LifecycleView = Literal["active", "deleted", "all"]
+VIEW_TYPES: dict[str, LifecycleView] = {
+    "ACTIVE_ONLY": "active",
+    "DELETED_ONLY": "deleted",
+    "ALL": "all",
+    "1": "active",
+    "2": "deleted",
+    "3": "all",
+}
+
+
+def check_key(kind: str, key: str) -> str:
+    """Metric, param and tag names: 1-250 printable characters, no path traversal."""
+    if not _KEY_RE.fullmatch(key) or key.startswith("/") or ".." in key.split("/"):
+        raise InvalidParameter(
+            f"Invalid {kind} name: '{key[:250]}'. Names may be up to 250 printable characters "
+            "and may not start with '/' or contain '..' path segments."
+        )
+    return key
+
+
+def check_value(kind: str, key: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidParameter(
+            f"{kind} '{key}' had length {len(value)}, which exceeded length limit of {limit}"
+        )
+    return value
+
+
+def view_type(value: str | None) -> LifecycleView:
+    if value is None or value == "":
+        return "active"
+    try:
+        return VIEW_TYPES[str(value).upper()]
+    except KeyError:
+        raise InvalidParameter(f"Invalid view type '{str(value)[:40]}'.") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedData:
+    """One ``log-batch``: metrics, params and tags for one run."""
+
+    metrics: Sequence[Metric] = ()
+    params: Sequence[tuple[str, str]] = ()
+    tags: Sequence[tuple[str, str]] = ()
+
+    def validate(self) -> None:
+        total = len(self.metrics) + len(self.params) + len(self.tags)
+        for name, count in (
+            ("metrics", len(self.metrics)),
+            ("params", len(self.params)),
+            ("tags", len(self.tags)),
+            ("total", total),
+        ):
+            if count > MAX_BATCH[name]:
+                raise InvalidParameter(
+                    f"A batch logging request can contain at most {MAX_BATCH[name]} {name}; "
+                    f"got {count}."
+                )
+        for m in self.metrics:
+            check_key("metric", m.key)
+        for key, value in self.params:
+            check_value("Param", check_key("param", key), value, MAX_PARAM_VALUE)
+        for key, value in self.tags:
+            check_value("Tag", check_key("tag", key), value, MAX_TAG_VALUE)
+
 
 class TrackingService:
-    """Experiments, runs and their data; shared by the MLflow-dialect and native routers."""
+    """Experiments, runs and their data. Thread-safe; one per process."""
 
     def __init__(
         self,
@@ -29,7 +137,354 @@ class TrackingService:
         self._security = security
         self._artifacts = artifacts
         self._clock = clock
+        self.models = LoggedModelService(db, audit, self)
+        self.files = RunArtifacts(db, artifacts, self)
+
+    def now_ms(self) -> int:
+        return int(self._clock().timestamp() * 1000)
+
+    # ------------------------------------------------------------------ access
+    def _team_for_new(self, principal: Principal, tags: dict[str, str]) -> str | None:
+        team = tags.get(TEAM_TAG)
+        if not team:
+            return None
+        return self._security.authorize_team(principal, team, Role.MEMBER).id
+
+    def experiment(
+        self, principal: Principal, experiment_id: str, needed: Role = Role.VIEWER
+    ) -> Experiment:
+        with self._db.unit_of_work(write=False) as s:
+            exp = _store.get_experiment(s, experiment_id)
+        principal.require_owner_role(exp.team_id, needed, f"Experiment {experiment_id}")
+        return exp
+
+    def run_info(self, principal: Principal, run_id: str, needed: Role = Role.VIEWER) -> RunInfo:
+        with self._db.unit_of_work(write=False) as s:
+            info, team_id = _store.run_row(s, run_id)
+        principal.require_owner_role(team_id, needed, f"Run '{run_id}'")
+        return info
+
+    def _active_run(self, principal: Principal, run_id: str) -> RunInfo:
+        info = self.run_info(principal, run_id, Role.MEMBER)
+        if info.lifecycle_stage != "active":
+            raise InvalidParameter(
+                f"The run {run_id} must be in the 'active' state. "
+                f"Current state is {info.lifecycle_stage}."
+            )
+        return info
+
+    # ------------------------------------------------------------------ experiments
+    def create_experiment(
+        self,
+        ctx: AuditContext,
+        name: str,
+        tags: dict[str, str],
+        artifact_location: str | None = None,
+    ) -> Experiment:
+        """Create an experiment. Its artifact location is always chosen by the server."""
+        if not name or len(name) > 256:
+            raise InvalidParameter("Experiment name must be 1 to 256 characters.")
+        if artifact_location:
+            raise InvalidParameter(
+                "artifact_location is chosen by the server (mlflow-artifacts:/<id>); omit it."
+            )
+        for key, value in tags.items():
+            check_value("Tag", check_key("tag", key), value, MAX_EXPERIMENT_TAG_VALUE)
+        team_id = self._team_for_new(ctx.require_principal(), tags)
+        ctx.target = f"experiment:{name}"
+
+        def work(s: Session) -> Experiment:
+            exp = _store.insert_experiment(s, name, tags, team_id, self.now_ms())
+            self._audit.record(s, ctx, f"experiment:{exp.experiment_id}", name=name)
+            return exp
+
+        return self._db.run(work)
+
+    def experiment_by_name(self, principal: Principal, name: str) -> Experiment:
+        with self._db.unit_of_work(write=False) as s:
+            exp = _store.get_experiment_by_name(s, name)
+        principal.require_owner_role(exp.team_id, Role.VIEWER, f"experiment '{name}'")
+        return exp
+
+    def search_experiments(
+        self,
+        principal: Principal,
+        *,
+        filter_string: str | None,
+        order_by: Sequence[str],
+        view: LifecycleView,
+        max_results: int,
+        page_token: str | None,
+    ) -> Page[Experiment]:
+        if not 1 <= max_results <= MAX_SEARCH["experiments"]:
+            raise InvalidParameter(
+                f"max_results must be between 1 and {MAX_SEARCH['experiments']}."
+            )
+        query = experiments_query(
+            parse_filter(filter_string, EXPERIMENTS), parse_order_by(order_by, EXPERIMENTS), view
+        )
+        query = _store.visible_experiments(query, visible_teams(principal))
+        offset = decode_page_token(page_token)
+        with self._db.unit_of_work(write=False) as s:
+            items = _store.page_of_experiments(s, query, offset, max_results + 1)
+        return page_of(items, offset, max_results)
+
+    def update_experiment(self, ctx: AuditContext, experiment_id: str, new_name: str) -> None:
+        if not new_name or len(new_name) > 256:
+            raise InvalidParameter("Experiment name must be 1 to 256 characters.")
+        self._change_experiment(ctx, experiment_id, Role.MEMBER, name=new_name)
+
+    def set_experiment_lifecycle(self, ctx: AuditContext, experiment_id: str, stage: str) -> None:
+        if experiment_id == "0" and stage == "deleted":
+            raise InvalidParameter("The Default experiment (id 0) cannot be deleted.")
+        self._change_experiment(ctx, experiment_id, Role.MAINTAINER, stage=stage)
+
+    def _change_experiment(
+        self,
+        ctx: AuditContext,
+        experiment_id: str,
+        needed: Role,
+        *,
+        name: str | None = None,
+        stage: str | None = None,
+    ) -> None:
+        self.experiment(ctx.require_principal(), experiment_id, needed)
+        ctx.target = f"experiment:{experiment_id}"
+
+        def work(s: Session) -> None:
+            _store.update_experiment(s, experiment_id, name=name, stage=stage, now=self.now_ms())
+            self._audit.record(s, ctx, ctx.target, **({"name": name} if name else {}))
+
+        self._db.run(work)
+
+    def set_experiment_tag(
+        self, ctx: AuditContext, experiment_id: str, key: str, value: str | None
+    ) -> None:
+        check_key("tag", key)
+        if value is not None:
+            check_value("Tag", key, value, MAX_EXPERIMENT_TAG_VALUE)
+        if key == TEAM_TAG:
+            raise InvalidParameter(f"'{TEAM_TAG}' is set when the experiment is created.")
+        self.experiment(ctx.require_principal(), experiment_id, Role.MEMBER)
+        ctx.target = f"experiment:{experiment_id}/tag:{key}"
+
+        def work(s: Session) -> None:
+            _store.set_experiment_tag(s, experiment_id, key, value)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+
+    # ------------------------------------------------------------------ runs
+    def create_run(
+        self,
+        ctx: AuditContext,
+        experiment_id: str,
+        run_name: str | None,
+        start_time: int | None,
+        tags: dict[str, str],
+    ) -> Run:
+        principal = ctx.require_principal()
+        self.experiment(principal, experiment_id, Role.MEMBER)
+        LoggedData(tags=list(tags.items())).validate()
+        name = run_name or tags.get("mlflow.runName") or f"run-{secrets.token_hex(3)}"
+        tags.setdefault("mlflow.runName", name)
+        tags.setdefault("mlflow.user", principal.name)
+
+        def work(s: Session) -> Run:
+            info = _store.insert_run(
+                s, experiment_id, name, principal.name, start_time or self.now_ms(), tags
+            )
+            self._audit.record(s, ctx, f"run:{info.run_id}", experiment=experiment_id)
+            return _store.get_run(s, info.run_id)
+
+        return self._db.run(work)
+
+    def get_run(self, principal: Principal, run_id: str) -> Run:
+        self.run_info(principal, run_id)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get_run(s, run_id)
+
+    def update_run(
+        self,
+        ctx: AuditContext,
+        run_id: str,
+        *,
+        status: str | None,
+        end_time: int | None,
+        run_name: str | None,
+    ) -> RunInfo:
+        self.run_info(ctx.require_principal(), run_id, Role.MEMBER)
+        values: dict[str, object] = {}
+        if status:
+            if status not in RUN_STATUSES:
+                raise InvalidParameter(f"Invalid run status '{status[:40]}'.")
+            values["status"] = status
+        if end_time is not None:
+            values["end_time"] = end_time
+        if run_name:
+            values["name"] = check_value("Run name", "run_name", run_name, 250)
+        ctx.target = f"run:{run_id}"
+
+        def work(s: Session) -> RunInfo:
+            info = _store.update_run(s, run_id, values) if values else _store.run_row(s, run_id)[0]
+            if run_name:
+                _store.set_tags(s, run_id, [("mlflow.runName", run_name)])
+            self._audit.record(s, ctx, ctx.target, **{k: str(v) for k, v in values.items()})
+            return info
+
+        return self._db.run(work)
+
+    def set_run_lifecycle(self, ctx: AuditContext, run_id: str, stage: str) -> None:
+        self.run_info(ctx.require_principal(), run_id, Role.MAINTAINER)
+        ctx.target = f"run:{run_id}"
+        deleted = self.now_ms() if stage == "deleted" else None
+
+        def work(s: Session) -> None:
+            _store.update_run(s, run_id, {"lifecycle_stage": stage, "deleted_time": deleted})
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+
+    def log(self, principal: Principal, run_id: str, data: LoggedData) -> None:
+        """Log metrics, params and tags to a run in one transaction (the hot path).
+
+        The run is checked inside the writing transaction: one round of locking, not two.
+        """
+        data.validate()
+
+        def work(s: Session) -> None:
+            info, team_id = _store.run_row(s, run_id)
+            principal.require_owner_role(team_id, Role.MEMBER, f"Run '{run_id}'")
+            if info.lifecycle_stage != "active":
+                raise InvalidParameter(
+                    f"The run {run_id} must be in the 'active' state. "
+                    f"Current state is {info.lifecycle_stage}."
+                )
+            _store.log_params(s, run_id, data.params)
+            _store.set_tags(s, run_id, data.tags)
+            _store.log_metrics(s, run_id, data.metrics)
+
+        self._db.run(work)
+
+    def delete_tag(self, principal: Principal, run_id: str, key: str) -> None:
+        self._active_run(principal, run_id)
+        self._db.run(lambda s: _store.delete_tag(s, run_id, key))
+
+    def log_inputs(
+        self,
+        principal: Principal,
+        run_id: str,
+        datasets: Sequence[DatasetInput],
+        model_ids: Sequence[str],
+    ) -> None:
+        info = self._active_run(principal, run_id)
+
+        def work(s: Session) -> None:
+            _store.log_inputs(s, run_id, info.experiment_id, datasets)
+            _store.link_models(s, run_id, [(m, "input", 0) for m in model_ids])
+
+        self._db.run(work)
+
+    def log_outputs(
+        self, principal: Principal, run_id: str, outputs: Sequence[tuple[str, int]]
+    ) -> None:
+        self._active_run(principal, run_id)
+        self._db.run(
+            lambda s: _store.link_models(s, run_id, [(m, "output", step) for m, step in outputs])
+        )
+
+    def metric_history(
+        self,
+        principal: Principal,
+        run_id: str,
+        key: str,
+        page_token: str | None,
+        max_results: int | None,
+    ) -> Page[Metric]:
+        self.run_info(principal, run_id)
+        limit = max_results or MAX_SEARCH["history"]
+        if not 1 <= limit <= MAX_SEARCH["history"]:
+            raise InvalidParameter(f"max_results must be between 1 and {MAX_SEARCH['history']}.")
+        offset = decode_page_token(page_token)
+        with self._db.unit_of_work(write=False) as s:
+            items = _store.metric_history(s, run_id, key, offset, limit + 1)
+        return page_of(items, offset, limit)
+
+    def metric_history_bulk(
+        self,
+        principal: Principal,
+        run_ids: Sequence[str],
+        key: str,
+        start: int | None,
+        end: int | None,
+        max_results: int,
+    ) -> list[Metric]:
+        if not run_ids or len(run_ids) > 100:
+            raise InvalidParameter("Give between 1 and 100 run ids.")
+        for run_id in run_ids:
+            self.run_info(principal, run_id)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.metric_history_bulk(
+                s, run_ids, key, start, end, min(max_results, 100_000)
+            )
+
+    def search_runs(
+        self,
+        principal: Principal,
+        *,
+        experiment_ids: Sequence[str],
+        filter_string: str | None,
+        view: LifecycleView,
+        max_results: int,
+        order_by: Sequence[str],
+        page_token: str | None,
+    ) -> Page[Run]:
+        if not 1 <= max_results <= MAX_SEARCH["runs"]:
+            raise InvalidParameter(f"max_results must be between 1 and {MAX_SEARCH['runs']}.")
+        ids = [int(self.experiment(principal, e).experiment_id) for e in experiment_ids]
+        query = runs_query(
+            ids, parse_filter(filter_string, RUNS), parse_order_by(order_by, RUNS), view
+        )
+        offset = decode_page_token(page_token)
+        with self._db.unit_of_work(write=False) as s:
+            items = _store.page_of_runs(s, query, offset, max_results + 1)
+        return page_of(items, offset, max_results)
+
+    # ------------------------------------------------------------------ artifacts and sources
+    def run_artifact_uri(self, principal: Principal, run_id: str, path: str) -> str:
+        info = self.run_info(principal, run_id)
+        clean = safe_relpath(path) if path.strip("/") else ""
+        return f"{info.artifact_uri}/{clean}" if clean else info.artifact_uri
+
+    def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
+        """See :class:`shamal.registry.ModelSources`."""
+        return self.models.get(principal, model_id).source_run_id
 
     def resolve_model_source(self, principal: Principal, source: str) -> str:
-        """See :class:`shamal.registry.ModelSources`."""
-        raise InvalidParameter("model version sources are not supported yet")
+        """Where a model version's files are: only URIs Shamal minted, readable by the caller.
+
+        Accepts ``runs:/<run_id>/<path>``, ``models:/<logged model id>`` and
+        ``mlflow-artifacts:/<experiment id>/<path>``; everything else is refused
+        (file:, s3:, http:, other schemes, traversal in any encoding).
+        """
+        if source.startswith("runs:/"):
+            run_id, _, path = source.removeprefix("runs:/").partition("/")
+            return self.run_artifact_uri(principal, run_id, path)
+        if source.startswith("models:/m-"):
+            model = self.models.get(principal, source.removeprefix("models:/"))
+            return model.artifact_location
+        if source.startswith(_store.ARTIFACT_SCHEME) and not source.startswith(
+            _store.ARTIFACT_SCHEME + "/"
+        ):
+            path = safe_relpath(source.removeprefix(_store.ARTIFACT_SCHEME))
+            self.experiment(principal, path.split("/", 1)[0])
+            return f"{_store.ARTIFACT_SCHEME}{path}"
+        raise InvalidParameter(
+            "Model version sources must be runs:/<run_id>/<path>, models:/<model_id> or an "
+            "mlflow-artifacts:/ location of this server."
+        )
+
+
+def visible_teams(principal: Principal) -> list[str] | None:
+    """Team ids whose objects the principal sees; None for admins (everything)."""
+    return None if principal.user.is_admin else list(principal.team_ids.values())

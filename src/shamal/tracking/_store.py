@@ -1,3 +1,483 @@
-"""_store of the tracking domain."""
+"""SQL access for experiments, runs and their data. ORM rows never leave this module."""
 
 from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Select, delete, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from shamal.db.models import (
+    DatasetRow,
+    ExperimentRow,
+    ExperimentTagRow,
+    LatestMetricRow,
+    MetricRow,
+    ParamRow,
+    RunInputRow,
+    RunModelLinkRow,
+    RunRow,
+    RunTagRow,
+)
+from shamal.errors import InvalidParameter, NotFound
+from shamal.tracking._entities import (
+    Dataset,
+    DatasetInput,
+    Experiment,
+    Metric,
+    Run,
+    RunInfo,
+)
+
+ARTIFACT_SCHEME = "mlflow-artifacts:/"
+
+
+def _insert(s: Session, table: Any) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT."""
+    if s.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+# ---------------------------------------------------------------------- experiments
+def _experiment(row: ExperimentRow, tags: Mapping[str, str]) -> Experiment:
+    return Experiment(
+        experiment_id=str(row.experiment_id),
+        name=row.name,
+        artifact_location=row.artifact_location,
+        lifecycle_stage=row.lifecycle_stage,
+        creation_time=row.creation_time,
+        last_update_time=row.last_update_time,
+        tags=dict(tags),
+        team_id=row.team_id,
+    )
+
+
+def _experiment_tags(s: Session, ids: Sequence[int]) -> dict[int, dict[str, str]]:
+    tags: dict[int, dict[str, str]] = defaultdict(dict)
+    if ids:
+        rows = s.execute(
+            select(
+                ExperimentTagRow.experiment_id, ExperimentTagRow.key, ExperimentTagRow.value
+            ).where(ExperimentTagRow.experiment_id.in_(list(ids)))
+        )
+        for eid, key, value in rows:
+            tags[eid][key] = value
+    return tags
+
+
+def insert_experiment(
+    s: Session, name: str, tags: Mapping[str, str], team_id: str | None, now: int
+) -> Experiment:
+    row = ExperimentRow(
+        name=name,
+        artifact_location="",
+        lifecycle_stage="active",
+        creation_time=now,
+        last_update_time=now,
+        team_id=team_id,
+    )
+    s.add(row)
+    s.flush()
+    row.artifact_location = f"{ARTIFACT_SCHEME}{row.experiment_id}"
+    for key, value in tags.items():
+        s.add(ExperimentTagRow(experiment_id=row.experiment_id, key=key, value=value))
+    s.flush()
+    return _experiment(row, tags)
+
+
+def parse_experiment_id(value: str) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise NotFound(f"No Experiment with id={value[:40]} exists")
+    return int(value)
+
+
+def _experiment_row(s: Session, experiment_id: str, *, lock: bool = False) -> ExperimentRow:
+    row = s.get(ExperimentRow, parse_experiment_id(experiment_id), with_for_update=lock)
+    if row is None:
+        raise NotFound(f"No Experiment with id={experiment_id} exists")
+    return row
+
+
+def get_experiment(s: Session, experiment_id: str) -> Experiment:
+    row = _experiment_row(s, experiment_id)
+    return _experiment(row, _experiment_tags(s, [row.experiment_id])[row.experiment_id])
+
+
+def get_experiment_by_name(s: Session, name: str) -> Experiment:
+    row = s.scalar(select(ExperimentRow).where(ExperimentRow.name == name))
+    if row is None:
+        raise NotFound(f"Could not find experiment with name '{name}'")
+    return _experiment(row, _experiment_tags(s, [row.experiment_id])[row.experiment_id])
+
+
+def visible_experiments(query: Select[Any], team_ids: list[str] | None) -> Select[Any]:
+    """Only experiments without a team or of the given teams (None: no restriction)."""
+    if team_ids is None:
+        return query
+    return query.where(ExperimentRow.team_id.is_(None) | ExperimentRow.team_id.in_(team_ids))
+
+
+def page_of_experiments(
+    s: Session, query: Select[Any], offset: int, limit: int
+) -> list[Experiment]:
+    rows = list(s.scalars(query.offset(offset).limit(limit)))
+    tags = _experiment_tags(s, [r.experiment_id for r in rows])
+    return [_experiment(r, tags[r.experiment_id]) for r in rows]
+
+
+def update_experiment(
+    s: Session,
+    experiment_id: str,
+    *,
+    name: str | None = None,
+    stage: str | None = None,
+    now: int,
+) -> None:
+    row = _experiment_row(s, experiment_id, lock=True)
+    if name is not None:
+        row.name = name
+    if stage is not None:
+        row.lifecycle_stage = stage
+        s.execute(
+            update(RunRow)
+            .where(RunRow.experiment_id == row.experiment_id)
+            .values(lifecycle_stage=stage, deleted_time=now if stage == "deleted" else None)
+        )
+    row.last_update_time = now
+    s.flush()
+
+
+def set_experiment_tag(s: Session, experiment_id: str, key: str, value: str | None) -> None:
+    row = _experiment_row(s, experiment_id)
+    s.execute(
+        delete(ExperimentTagRow).where(
+            ExperimentTagRow.experiment_id == row.experiment_id, ExperimentTagRow.key == key
+        )
+    )
+    if value is not None:
+        s.add(ExperimentTagRow(experiment_id=row.experiment_id, key=key, value=value))
+    s.flush()
+
+
+# ---------------------------------------------------------------------- runs
+def _info(row: RunRow) -> RunInfo:
+    return RunInfo(
+        run_id=row.run_id,
+        experiment_id=str(row.experiment_id),
+        run_name=row.name,
+        user_id=row.user_id,
+        status=row.status,
+        start_time=row.start_time,
+        end_time=row.end_time,
+        artifact_uri=row.artifact_uri,
+        lifecycle_stage=row.lifecycle_stage,
+    )
+
+
+def insert_run(
+    s: Session,
+    experiment_id: str,
+    name: str,
+    user_id: str,
+    start_time: int,
+    tags: Mapping[str, str],
+) -> RunInfo:
+    exp = _experiment_row(s, experiment_id)
+    if exp.lifecycle_stage != "active":
+        raise InvalidParameter(f"The experiment {experiment_id} must be in the 'active' state.")
+    run_id = uuid.uuid4().hex
+    row = RunRow(
+        run_id=run_id,
+        experiment_id=exp.experiment_id,
+        name=name,
+        user_id=user_id,
+        status="RUNNING",
+        start_time=start_time,
+        end_time=None,
+        lifecycle_stage="active",
+        artifact_uri=f"{exp.artifact_location}/{run_id}/artifacts",
+    )
+    s.add(row)
+    s.flush()
+    if tags:
+        s.execute(
+            _insert(s, RunTagRow),
+            [{"run_id": run_id, "key": k, "value": v} for k, v in tags.items()],
+        )
+    return _info(row)
+
+
+def run_row(s: Session, run_id: str, *, lock: bool = False) -> tuple[RunInfo, str | None]:
+    """The run's info and its experiment's team (for the access check)."""
+    if not run_id or len(run_id) > 64:
+        raise NotFound(f"Run with id={run_id[:64]} not found")
+    query = (
+        select(RunRow, ExperimentRow.team_id)
+        .join(ExperimentRow, ExperimentRow.experiment_id == RunRow.experiment_id)
+        .where(RunRow.run_id == run_id)
+    )
+    if lock:
+        query = query.with_for_update(of=RunRow)
+    found = s.execute(query).first()
+    if found is None:
+        raise NotFound(f"Run with id={run_id} not found")
+    return _info(found[0]), found[1]
+
+
+def update_run(s: Session, run_id: str, values: Mapping[str, Any]) -> RunInfo:
+    s.execute(update(RunRow).where(RunRow.run_id == run_id).values(**values))
+    return run_row(s, run_id)[0]
+
+
+def runs_with_data(s: Session, rows: Sequence[RunRow]) -> list[Run]:
+    """Whole runs for a page of rows: a handful of IN queries, not one per run."""
+    ids = [r.run_id for r in rows]
+    if not ids:
+        return []
+    metrics: dict[str, list[Metric]] = defaultdict(list)
+    for m in s.scalars(select(LatestMetricRow).where(LatestMetricRow.run_id.in_(ids))):
+        metrics[m.run_id].append(
+            Metric(m.key, math.nan if m.is_nan else m.value, m.timestamp, m.step)
+        )
+    params: dict[str, dict[str, str]] = defaultdict(dict)
+    for run_id, key, value in s.execute(
+        select(ParamRow.run_id, ParamRow.key, ParamRow.value).where(ParamRow.run_id.in_(ids))
+    ):
+        params[run_id][key] = value
+    tags: dict[str, dict[str, str]] = defaultdict(dict)
+    for run_id, key, value in s.execute(
+        select(RunTagRow.run_id, RunTagRow.key, RunTagRow.value).where(RunTagRow.run_id.in_(ids))
+    ):
+        tags[run_id][key] = value
+    inputs = _dataset_inputs(s, ids)
+    links = _model_links(s, ids)
+    return [
+        Run(
+            info=_info(r),
+            metrics=tuple(sorted(metrics[r.run_id], key=lambda m: m.key)),
+            params=params[r.run_id],
+            tags=tags[r.run_id],
+            dataset_inputs=tuple(inputs[r.run_id]),
+            model_inputs=tuple(m for m, d, _ in links[r.run_id] if d == "input"),
+            model_outputs=tuple((m, step) for m, d, step in links[r.run_id] if d == "output"),
+        )
+        for r in rows
+    ]
+
+
+def get_run(s: Session, run_id: str) -> Run:
+    row = s.get(RunRow, run_id) if run_id and len(run_id) <= 64 else None
+    if row is None:
+        raise NotFound(f"Run with id={run_id[:64]} not found")
+    return runs_with_data(s, [row])[0]
+
+
+def page_of_runs(s: Session, query: Select[Any], offset: int, limit: int) -> list[Run]:
+    return runs_with_data(s, list(s.scalars(query.offset(offset).limit(limit))))
+
+
+# ---------------------------------------------------------------------- logging
+def log_params(s: Session, run_id: str, params: Sequence[tuple[str, str]]) -> None:
+    """Params are write-once: the same value again is a no-op, another value a 400."""
+    if not params:
+        return
+    wanted: dict[str, str] = {}
+    for key, value in params:
+        if wanted.setdefault(key, value) != value:
+            raise InvalidParameter(f"Duplicate parameter key '{key}' with different values.")
+    query = select(ParamRow.key, ParamRow.value).where(
+        ParamRow.run_id == run_id, ParamRow.key.in_(list(wanted))
+    )
+    existing: dict[str, str] = dict(s.execute(query).tuples().all())
+    for key, old in existing.items():
+        if old != wanted[key]:
+            raise InvalidParameter(
+                f"Changing param values is not allowed. Param with key='{key}' was already "
+                f"logged with value='{old[:100]}' for run ID='{run_id}'. Attempted logging "
+                f"new value '{wanted[key][:100]}'."
+            )
+    fresh = [
+        {"run_id": run_id, "key": k, "value": v} for k, v in wanted.items() if k not in existing
+    ]
+    if fresh:
+        s.execute(_insert(s, ParamRow).on_conflict_do_nothing(), fresh)
+
+
+def set_tags(s: Session, run_id: str, tags: Sequence[tuple[str, str]]) -> None:
+    """Tags overwrite; the last value of a key in one call wins."""
+    latest = dict(tags)
+    if not latest:
+        return
+    stmt = _insert(s, RunTagRow)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "key"], set_={"value": stmt.excluded.value}
+    )
+    s.execute(stmt, [{"run_id": run_id, "key": k, "value": v} for k, v in latest.items()])
+
+
+def delete_tag(s: Session, run_id: str, key: str) -> None:
+    result = s.execute(delete(RunTagRow).where(RunTagRow.run_id == run_id, RunTagRow.key == key))
+    if not getattr(result, "rowcount", 0):
+        raise NotFound(f"No tag with name: {key} in run with id {run_id}")
+
+
+def _metric_row(run_id: str, m: Metric) -> dict[str, Any]:
+    nan = math.isnan(m.value)
+    return {
+        "run_id": run_id,
+        "key": m.key,
+        "step": m.step,
+        "timestamp": m.timestamp,
+        "value": 0.0 if nan else m.value,
+        "is_nan": nan,
+        "model_id": m.model_id,
+        "dataset_name": m.dataset_name,
+        "dataset_digest": m.dataset_digest,
+    }
+
+
+def log_metrics(s: Session, run_id: str, metrics: Sequence[Metric]) -> None:
+    """Append points (an identical point again is a no-op) and move each key's latest value."""
+    if not metrics:
+        return
+    rows = [_metric_row(run_id, m) for m in metrics]
+    s.execute(_insert(s, MetricRow).on_conflict_do_nothing(), rows)
+    newest: dict[str, dict[str, Any]] = {}
+    for row in rows:  # one candidate per key: an upsert may not touch a row twice
+        best = newest.get(row["key"])
+        if best is None or (row["step"], row["timestamp"], row["value"]) > (
+            best["step"],
+            best["timestamp"],
+            best["value"],
+        ):
+            newest[row["key"]] = row
+    stmt = _insert(s, LatestMetricRow)
+    target = LatestMetricRow.__table__.c
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "key"],
+        set_={c: stmt.excluded[c] for c in ("step", "timestamp", "value", "is_nan")},
+        where=tuple_(stmt.excluded.step, stmt.excluded.timestamp, stmt.excluded.value)
+        > tuple_(target.step, target.timestamp, target.value),
+    )
+    s.execute(
+        stmt,
+        [
+            {k: r[k] for k in ("run_id", "key", "step", "timestamp", "value", "is_nan")}
+            for r in newest.values()
+        ],
+    )
+
+
+def metric_history(s: Session, run_id: str, key: str, offset: int, limit: int) -> list[Metric]:
+    query = (
+        select(MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
+        .where(MetricRow.run_id == run_id, MetricRow.key == key)
+        .order_by(MetricRow.step, MetricRow.timestamp, MetricRow.value)
+        .offset(offset)
+        .limit(limit)
+    )
+    # Plain rows through Core: a history can be millions of points, no ORM bookkeeping.
+    rows = s.connection().execute(query).all()
+    return [
+        Metric(key, math.nan if nan else value, ts, step, run_id=run_id)
+        for step, ts, value, nan in rows
+    ]
+
+
+def metric_history_bulk(
+    s: Session, run_ids: Sequence[str], key: str, start: int | None, end: int | None, limit: int
+) -> list[Metric]:
+    query = select(
+        MetricRow.run_id, MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan
+    ).where(MetricRow.run_id.in_(list(run_ids)), MetricRow.key == key)
+    if start is not None:
+        query = query.where(MetricRow.step >= start)
+    if end is not None:
+        query = query.where(MetricRow.step <= end)
+    rows = s.execute(
+        query.order_by(MetricRow.run_id, MetricRow.step, MetricRow.timestamp).limit(limit)
+    )
+    return [
+        Metric(key, math.nan if nan else value, ts, step, run_id=rid)
+        for rid, step, ts, value, nan in rows
+    ]
+
+
+# ---------------------------------------------------------------------- inputs and outputs
+def _dataset_inputs(s: Session, run_ids: Sequence[str]) -> dict[str, list[DatasetInput]]:
+    found: dict[str, list[DatasetInput]] = defaultdict(list)
+    rows = s.execute(
+        select(RunInputRow.run_id, RunInputRow.tags, DatasetRow)
+        .join(DatasetRow, DatasetRow.dataset_id == RunInputRow.dataset_id)
+        .where(RunInputRow.run_id.in_(list(run_ids)))
+    )
+    for run_id, tags, d in rows:
+        dataset = Dataset(d.name, d.digest, d.source_type, d.source, d.schema, d.profile)
+        pairs = tuple((t["key"], t["value"]) for t in json.loads(tags))
+        found[run_id].append(DatasetInput(dataset, pairs))
+    return found
+
+
+def _model_links(s: Session, run_ids: Sequence[str]) -> dict[str, list[tuple[str, str, int]]]:
+    found: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
+    rows = s.execute(
+        select(
+            RunModelLinkRow.run_id,
+            RunModelLinkRow.model_id,
+            RunModelLinkRow.direction,
+            RunModelLinkRow.step,
+        ).where(RunModelLinkRow.run_id.in_(list(run_ids)))
+    )
+    for run_id, model_id, direction, step in rows:
+        found[run_id].append((model_id, direction, step))
+    return found
+
+
+def log_inputs(s: Session, run_id: str, experiment_id: str, inputs: Iterable[DatasetInput]) -> None:
+    exp_id = parse_experiment_id(experiment_id)
+    for item in inputs:
+        d = item.dataset
+        dataset_id = s.scalar(
+            select(DatasetRow.dataset_id).where(
+                DatasetRow.experiment_id == exp_id,
+                DatasetRow.name == d.name,
+                DatasetRow.digest == d.digest,
+            )
+        )
+        if dataset_id is None:
+            dataset_id = uuid.uuid4().hex
+            s.add(
+                DatasetRow(
+                    dataset_id=dataset_id,
+                    experiment_id=exp_id,
+                    name=d.name,
+                    digest=d.digest,
+                    source_type=d.source_type,
+                    source=d.source,
+                    schema=d.schema,
+                    profile=d.profile,
+                )
+            )
+            s.flush()
+        tags = json.dumps([{"key": k, "value": v} for k, v in item.tags])
+        s.execute(
+            _insert(s, RunInputRow).on_conflict_do_nothing(),
+            [{"run_id": run_id, "dataset_id": dataset_id, "tags": tags}],
+        )
+
+
+def link_models(s: Session, run_id: str, links: Iterable[tuple[str, str, int]]) -> None:
+    rows = [{"run_id": run_id, "model_id": m, "direction": d, "step": step} for m, d, step in links]
+    if rows:
+        s.execute(_insert(s, RunModelLinkRow).on_conflict_do_nothing(), rows)
+
+
+def count_runs(s: Session) -> int:
+    return s.scalar(select(func.count()).select_from(RunRow)) or 0

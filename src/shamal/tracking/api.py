@@ -1,3 +1,173 @@
-"""api of the tracking domain."""
+"""Native `/api/v1` view of tracking, for the CLI and the SDK (same service as the MLflow one)."""
 
 from __future__ import annotations
+
+import math
+from typing import Annotated, Generic, TypeVar
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel
+
+from shamal._api import ERROR_RESPONSES
+from shamal.security.api import CurrentPrincipal
+from shamal.tracking._entities import Experiment, Metric, Run
+from shamal.tracking._service import TrackingService, view_type
+
+
+def _tracking(request: Request) -> TrackingService:
+    service: TrackingService = request.app.state.tracking
+    return service
+
+
+T = TypeVar("T")
+Tracking = Annotated[TrackingService, Depends(_tracking)]
+ExperimentId = Annotated[str, Path(pattern=r"^[0-9]{1,18}$")]
+RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+View = Annotated[str, Query(pattern=r"^(ACTIVE_ONLY|DELETED_ONLY|ALL)$")]
+
+
+class ExperimentOut(BaseModel):
+    experiment_id: str
+    name: str
+    lifecycle_stage: str
+    artifact_location: str
+    creation_time: int
+    last_update_time: int
+    tags: dict[str, str]
+
+    @classmethod
+    def of(cls, e: Experiment) -> ExperimentOut:
+        return cls(
+            experiment_id=e.experiment_id,
+            name=e.name,
+            lifecycle_stage=e.lifecycle_stage,
+            artifact_location=e.artifact_location,
+            creation_time=e.creation_time,
+            last_update_time=e.last_update_time,
+            tags=dict(e.tags),
+        )
+
+
+class MetricPoint(BaseModel):
+    step: int
+    timestamp: int
+    value: float | None  # NaN and infinities have no JSON number: None, with `special`
+    special: str | None = None
+
+    @classmethod
+    def of(cls, m: Metric) -> MetricPoint:
+        if math.isfinite(m.value):
+            return cls(step=m.step, timestamp=m.timestamp, value=m.value)
+        special = "NaN" if math.isnan(m.value) else ("Infinity" if m.value > 0 else "-Infinity")
+        return cls(step=m.step, timestamp=m.timestamp, value=None, special=special)
+
+
+class RunOut(BaseModel):
+    run_id: str
+    run_name: str
+    experiment_id: str
+    status: str
+    user_id: str
+    start_time: int
+    end_time: int | None
+    lifecycle_stage: str
+    params: dict[str, str]
+    metrics: dict[str, MetricPoint]
+    tags: dict[str, str]
+
+    @classmethod
+    def of(cls, r: Run) -> RunOut:
+        i = r.info
+        return cls(
+            run_id=i.run_id,
+            run_name=i.run_name,
+            experiment_id=i.experiment_id,
+            status=i.status,
+            user_id=i.user_id,
+            start_time=i.start_time,
+            end_time=i.end_time,
+            lifecycle_stage=i.lifecycle_stage,
+            params=dict(r.params),
+            metrics={m.key: MetricPoint.of(m) for m in r.metrics},
+            tags=dict(r.tags),
+        )
+
+
+class Listing(BaseModel, Generic[T]):
+    items: list[T]
+    next_page_token: str | None = None
+
+
+router = APIRouter(prefix="/api/v1", tags=["tracking"], responses=ERROR_RESPONSES)
+
+
+@router.get("/experiments", summary="Experiments visible to the caller")
+def list_experiments(
+    svc: Tracking,
+    principal: CurrentPrincipal,
+    filter: Annotated[str | None, Query(max_length=20_000)] = None,  # noqa: A002
+    view: View = "ACTIVE_ONLY",
+    max_results: Annotated[int, Query(ge=1, le=1000)] = 100,
+    page_token: Annotated[str | None, Query(max_length=200)] = None,
+) -> Listing[ExperimentOut]:
+    page = svc.search_experiments(
+        principal,
+        filter_string=filter,
+        order_by=["name"],
+        view=view_type(view),
+        max_results=max_results,
+        page_token=page_token,
+    )
+    return Listing(
+        items=[ExperimentOut.of(e) for e in page.items], next_page_token=page.next_page_token
+    )
+
+
+@router.get("/experiments/{experiment_id}", summary="One experiment")
+def get_experiment(
+    experiment_id: ExperimentId, svc: Tracking, principal: CurrentPrincipal
+) -> ExperimentOut:
+    return ExperimentOut.of(svc.experiment(principal, experiment_id))
+
+
+@router.get("/experiments/{experiment_id}/runs", summary="Runs of an experiment, searched")
+def list_runs(
+    experiment_id: ExperimentId,
+    svc: Tracking,
+    principal: CurrentPrincipal,
+    filter: Annotated[str | None, Query(max_length=20_000)] = None,  # noqa: A002
+    order_by: Annotated[list[str] | None, Query(max_length=20)] = None,
+    view: View = "ACTIVE_ONLY",
+    max_results: Annotated[int, Query(ge=1, le=5000)] = 100,
+    page_token: Annotated[str | None, Query(max_length=200)] = None,
+) -> Listing[RunOut]:
+    page = svc.search_runs(
+        principal,
+        experiment_ids=[experiment_id],
+        filter_string=filter,
+        view=view_type(view),
+        max_results=max_results,
+        order_by=order_by or [],
+        page_token=page_token,
+    )
+    return Listing(items=[RunOut.of(r) for r in page.items], next_page_token=page.next_page_token)
+
+
+@router.get("/runs/{run_id}", summary="One run with its params, latest metrics and tags")
+def get_run(run_id: RunId, svc: Tracking, principal: CurrentPrincipal) -> RunOut:
+    return RunOut.of(svc.get_run(principal, run_id))
+
+
+@router.get("/runs/{run_id}/metrics/{key}", summary="A metric's history")
+def metric_history(
+    run_id: RunId,
+    key: Annotated[str, Path(max_length=250)],
+    svc: Tracking,
+    principal: CurrentPrincipal,
+    max_results: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
+    page_token: Annotated[str | None, Query(max_length=200)] = None,
+) -> Listing[MetricPoint]:
+    page = svc.metric_history(principal, run_id, key, page_token, max_results)
+    return Listing(
+        items=[MetricPoint.of(m) for m in page.items], next_page_token=page.next_page_token
+    )

@@ -23,7 +23,7 @@ class RegisteredModelRow(Base):
     user_id: Mapped[str] = mapped_column(String(256), default="")
     next_version: Mapped[int] = mapped_column(Integer, default=1)
     team_id: Mapped[str | None] = mapped_column(
-        String(32), ForeignKey("teams.id", ondelete="SET NULL"), nullable=True, index=True
+        String(32), ForeignKey("teams.id", ondelete="RESTRICT"), nullable=True, index=True
     )
 
 

@@ -36,7 +36,7 @@ class ExperimentRow(Base):
     creation_time: Mapped[int] = mapped_column(BigInteger)
     last_update_time: Mapped[int] = mapped_column(BigInteger)
     team_id: Mapped[str | None] = mapped_column(
-        String(32), ForeignKey("teams.id", ondelete="SET NULL"), nullable=True, index=True
+        String(32), ForeignKey("teams.id", ondelete="RESTRICT"), nullable=True, index=True
     )
 
 
@@ -90,6 +90,8 @@ class RunTagRow(Base):
 
 class MetricRow(Base):
     __tablename__ = "metrics"
+    # Logged-model metric filters look metrics up by model (MLflow 3 log_model).
+    __table_args__ = (Index("ix_metrics_model_key", "model_id", "key"),)
 
     run_id: Mapped[str] = mapped_column(
         ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True

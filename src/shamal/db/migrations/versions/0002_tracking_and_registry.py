@@ -37,7 +37,7 @@ def upgrade() -> None:
             ["team_id"],
             ["teams.id"],
             name=op.f("fk_experiments_team_id_teams"),
-            ondelete="SET NULL",
+            ondelete="RESTRICT",
         ),
         sa.PrimaryKeyConstraint("experiment_id", name=op.f("pk_experiments")),
         sa.UniqueConstraint("name", name=op.f("uq_experiments_name")),
@@ -82,7 +82,7 @@ def upgrade() -> None:
             ["team_id"],
             ["teams.id"],
             name=op.f("fk_registered_models_team_id_teams"),
-            ondelete="SET NULL",
+            ondelete="RESTRICT",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_registered_models")),
         sa.UniqueConstraint("name", name=op.f("uq_registered_models_name")),
@@ -295,6 +295,7 @@ def upgrade() -> None:
             "run_id", "key", "step", "timestamp", "value", "is_nan", name=op.f("pk_metrics")
         ),
     )
+    op.create_index("ix_metrics_model_key", "metrics", ["model_id", "key"], unique=False)
     op.create_table(
         "model_version_tags",
         sa.Column("model_id", sa.String(length=32), nullable=False),
@@ -393,6 +394,7 @@ def downgrade() -> None:
     op.drop_table("run_inputs")
     op.drop_table("registered_model_aliases")
     op.drop_table("model_version_tags")
+    op.drop_index("ix_metrics_model_key", table_name="metrics")
     op.drop_table("metrics")
     op.drop_table("logged_model_tags")
     op.drop_table("logged_model_params")

@@ -1,0 +1,790 @@
+"""Tracking benchmark: Shamal's MLflow REST API against a stock ``mlflow server``.
+
+One run starts both servers (one after the other, each alone on the machine), drives each with
+the same stock MLflow client (``MlflowClient`` from mlflow-skinny in Shamal's venv) and the same
+data, and prints both figures side by side with their ratio and the target for that ratio:
+
+1. ``log_batch`` of 1,000 metrics per call (100 keys x 10 steps): metrics/s over the timed calls,
+   warm-up calls excluded. Target: Shamal >= 10x MLflow.
+2. ``search_runs`` with ``metrics.acc > 0.5``, 1,000 per page, ordered by ``metrics.acc DESC``,
+   over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
+   first page, then one pass through every page. Target: >= 5x.
+3. ``get_metric_history`` of 100,000 points of one key on one run: median of full reads (the
+   client pages through them). Target: >= 5x.
+4. 8 concurrent logger processes, each with its own run in one experiment, each logging
+   50 x ``log_batch`` of 100 metrics and 20 ``log_metric``: total metrics/s. Target: >= 5x.
+
+Seeding (runs for search, points for history) is timed and printed as well, without a target.
+Results are checked too: both servers must return the same matches in the same order and every
+point of the history; a wrong answer fails its row whatever its speed.
+
+Run from the repository root with Shamal's venv (see ``bench/README.md``)::
+
+    .venv/bin/python bench/tracking.py --quick
+    .venv/bin/python bench/tracking.py [--backend postgres] [--workers N] [--runs N] [--json]
+
+Exit status: 0 once the benchmark ran, pass or fail; 2 when a server or the stock MLflow venv
+could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import queue
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import _servers
+import httpx
+from _servers import ServerProcess
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+TS0 = 1_700_000_000_000  # a fixed epoch (ms) so both servers store identical points
+SEARCH_FILTER = "metrics.acc > 0.5"
+SEARCH_ORDER = ["metrics.acc DESC"]
+HISTORY_PAGE = 25_000  # the page size MlflowClient.get_metric_history asks for
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does; ``FULL`` is the benchmark, ``QUICK`` a smoke run."""
+
+    batch_size: int
+    batch_warmup: int
+    batch_calls: int
+    search_runs: int
+    search_page: int
+    searches: int
+    history_points: int
+    history_reads: int
+    loggers: int
+    logger_batches: int
+    logger_batch_size: int
+    logger_singles: int
+    seed_threads: int
+
+
+FULL = Sizes(
+    batch_size=1000,
+    batch_warmup=3,
+    batch_calls=20,
+    search_runs=10_000,
+    search_page=1000,
+    searches=10,
+    history_points=100_000,
+    history_reads=5,
+    loggers=8,
+    logger_batches=50,
+    logger_batch_size=100,
+    logger_singles=20,
+    seed_threads=8,
+)
+QUICK = replace(
+    FULL,
+    batch_warmup=1,
+    batch_calls=5,
+    search_runs=500,
+    search_page=100,
+    searches=3,
+    history_points=10_000,
+    history_reads=3,
+    loggers=4,
+    logger_batches=5,
+    logger_singles=5,
+    seed_threads=4,
+)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One row of the report: how a figure reads and what the Shamal/MLflow ratio must reach."""
+
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    target: float | None
+
+
+def measures(sizes: Sizes) -> list[Measure]:
+    return [
+        Measure(
+            "log_batch",
+            f"log_batch, {sizes.batch_size:,} metrics/call, {sizes.batch_calls} calls",
+            "metrics/s",
+            True,
+            10.0,
+        ),
+        Measure(
+            "search",
+            f"search_runs '{SEARCH_FILTER}', {sizes.search_page:,}/page, "
+            f"{sizes.search_runs:,} runs (median)",
+            "s",
+            False,
+            5.0,
+        ),
+        Measure("search_http", "  same page, HTTP only (no client parsing)", "s", False, None),
+        Measure("search_all", "search_runs, every page of the matches", "s", False, None),
+        Measure(
+            "history",
+            f"get_metric_history, {sizes.history_points:,} points (median)",
+            "s",
+            False,
+            5.0,
+        ),
+        Measure("history_http", "  same reads, HTTP only (no client parsing)", "s", False, None),
+        Measure(
+            "concurrent",
+            f"{sizes.loggers} concurrent loggers, {sizes.logger_batches} x log_batch("
+            f"{sizes.logger_batch_size}) + {sizes.logger_singles} log_metric each",
+            "metrics/s",
+            True,
+            5.0,
+        ),
+        Measure(
+            "seed_search",
+            f"seed {sizes.search_runs:,} runs ({sizes.seed_threads} threads)",
+            "runs/s",
+            True,
+            None,
+        ),
+        Measure(
+            "seed_history",
+            f"seed {sizes.history_points:,} points by log_batch ({sizes.seed_threads} threads)",
+            "metrics/s",
+            True,
+            None,
+        ),
+    ]
+
+
+@dataclass
+class ServerResult:
+    """What one server did: figures by measure key, failed checks and errors."""
+
+    figures: dict[str, float] = field(default_factory=dict)
+    wrong: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    http_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------- workloads
+@dataclass
+class Bench:
+    """One server under test and what the workloads share: the client, the sizes, the results."""
+
+    server: ServerProcess
+    client: MlflowClient
+    raw: RawApi
+    sizes: Sizes
+    result: ServerResult
+    console: Console
+
+
+class RawApi:
+    """The requests the client sends, sent by httpx and left unparsed.
+
+    Only for the "HTTP only" rows, which split a client figure into server time and the client's
+    own protobuf parsing; the measured rows all go through :class:`MlflowClient`.
+    """
+
+    def __init__(self, server: ServerProcess) -> None:
+        headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
+        self.http = httpx.Client(
+            base_url=f"{server.url}/api/2.0/mlflow", headers=headers, timeout=600.0
+        )
+
+    def search_page(self, experiment_id: str, page_size: int) -> int:
+        body = {
+            "experiment_ids": [experiment_id],
+            "filter": SEARCH_FILTER,
+            "run_view_type": "ACTIVE_ONLY",
+            "max_results": page_size,
+            "order_by": SEARCH_ORDER,
+        }
+        return len(self._ok(self.http.post("/runs/search", json=body)).get("runs", []))
+
+    def history(self, run_id: str, key: str) -> int:
+        points, token = 0, None
+        while True:
+            params = {"run_id": run_id, "metric_key": key, "max_results": HISTORY_PAGE}
+            if token:
+                params["page_token"] = token
+            body = self._ok(self.http.get("/metrics/get-history", params=params))
+            points += len(body.get("metrics", []))
+            token = body.get("next_page_token")
+            if not token:
+                return points
+
+    @staticmethod
+    def _ok(response: httpx.Response) -> dict[str, Any]:
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"{response.request.method} {response.request.url} -> "
+                f"{response.status_code} {response.text[:500]}"
+            )
+        body: dict[str, Any] = response.json()
+        return body
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = call()
+    return time.perf_counter() - start, value
+
+
+def _median_of(repeats: int, call: Callable[[], Any]) -> tuple[float, Any]:
+    """Median seconds of ``repeats`` calls after one warm-up, and the last call's value."""
+    call()
+    latencies, value = [], None
+    for _ in range(repeats):
+        seconds, value = _timed(call)
+        latencies.append(seconds)
+    return statistics.median(latencies), value
+
+
+def _parallel(bench: Bench, jobs: Sequence[Callable[[], object]], description: str) -> float:
+    """Run ``jobs`` on the seeding thread pool with a progress bar; returns the wall seconds."""
+    progress = Progress(
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=bench.console,
+        transient=True,
+        disable=not bench.console.is_terminal,  # no bar in a log file
+    )
+    with progress, ThreadPoolExecutor(bench.sizes.seed_threads) as pool:
+        task = progress.add_task(description, total=len(jobs))
+        start = time.perf_counter()
+        futures = [pool.submit(job) for job in jobs]
+        for future in as_completed(futures):
+            future.result()  # the first failure ends the seeding and is reported
+            progress.advance(task)
+        return time.perf_counter() - start
+
+
+def bench_log_batch(bench: Bench) -> None:
+    client, sizes = bench.client, bench.sizes
+    run_id = client.create_run(client.create_experiment("bench-log-batch")).info.run_id
+    steps_per_call = 10
+    keys = sizes.batch_size // steps_per_call
+    batches = [
+        [
+            Metric(f"m{k:03d}", (step * 7 + k) % 1000 / 1000, TS0 + step, step)
+            for step in range(call * steps_per_call, (call + 1) * steps_per_call)
+            for k in range(keys)
+        ]
+        for call in range(sizes.batch_warmup + sizes.batch_calls)
+    ]
+    for metrics in batches[: sizes.batch_warmup]:
+        client.log_batch(run_id, metrics=metrics)
+    elapsed = 0.0
+    for metrics in batches[sizes.batch_warmup :]:
+        seconds, _ = _timed(lambda m=metrics: client.log_batch(run_id, metrics=m))
+        elapsed += seconds
+    bench.result.figures["log_batch"] = sizes.batch_calls * sizes.batch_size / elapsed
+
+
+def search_accuracies(runs: int) -> list[float]:
+    """The ``acc`` metric of each seeded run, the same on both servers."""
+    return [random.Random(i).random() for i in range(runs)]
+
+
+def _seed_one_run(client: MlflowClient, experiment_id: str, i: int) -> None:
+    rng = random.Random(i)
+    acc = rng.random()
+    run = client.create_run(experiment_id, run_name=f"run-{i:05d}", tags={"group": f"g{i % 10}"})
+    client.log_batch(
+        run.info.run_id,
+        metrics=[
+            Metric("acc", acc, TS0, 0),
+            Metric("loss", 1 - acc + rng.random() / 10, TS0, 0),
+            Metric("f1", rng.random(), TS0, 0),
+        ],
+        params=[
+            Param("lr", str(rng.choice([0.1, 0.01, 0.001]))),
+            Param("depth", str(rng.randint(2, 12))),
+            Param("optimizer", rng.choice(["adam", "sgd", "lion"])),
+        ],
+    )
+
+
+def bench_search(bench: Bench) -> None:
+    client, sizes, figures = bench.client, bench.sizes, bench.result.figures
+    experiment_id = client.create_experiment("bench-search")
+    jobs = [lambda i=i: _seed_one_run(client, experiment_id, i) for i in range(sizes.search_runs)]
+    seconds = _parallel(bench, jobs, f"seeding {sizes.search_runs:,} runs")
+    figures["seed_search"] = sizes.search_runs / seconds
+
+    def first_page() -> list[float]:
+        page = client.search_runs(
+            [experiment_id], SEARCH_FILTER, max_results=sizes.search_page, order_by=SEARCH_ORDER
+        )
+        return [run.data.metrics["acc"] for run in page]
+
+    expected = sorted((a for a in search_accuracies(sizes.search_runs) if a > 0.5), reverse=True)
+    figures["search"], got = _median_of(sizes.searches, first_page)
+    if got != expected[: sizes.search_page]:
+        bench.result.wrong["search"] = (
+            f"first page: {len(got)} runs, expected {min(len(expected), sizes.search_page)} "
+            f"in descending acc order; first values {got[:3]} vs {expected[:3]}"
+        )
+    figures["search_http"], _ = _median_of(
+        sizes.searches, lambda: bench.raw.search_page(experiment_id, sizes.search_page)
+    )
+    figures["search_all"], every = _timed(
+        lambda: _all_pages(client, experiment_id, sizes.search_page)
+    )
+    if every != expected:
+        bench.result.wrong["search_all"] = (
+            f"paging returned {len(every)} runs ({len(set(every))} distinct), "
+            f"expected {len(expected)} in descending acc order"
+        )
+
+
+def _all_pages(client: MlflowClient, experiment_id: str, page_size: int) -> list[float]:
+    values: list[float] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            SEARCH_FILTER,
+            max_results=page_size,
+            order_by=SEARCH_ORDER,
+            page_token=token,
+        )
+        values.extend(run.data.metrics["acc"] for run in page)
+        token = page.token
+        if not token:
+            return values
+
+
+def bench_history(bench: Bench) -> None:
+    client, sizes, figures = bench.client, bench.sizes, bench.result.figures
+    run_id = client.create_run(client.create_experiment("bench-history")).info.run_id
+    jobs = [
+        lambda first=first: client.log_batch(
+            run_id,
+            metrics=[
+                Metric("loss", 1 / (1 + step), TS0 + step, step)
+                for step in range(first, min(first + sizes.batch_size, sizes.history_points))
+            ],
+        )
+        for first in range(0, sizes.history_points, sizes.batch_size)
+    ]
+    seconds = _parallel(bench, jobs, f"seeding {sizes.history_points:,} points")
+    figures["seed_history"] = sizes.history_points / seconds
+
+    figures["history"], points = _median_of(
+        sizes.history_reads, lambda: client.get_metric_history(run_id, "loss")
+    )
+    steps = sorted(point.step for point in points)
+    if steps != list(range(sizes.history_points)):
+        bench.result.wrong["history"] = (
+            f"{len(points)} points, {len(set(steps))} distinct steps, "
+            f"expected steps 0..{sizes.history_points - 1} once each"
+        )
+    figures["history_http"], _ = _median_of(
+        sizes.history_reads, lambda: bench.raw.history(run_id, "loss")
+    )
+
+
+# ---------------------------------------------------------------------- concurrent loggers
+def logger_process(
+    url: str,
+    experiment_id: str,
+    index: int,
+    sizes: Sizes,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One concurrent logger: its own run, then the timed logging once every logger is ready."""
+    try:
+        client = MlflowClient(tracking_uri=url)
+        run_id = client.create_run(experiment_id, run_name=f"logger-{index}").info.run_id
+        keys = 10
+        steps = sizes.logger_batch_size // keys
+        batches = [
+            [
+                Metric(f"k{k}", random.random(), TS0 + b * steps + s, b * steps + s)
+                for s in range(steps)
+                for k in range(keys)
+            ]
+            for b in range(sizes.logger_batches)
+        ]
+        barrier.wait(timeout=600)
+        for metrics in batches:
+            client.log_batch(run_id, metrics=metrics)
+        for step in range(sizes.logger_singles):
+            client.log_metric(run_id, "single", float(step), timestamp=TS0 + step, step=step)
+        logged = sum(len(b) for b in batches) + sizes.logger_singles
+        results.put((index, logged, None))
+    except Exception as exc:  # reported by the parent, with the server log
+        barrier.abort()
+        results.put((index, 0, repr(exc)))
+
+
+def bench_concurrent(bench: Bench) -> None:
+    sizes = bench.sizes
+    experiment_id = bench.client.create_experiment("bench-concurrent")
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with client threads
+    barrier = ctx.Barrier(sizes.loggers + 1)
+    results = ctx.Queue()
+    processes = [
+        ctx.Process(
+            target=logger_process,
+            args=(bench.server.url, experiment_id, i, sizes, barrier, results),
+        )
+        for i in range(sizes.loggers)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        barrier.wait(timeout=600)  # every logger has imported mlflow and created its run
+        start = time.perf_counter()
+        outcomes = [results.get(timeout=600) for _ in processes]
+        elapsed = time.perf_counter() - start
+    except Exception:
+        outcomes = _drain(results, len(processes))
+        failures = [f"logger {i}: {error}" for i, _, error in outcomes if error]
+        raise RuntimeError("; ".join(failures) or "the loggers did not all start") from None
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+    failures = [f"logger {i}: {error}" for i, _, error in outcomes if error]
+    if failures:
+        raise RuntimeError("; ".join(failures))
+    bench.result.figures["concurrent"] = sum(logged for _, logged, _ in outcomes) / elapsed
+
+
+def _drain(results: Any, most: int, wait_s: float = 10.0) -> list[tuple[int, int, str | None]]:
+    """What the loggers reported after a failure, waiting up to ``wait_s`` for stragglers."""
+    outcomes = []
+    end = time.monotonic() + wait_s
+    while len(outcomes) < most and time.monotonic() < end:
+        try:
+            outcomes.append(results.get(timeout=max(0.0, end - time.monotonic())))
+        except queue.Empty:
+            break
+    return outcomes
+
+
+# ---------------------------------------------------------------------------- one server
+WORKLOADS: dict[str, Callable[[Bench], None]] = {
+    "log_batch": bench_log_batch,
+    "search": bench_search,
+    "history": bench_history,
+    "concurrent": bench_concurrent,
+}
+HTTP_STATUS = re.compile(r'" ([45]\d\d)\b')
+
+
+def run_workloads(
+    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console
+) -> ServerResult:
+    """Every selected workload against ``server``; a failing one is recorded, the rest still run."""
+    raw = RawApi(server)
+    client = MlflowClient(tracking_uri=server.url)
+    bench = Bench(server, client, raw, sizes, ServerResult(), console)
+    start = time.perf_counter()
+    try:
+        for name, workload in WORKLOADS.items():
+            if name not in only:
+                continue
+            console.print(f"[bold]{server.name}[/]: {name}")
+            try:
+                workload(bench)
+            except Exception as exc:
+                message = f"{server.name} {name}: {exc!r}"
+                bench.result.errors.append(
+                    f"{message}\n--- last lines of {server.log}:\n{server.log_tail()}"
+                )
+                console.print(f"[red]{message}[/]", markup=False)
+    finally:
+        raw.close()
+    bench.result.seconds = time.perf_counter() - start
+    bench.result.http_errors = _http_errors(server)
+    return bench.result
+
+
+def _http_errors(server: ServerProcess) -> list[str]:
+    """Access-log lines of the server that answered 4xx/5xx (the client retries some 5xx)."""
+    try:
+        lines = server.log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if HTTP_STATUS.search(line)]
+
+
+def benchmark_server(
+    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console
+) -> ServerResult:
+    console.print(f"[bold]{server.name}[/]: starting ({' '.join(server.argv)})")
+    try:
+        seconds, _ = _timed(server.start)
+        console.print(f"[bold]{server.name}[/]: ready in {seconds:.1f} s at {server.url}")
+        if server.token:
+            # Read per request by the client; the stock server ignores the header, so both
+            # servers receive byte-identical requests.
+            os.environ["MLFLOW_TRACKING_TOKEN"] = server.token
+        return run_workloads(server, sizes, only, console)
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- report
+def _ratio(measure: Measure, shamal: float | None, mlflow: float | None) -> float | None:
+    if not shamal or not mlflow:
+        return None
+    return shamal / mlflow if measure.higher_is_better else mlflow / shamal
+
+
+def report_rows(
+    sizes: Sizes, results: dict[str, ServerResult], only: Iterable[str]
+) -> list[dict[str, Any]]:
+    workload_of = {
+        "search_http": "search",
+        "search_all": "search",
+        "seed_search": "search",
+        "history_http": "history",
+        "seed_history": "history",
+    }
+    rows = []
+    for measure in measures(sizes):
+        if workload_of.get(measure.key, measure.key) not in only:
+            continue
+        shamal = results["Shamal"].figures.get(measure.key)
+        mlflow = results["MLflow"].figures.get(measure.key)
+        ratio = _ratio(measure, shamal, mlflow)
+        wrong = {
+            name: r.wrong[measure.key] for name, r in results.items() if measure.key in r.wrong
+        }
+        passed = None
+        if measure.target is not None:
+            passed = ratio is not None and ratio >= measure.target and "Shamal" not in wrong
+        rows.append(
+            {
+                "key": measure.key,
+                "operation": measure.label,
+                "unit": measure.unit,
+                "higher_is_better": measure.higher_is_better,
+                "shamal": shamal,
+                "mlflow": mlflow,
+                "ratio": ratio,
+                "target": measure.target,
+                "pass": passed,
+                "wrong_results": wrong,
+            }
+        )
+    return rows
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return "error"
+    if unit == "s":
+        return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+    return f"{value:,.0f} {unit}"
+
+
+def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title)
+    for name, justify in [
+        ("operation", "left"),
+        ("Shamal", "right"),
+        ("MLflow", "right"),
+        ("ratio", "right"),
+        ("target", "right"),
+        ("result", "center"),
+    ]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        verdict = {True: "[green]PASS[/]", False: "[red]FAIL[/]", None: "-"}[row["pass"]]
+        if row["wrong_results"]:
+            verdict += " [red](wrong result)[/]"
+        table.add_row(
+            row["operation"],
+            _figure(row["shamal"], row["unit"]),
+            _figure(row["mlflow"], row["unit"]),
+            "-" if row["ratio"] is None else f"{row['ratio']:.1f}x",
+            "-" if row["target"] is None else f">= {row['target']:g}x",
+            verdict,
+        )
+    console.print(table)
+
+
+def print_problems(console: Console, results: dict[str, ServerResult]) -> None:
+    for name, result in results.items():
+        for key, text in result.wrong.items():
+            console.print(f"[red]{name} returned a wrong result for {key}:[/] {text}")
+        for error in result.errors:
+            console.print(f"[red]error:[/] {error}", markup=False, highlight=False)
+        if result.http_errors:
+            console.print(
+                f"[yellow]{name} answered {len(result.http_errors)} requests with 4xx/5xx;"
+                " the first ones:[/]"
+            )
+            for line in result.http_errors[:5]:
+                console.print("  " + line, markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Shamal's tracking server against a stock `mlflow server`, "
+        "both driven by the stock MLflow client.",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--runs", type=int, help="runs in the search experiment (default 10000)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server worker processes, both servers (1)"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="both on SQLite files, or both on fresh PostgreSQL databases (127.0.0.1:5432)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated workloads to run (default: {','.join(WORKLOADS)})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temp dir (server logs, SQLite files)"
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    if args.runs is not None and args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def make_servers(
+    args: argparse.Namespace, workdir: Path, databases: _servers.PostgresDatabases | None
+) -> list[ServerProcess]:
+    shamal_db = databases.create("shamal") if databases else None
+    mlflow_db = databases.create("mlflow") if databases else None
+    return [
+        _servers.shamal_server(workdir / "shamal", args.workers, shamal_db),
+        _servers.mlflow_server(workdir / "mlflow", args.workers, mlflow_db),
+    ]
+
+
+def run(
+    args: argparse.Namespace, console: Console
+) -> tuple[dict[str, Any], dict[str, ServerResult]]:
+    sizes = QUICK if args.quick else FULL
+    if args.runs:
+        sizes = replace(sizes, search_runs=args.runs)
+    only = args.only.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="shamal-bench-tracking-"))
+    postgres = args.backend == "postgres"
+    databases = _servers.PostgresDatabases(f"bench_tracking_{os.getpid()}") if postgres else None
+    load = os.getloadavg()
+    started = time.perf_counter()
+    results: dict[str, ServerResult] = {}
+    try:
+        for server in make_servers(args, workdir, databases):
+            results[server.name] = benchmark_server(server, sizes, only, console)
+    finally:
+        if databases:
+            databases.drop_all()
+        if args.keep:
+            console.print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        "benchmark": "tracking",
+        "config": {
+            "mode": "quick" if args.quick else "full",
+            "backend": args.backend,
+            "workers": args.workers,
+            "workloads": only,
+            "sizes": asdict(sizes),
+            "client": f"mlflow-skinny {version('mlflow-skinny')}",
+            "peer": f"mlflow {_servers.MLFLOW_VERSION} (mlflow server)",
+            "shamal": version("shamal"),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": [round(x, 2) for x in load],
+        },
+        "results": report_rows(sizes, results, only),
+        "seconds": {
+            "total": time.perf_counter() - started,
+            **{name: r.seconds for name, r in results.items()},
+        },
+        "errors": [e for r in results.values() for e in r.errors],
+        "http_errors": {name: r.http_errors[:20] for name, r in results.items()},
+    }
+    return report, results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    progress_console = Console(stderr=True)
+
+    def say(text: str) -> None:
+        progress_console.print(text, markup=False, highlight=False)
+
+    os.environ.update(_servers.QUIET_ENV)
+    # SIGTERM unwinds like Ctrl-C, so the servers (own sessions) and temp dirs go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        _servers.ensure_mlflow_venv(say, postgres=args.backend == "postgres")
+        report, results = run(args, progress_console)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        say(f"benchmark could not run: {exc}")
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    config = report["config"]
+    title = (
+        f"Tracking: Shamal vs MLflow {_servers.MLFLOW_VERSION} ({config['mode']}, "
+        f"{config['backend']}, {config['workers']} worker(s), client {config['client']})"
+    )
+    print_table(console, report["results"], title)
+    print_problems(console, results)
+    load = ", ".join(f"{x:.2f}" for x in config["loadavg_at_start"])
+    console.print(
+        f"{config['cpus']} CPUs, load average at start {load}; "
+        f"total {report['seconds']['total']:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

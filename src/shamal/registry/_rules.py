@@ -1,0 +1,208 @@
+"""Pure validation of registry inputs: names, versions, stages, aliases, tags, references.
+
+Every function raises :class:`~shamal.errors.InvalidParameter` with a message
+that names the rule and never echoes the input back (no log or header
+injection through error messages), and returns the value in its canonical form.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shamal.errors import InvalidParameter
+from shamal.registry._entities import Stage
+from shamal.tracking import Comparison
+
+#: Longest registered model name (the column holds 256 characters).
+MAX_NAME_LENGTH = 256
+#: Tag keys: MLflow's limit of 250 characters.
+MAX_TAG_KEY_LENGTH = 250
+#: Tag values: the protocol guarantees at least 5000 bytes; we accept MLflow's 100,000 characters.
+MAX_TAG_VALUE_LENGTH = 100_000
+#: Alias names: at most 256 bytes of UTF-8.
+MAX_ALIAS_BYTES = 256
+#: Sources, storage locations and run links (the columns hold 1024 characters).
+MAX_URI_LENGTH = 1024
+#: Descriptions of models and versions.
+MAX_DESCRIPTION_LENGTH = 100_000
+#: Tags sent with one create call.
+MAX_TAGS_PER_REQUEST = 100
+
+#: The tag MLflow puts on registered prompts (prompts live in the model registry).
+PROMPT_TAG = "mlflow.prompt.is_prompt"
+
+#: Tags as a caller gives them: a mapping, or (key, value) pairs in order (last one wins).
+TagsIn = Mapping[str, str] | Iterable[tuple[str, str]] | None
+
+_ALIAS_RE = re.compile(r"[\w\-]+")
+_VERSION_ALIAS_RE = re.compile(r"[vV]\d+")
+_REFERENCE_ID_RE = re.compile(r"[A-Za-z0-9_\-]+")
+_VERSION_RE = re.compile(r"[0-9]{1,9}")
+_STAGES = {stage.value.lower(): stage for stage in Stage}
+
+
+def _printable(text: str) -> bool:
+    return all(ch.isprintable() for ch in text)
+
+
+def check_model_name(name: str, field: str = "name") -> str:
+    """A registered model name: what ``models:/<name>/...`` URIs can carry.
+
+    Rules (MLflow's, plus ours): not blank, at most 256 characters, no ``/`` or
+    ``:``, no control or invisible characters, and already a normal path
+    (no ``.``/``..`` segments, no leading ``/``).
+    """
+    if not name or not name.strip():
+        raise InvalidParameter(f"Missing value for required parameter '{field}'.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidParameter(f"'{field}' is longer than {MAX_NAME_LENGTH} characters.")
+    if "/" in name or ":" in name:
+        raise InvalidParameter(f"Invalid '{field}': registered model names cannot contain / or :.")
+    if not _printable(name):
+        raise InvalidParameter(f"Invalid '{field}': it contains control or invisible characters.")
+    normal = posixpath.normpath(name)
+    if normal != name or normal in (".", "..") or normal.startswith(".."):
+        raise InvalidParameter(f"Invalid '{field}': the name is not in normal form.")
+    return name
+
+
+def parse_version(value: Any) -> int:
+    """A model version as MLflow sends it: a string (or number) holding a positive integer."""
+    if isinstance(value, bool):
+        raise InvalidParameter("Parameter 'version' must be an integer.")
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        raise InvalidParameter("Parameter 'version' must be an integer.")
+    if not _VERSION_RE.fullmatch(text) or int(text) < 1:
+        raise InvalidParameter("Parameter 'version' must be a positive integer.")
+    return int(text)
+
+
+def parse_stage(value: str) -> Stage:
+    """A stage name, case-insensitive: ``None``, ``Staging``, ``Production``, ``Archived``."""
+    stage = _STAGES.get(value.strip().lower()) if isinstance(value, str) else None
+    if stage is None:
+        allowed = ", ".join(s.value for s in Stage)
+        raise InvalidParameter(f"Invalid model version stage; use one of {allowed}.")
+    return stage
+
+
+def check_alias(alias: str) -> str:
+    """An alias name: letters, digits, ``_`` and ``-``, at most 256 bytes.
+
+    Reserved, as MLflow reserves them (``models:/name@...`` would be ambiguous):
+    ``latest`` in any case, and names that look like versions (``v1``, ``V12``).
+    """
+    if not alias:
+        raise InvalidParameter("Registered model alias name cannot be empty.")
+    if len(alias.encode("utf-8")) > MAX_ALIAS_BYTES:
+        raise InvalidParameter(f"Alias names are at most {MAX_ALIAS_BYTES} bytes long.")
+    if not _ALIAS_RE.fullmatch(alias):
+        raise InvalidParameter(
+            "Invalid alias name: use only letters, digits, underscores (_) and dashes (-)."
+        )
+    if alias.lower() == "latest":
+        raise InvalidParameter("'latest' alias name (case insensitive) is reserved.")
+    if _VERSION_ALIAS_RE.fullmatch(alias):
+        raise InvalidParameter("Alias names of the form v<number> are reserved for versions.")
+    return alias
+
+
+def check_tag(key: Any, value: Any) -> tuple[str, str]:
+    """A tag: a non-empty printable key of at most 250 characters and a string value."""
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidParameter("A tag key must be a non-empty string.")
+    if len(key) > MAX_TAG_KEY_LENGTH:
+        raise InvalidParameter(f"Tag keys are at most {MAX_TAG_KEY_LENGTH} characters long.")
+    if not _printable(key):
+        raise InvalidParameter("Tag keys cannot contain control or invisible characters.")
+    if not isinstance(value, str):
+        raise InvalidParameter("A tag value must be a string.")
+    if len(value) > MAX_TAG_VALUE_LENGTH:
+        raise InvalidParameter(f"Tag values are at most {MAX_TAG_VALUE_LENGTH} characters long.")
+    return key, value
+
+
+def check_tag_key(key: Any) -> str:
+    return check_tag(key, "")[0]
+
+
+def check_tags(tags: TagsIn) -> dict[str, str]:
+    """Tags given with a create call; a repeated key keeps its last value."""
+    items = tags.items() if isinstance(tags, Mapping) else (tags or ())
+    checked: dict[str, str] = {}
+    for key, value in items:
+        k, v = check_tag(key, value)
+        checked[k] = v
+        if len(checked) > MAX_TAGS_PER_REQUEST:
+            raise InvalidParameter(f"At most {MAX_TAGS_PER_REQUEST} tags per request.")
+    return checked
+
+
+def check_description(description: str | None) -> str:
+    if description is None:
+        return ""
+    if not isinstance(description, str):
+        raise InvalidParameter("Parameter 'description' must be a string.")
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        raise InvalidParameter(
+            f"Descriptions are at most {MAX_DESCRIPTION_LENGTH} characters long."
+        )
+    return description
+
+
+def check_reference_id(value: str | None, field: str, max_length: int) -> str | None:
+    """An id minted elsewhere (a run id, a logged model id): letters, digits, ``_``, ``-``."""
+    if value is None or value == "":
+        return None
+    if len(value) > max_length or not _REFERENCE_ID_RE.fullmatch(value):
+        raise InvalidParameter(f"Parameter '{field}' is not a valid id.")
+    return value
+
+
+def check_uri_length(value: str, field: str) -> str:
+    if len(value) > MAX_URI_LENGTH:
+        raise InvalidParameter(f"Parameter '{field}' is longer than {MAX_URI_LENGTH} characters.")
+    return value
+
+
+def check_run_link(value: str | None) -> str:
+    if not value:
+        return ""
+    check_uri_length(value, "run_link")
+    if not _printable(value):
+        raise InvalidParameter("Parameter 'run_link' contains control or invisible characters.")
+    return value
+
+
+def split_prompt_clauses(filters: list[Comparison]) -> tuple[list[Comparison], bool]:
+    """Take MLflow's prompt clauses out of a parsed registry filter.
+
+    The stock client adds ``tags.`mlflow.prompt.is_prompt` != 'true'`` to every
+    registered-model search: it means "models, not prompts", and must match
+    models that have no such tag at all (a plain tag clause needs the tag).
+    ``= 'true'`` or ``!= 'false'`` ask for prompts instead.
+
+    Returns:
+        The other clauses, and True when prompts (rather than models) are asked for.
+    """
+    rest: list[Comparison] = []
+    prompts = False
+    for clause in filters:
+        value = clause.value.lower() if isinstance(clause.value, str) else None
+        if (
+            clause.entity == "tag"
+            and clause.key == PROMPT_TAG
+            and clause.op in ("=", "!=")
+            and value in ("true", "false")
+        ):
+            prompts = (clause.op == "=") == (value == "true")
+            continue
+        rest.append(clause)
+    return rest, prompts

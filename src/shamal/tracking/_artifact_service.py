@@ -1,0 +1,104 @@
+"""Run and model artifacts behind the ``mlflow-artifacts:/`` proxy.
+
+A proxy path is ``<experiment id>/<rest>``: files live in the artifact store's
+namespace ``mlflow/<experiment id>`` and follow the experiment's access rules
+(viewers read, members write, maintainers delete). Every path passes the one
+path validator before anything is looked up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shamal.artifacts import ArtifactFile, ArtifactService, safe_relpath
+from shamal.db import Database
+from shamal.errors import InvalidParameter, NotFound
+from shamal.security import AuditContext, Principal, Role
+
+if TYPE_CHECKING:
+    from shamal.tracking._service import TrackingService
+
+MAX_LISTED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ListedFile:
+    """One entry of a folder listing: a name relative to the folder."""
+
+    path: str
+    is_dir: bool
+    file_size: int | None
+
+
+def children(files: Iterable[ArtifactFile], folder: str) -> list[ListedFile]:
+    """The immediate children of ``folder`` among ``files`` (paths relative to the namespace)."""
+    found: dict[str, ListedFile] = {}
+    prefix = f"{folder}/" if folder else ""
+    for f in files:
+        if f.path == folder:  # the folder names a file: list just that file
+            return [ListedFile(f.path.rsplit("/", 1)[-1], False, f.size)]
+        if not f.path.startswith(prefix):
+            continue
+        head, sep, _ = f.path[len(prefix) :].partition("/")
+        if sep:
+            found.setdefault(head, ListedFile(head, True, None))
+        else:
+            found[head] = ListedFile(head, False, f.size)
+    return sorted(found.values(), key=lambda f: f.path)
+
+
+class RunArtifacts:
+    """The files of experiments, runs and logged models."""
+
+    def __init__(self, db: Database, artifacts: ArtifactService, tracking: TrackingService):
+        self._db = db
+        self._artifacts = artifacts
+        self._tracking = tracking
+
+    def _locate(self, principal: Principal, path: str, needed: Role) -> tuple[str, str]:
+        """(namespace, path inside it) for a proxy path, after the access check."""
+        clean = safe_relpath(path)
+        experiment_id, _, rest = clean.partition("/")
+        if not experiment_id.isdigit():
+            raise InvalidParameter("Artifact paths start with an experiment id.")
+        self._tracking.experiment(principal, experiment_id, needed)
+        return f"mlflow/{experiment_id}", rest
+
+    def upload(self, ctx: AuditContext, path: str, chunks: Iterable[bytes]) -> ArtifactFile:
+        namespace, rest = self._locate(ctx.require_principal(), path, Role.MEMBER)
+        if not rest:
+            raise InvalidParameter("Give a file path below the experiment.")
+        ctx.target = f"artifact:{path}"
+        return self._artifacts.store_file(ctx, namespace, rest, chunks)
+
+    def download(self, principal: Principal, path: str) -> tuple[ArtifactFile, Iterator[bytes]]:
+        namespace, rest = self._locate(principal, path, Role.VIEWER)
+        if not rest:
+            raise NotFound("Artifact not found.")
+        return self._artifacts.read_file(namespace, rest)
+
+    def listing(self, principal: Principal, path: str) -> list[ListedFile]:
+        namespace, rest = self._locate(principal, path, Role.VIEWER)
+        return children(self._artifacts.files_under(namespace, rest, MAX_LISTED), rest)
+
+    def delete(self, ctx: AuditContext, path: str) -> None:
+        namespace, rest = self._locate(ctx.require_principal(), path, Role.MAINTAINER)
+        ctx.target = f"artifact:{path}"
+        if not rest or not self._artifacts.remove_files(ctx, namespace, rest):
+            raise NotFound("Artifact not found.")
+
+    def list_run(
+        self, principal: Principal, run_id: str, path: str
+    ) -> tuple[str, list[ListedFile]]:
+        """(root uri, children of ``path``) of a run's artifacts: the `artifacts/list` call."""
+        root = self._tracking.run_info(principal, run_id).artifact_uri
+        proxy = root.removeprefix("mlflow-artifacts:/")
+        folder = f"{proxy}/{safe_relpath(path)}" if path.strip("/") else proxy
+        listed = self.listing(principal, folder)
+        prefix = path.strip("/")
+        return root, [
+            ListedFile(f"{prefix}/{f.path}" if prefix else f.path, f.is_dir, f.file_size)
+            for f in listed
+        ]

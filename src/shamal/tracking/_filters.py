@@ -1,0 +1,653 @@
+"""The MLflow search grammar: filters, ``order_by`` items and page tokens, parsed by hand.
+
+Pure code: no SQL, no I/O. A filter becomes a list of :class:`Comparison` (an AND of
+clauses), an ``order_by`` list a list of :class:`OrderBy`; the compilers in
+``tracking._search`` and ``registry._search`` turn them into SQLAlchemy expressions
+with bound parameters. What each searchable thing allows is a :class:`Grammar`
+(``RUNS``, ``EXPERIMENTS``, ``REGISTERED_MODELS``, ``MODEL_VERSIONS``,
+``LOGGED_MODELS``): a whitelist of (entity, key, comparator, value type).
+
+Grammar (keywords and comparators are case-insensitive)::
+
+    filter     := clause ( AND clause )*          -- no OR, NOT, parentheses grouping
+    clause     := identifier comparator value
+    identifier := [entity "."] key                 -- no entity = attribute
+    key        := bare | "double-quoted" | `backticked`
+    value      := 'string' | "string" | number | "(" item ("," item)* ")"   -- lists: IN / NOT IN
+    order_by   := identifier [ASC | DESC]
+
+Bare keys are ASCII letters, digits and ``_``, optionally dot-separated after an
+entity (``metrics.a.b`` has the key ``a.b``); anything else needs quotes. Inside a
+quoted string or key the quote is written twice (``'it''s'``) or backslash-escaped
+(``'it\\'s'``), and ``\\\\`` is one backslash; every other backslash stays as
+written, so ``LIKE '100\\%'`` reaches the pattern matcher as an escaped ``%``.
+Attribute and dataset keys are matched case-insensitively and normalized to their
+canonical spelling (``"run name"`` -> ``run_name``, ``created`` -> ``start_time``).
+
+Every error is :class:`~shamal.errors.InvalidParameter` (HTTP 400
+``INVALID_PARAMETER_VALUE``) with a short fixed message and a position, never an
+echo of the input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+from shamal.errors import InvalidParameter
+
+__all__ = [
+    "EXPERIMENTS",
+    "LOGGED_MODELS",
+    "MODEL_VERSIONS",
+    "REGISTERED_MODELS",
+    "RUNS",
+    "Comparison",
+    "Entity",
+    "Grammar",
+    "Op",
+    "OrderBy",
+    "Rule",
+    "decode_page_token",
+    "encode_page_token",
+    "parse_filter",
+    "parse_order_by",
+]
+
+logger = logging.getLogger(__name__)
+
+Entity = Literal["metric", "param", "tag", "attribute", "dataset"]
+Op = Literal["=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN"]
+ValueKind = Literal["number", "string"]
+
+MAX_FILTER_LENGTH: Final = 20_000
+MAX_CLAUSES: Final = 100
+MAX_IN_ITEMS: Final = 1_000
+MAX_STRING_LENGTH: Final = 6_000
+MAX_KEY_LENGTH: Final = 250
+MAX_ORDER_BY_ITEMS: Final = 20
+MAX_ORDER_BY_ITEM_LENGTH: Final = 1_000
+MAX_PAGE_OFFSET: Final = 2**31 - 1
+MAX_PAGE_TOKEN_LENGTH: Final = 200
+
+NUMERIC_OPS: Final[frozenset[Op]] = frozenset({"=", "!=", ">", ">=", "<", "<="})
+STRING_OPS: Final[frozenset[Op]] = frozenset({"=", "!=", "LIKE", "ILIKE"})
+LIST_OPS: Final[frozenset[Op]] = frozenset({"IN", "NOT IN"})
+
+_ENTITIES: Final[Mapping[str, Entity]] = MappingProxyType(
+    {
+        "metric": "metric",
+        "metrics": "metric",
+        "param": "param",
+        "params": "param",
+        "parameter": "param",
+        "parameters": "param",
+        "tag": "tag",
+        "tags": "tag",
+        "attribute": "attribute",
+        "attributes": "attribute",
+        "attr": "attribute",
+        "run": "attribute",
+        "dataset": "dataset",
+        "datasets": "dataset",
+    }
+)
+_SYMBOLS: Final[tuple[Op, ...]] = ("!=", ">=", "<=", "=", ">", "<")
+_WORD_OPS: Final[Mapping[str, Op]] = MappingProxyType(
+    {"LIKE": "LIKE", "ILIKE": "ILIKE", "IN": "IN"}
+)
+_SPACE: Final = " \t\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One clause of a filter: ``<entity>.<key> <op> <value>``.
+
+    ``value`` is a float for numeric comparisons, a str for string comparisons and a
+    tuple of str for ``IN`` / ``NOT IN`` (integers in canonical decimal form for a
+    numeric key such as ``version_number``).
+    """
+
+    entity: Entity
+    key: str
+    op: Op
+    value: str | float | tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderBy:
+    """One ``order_by`` item."""
+
+    entity: Entity
+    key: str
+    ascending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """The comparators and the value type allowed for one key."""
+
+    kind: ValueKind
+    ops: frozenset[Op]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Grammar:
+    """What one searchable thing allows.
+
+    Attributes:
+        name: the searched thing, for log lines.
+        any_key: entities whose keys are free (metrics, params, tags) and their rule.
+        keys: rules of the fixed keys, by (entity, canonical key).
+        aliases: other spellings of attribute keys (lower-case) -> canonical key.
+        order_any_key: entities whose free keys may be sorted on.
+        order_keys: attribute keys that may be sorted on.
+        lowercase_lists: attribute keys (ids) whose ``IN`` lists drop items with upper case.
+    """
+
+    name: str
+    any_key: Mapping[Entity, Rule]
+    keys: Mapping[tuple[Entity, str], Rule]
+    aliases: Mapping[str, str]
+    order_any_key: frozenset[Entity]
+    order_keys: frozenset[str]
+    lowercase_lists: frozenset[str] = frozenset()
+
+
+def _grammar(
+    name: str,
+    any_key: dict[Entity, Rule],
+    keys: dict[tuple[Entity, str], Rule],
+    aliases: dict[str, str],
+    order_any_key: set[Entity],
+    order_keys: set[str],
+    lowercase_lists: set[str] | None = None,
+) -> Grammar:
+    return Grammar(
+        name=name,
+        any_key=MappingProxyType(any_key),
+        keys=MappingProxyType(keys),
+        aliases=MappingProxyType(aliases),
+        order_any_key=frozenset(order_any_key),
+        order_keys=frozenset(order_keys),
+        lowercase_lists=frozenset(lowercase_lists or ()),
+    )
+
+
+_NUMBER: Final = Rule("number", NUMERIC_OPS)
+_STRING: Final = Rule("string", STRING_OPS)
+_STRING_OR_LIST: Final = Rule("string", STRING_OPS | LIST_OPS)
+
+RUNS: Final = _grammar(
+    "runs",
+    {"metric": _NUMBER, "param": _STRING, "tag": _STRING},
+    {
+        ("attribute", "run_id"): _STRING_OR_LIST,
+        ("attribute", "run_name"): _STRING,
+        ("attribute", "status"): _STRING,
+        ("attribute", "user_id"): _STRING,
+        ("attribute", "artifact_uri"): _STRING,
+        ("attribute", "start_time"): _NUMBER,
+        ("attribute", "end_time"): _NUMBER,
+        ("dataset", "name"): _STRING_OR_LIST,
+        ("dataset", "digest"): _STRING_OR_LIST,
+        ("dataset", "context"): _STRING_OR_LIST,
+    },
+    {"run name": "run_name", "created": "start_time"},
+    {"metric", "param", "tag"},
+    {"start_time", "end_time", "run_name", "run_id", "status", "user_id", "artifact_uri"},
+    {"run_id"},
+)
+EXPERIMENTS: Final = _grammar(
+    "experiments",
+    {"tag": _STRING},
+    {
+        ("attribute", "name"): _STRING,
+        ("attribute", "creation_time"): _NUMBER,
+        ("attribute", "last_update_time"): _NUMBER,
+    },
+    {},
+    set(),
+    {"name", "experiment_id", "creation_time", "last_update_time"},
+)
+REGISTERED_MODELS: Final = _grammar(
+    "registered_models",
+    {"tag": _STRING},
+    {("attribute", "name"): _STRING},
+    {"timestamp": "last_updated_timestamp"},
+    set(),
+    {"name", "creation_timestamp", "last_updated_timestamp"},
+)
+MODEL_VERSIONS: Final = _grammar(
+    "model_versions",
+    {"tag": _STRING},
+    {
+        ("attribute", "name"): _STRING,
+        ("attribute", "version_number"): Rule("number", NUMERIC_OPS | {"IN"}),
+        ("attribute", "run_id"): Rule("string", frozenset({"=", "!=", "IN", "NOT IN"})),
+        ("attribute", "source_path"): _STRING,
+    },
+    {},
+    set(),
+    {"name", "version_number", "creation_timestamp", "last_updated_timestamp"},
+    {"run_id"},
+)
+LOGGED_MODELS: Final = _grammar(
+    "logged_models",
+    {"metric": _NUMBER, "param": _STRING, "tag": _STRING},
+    {
+        ("attribute", "name"): _STRING,
+        ("attribute", "model_id"): _STRING,
+        ("attribute", "model_type"): _STRING,
+        ("attribute", "status"): _STRING,
+        ("attribute", "source_run_id"): _STRING,
+        ("attribute", "creation_timestamp"): _NUMBER,
+        ("attribute", "last_updated_timestamp"): _NUMBER,
+    },
+    {"creation_time": "creation_timestamp"},
+    set(),
+    {"name", "model_id", "creation_timestamp", "last_updated_timestamp"},
+)
+
+
+def _error(what: str, message: str, pos: int | None = None) -> InvalidParameter:
+    where = "" if pos is None else f" (at position {pos})"
+    return InvalidParameter(f"Invalid {what}: {message}{where}.")
+
+
+def _is_word_start(ch: str) -> bool:
+    return ch == "_" or "a" <= ch <= "z" or "A" <= ch <= "Z"
+
+
+def _is_word_char(ch: str) -> bool:
+    return _is_word_start(ch) or "0" <= ch <= "9"
+
+
+def _is_digit(ch: str) -> bool:
+    return "0" <= ch <= "9"
+
+
+def _unsafe_char(text: str, *, controls: bool) -> bool:
+    """NUL and lone surrogates break the drivers; control characters are refused in keys."""
+    for ch in text:
+        if ch == "\x00" or "\ud800" <= ch <= "\udfff":
+            return True
+        if controls and unicodedata.category(ch) == "Cc":
+            return True
+    return False
+
+
+class _Scanner:
+    """A cursor over one filter or ``order_by`` item; reads one token at a time.
+
+    The parser drives it: what a token is depends on where it stands (a double-quoted
+    token is a key before the comparator and a string after it).
+    """
+
+    __slots__ = ("pos", "text", "what")
+
+    def __init__(self, text: str, what: str) -> None:
+        self.text = text
+        self.what = what
+        self.pos = 0
+
+    def error(self, message: str) -> InvalidParameter:
+        return _error(self.what, message, self.pos)
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def at_end(self) -> bool:
+        """Skip white space; True when nothing is left."""
+        while self.pos < len(self.text) and self.text[self.pos] in _SPACE:
+            self.pos += 1
+        return self.pos >= len(self.text)
+
+    def word(self) -> str | None:
+        """A bare word (letters, digits, ``_``; not starting with a digit), or None."""
+        self.at_end()
+        start = self.pos
+        if not _is_word_start(self.peek()):
+            return None
+        while self.pos < len(self.text) and _is_word_char(self.text[self.pos]):
+            self.pos += 1
+        return self.text[start : self.pos]
+
+    def quoted(self, limit: int, too_long: str) -> str:
+        """The content of the quoted token at the cursor (the quote is the current char)."""
+        text, quote = self.text, self.text[self.pos]
+        self.pos += 1
+        out: list[str] = []
+        while True:
+            if self.pos >= len(text):
+                raise self.error("unterminated quoted text")
+            ch = text[self.pos]
+            nxt = text[self.pos + 1] if self.pos + 1 < len(text) else ""
+            if ch == "\\" and nxt in (quote, "\\"):
+                out.append(nxt)
+                self.pos += 2
+            elif ch == quote and nxt == quote:
+                out.append(quote)
+                self.pos += 2
+            elif ch == quote:
+                self.pos += 1
+                return "".join(out)
+            else:
+                out.append(ch)
+                self.pos += 1
+            if len(out) > limit:
+                raise self.error(too_long)
+
+    def identifier(self) -> tuple[Entity | None, str]:
+        """``[entity "."] key``: the entity (None when absent) and the unquoted key."""
+        self.at_end()
+        if self.peek() in ('"', "`"):
+            return None, self._key_token()
+        first = self.word()
+        if first is None:
+            raise self.error("expected an identifier")
+        if self.peek() != ".":
+            return None, first
+        entity = _ENTITIES.get(first.lower())
+        if entity is None:
+            raise self.error("unknown entity prefix")
+        self.pos += 1
+        if self.peek() in ('"', "`"):
+            return entity, self._key_token()
+        return entity, self._bare_key()
+
+    def _key_token(self) -> str:
+        start = self.pos
+        key = self.quoted(MAX_KEY_LENGTH, "key too long")
+        if not key or _unsafe_char(key, controls=True):
+            self.pos = start
+            raise self.error("empty key or control character in a key")
+        return key
+
+    def _bare_key(self) -> str:
+        start = self.pos
+        while self.pos < len(self.text):
+            ch = self.text[self.pos]
+            after_word = self.pos > start and _is_word_char(self.text[self.pos - 1])
+            if not (_is_word_char(ch) or (ch == "." and after_word)):
+                break
+            self.pos += 1
+            if self.pos - start > MAX_KEY_LENGTH:
+                raise self.error("key too long")
+        key = self.text[start : self.pos]
+        if not key or key.endswith("."):
+            raise self.error("expected a key (quote keys with special characters)")
+        return key
+
+    def comparator(self) -> Op:
+        self.at_end()
+        for symbol in _SYMBOLS:
+            if self.text.startswith(symbol, self.pos):
+                self.pos += len(symbol)
+                return symbol
+        start = self.pos
+        word = (self.word() or "").upper()
+        if word in _WORD_OPS:
+            return _WORD_OPS[word]
+        if word == "NOT" and (self.word() or "").upper() == "IN":
+            return "NOT IN"
+        self.pos = start
+        raise self.error("expected a comparator (=, !=, >, >=, <, <=, LIKE, ILIKE, IN, NOT IN)")
+
+    def value(self) -> tuple[str, float | str | list[tuple[str, float | str]]]:
+        """A literal: ("string", str), ("number", float) or ("list", items)."""
+        self.at_end()
+        ch = self.peek()
+        if ch in ("'", '"'):
+            return "string", self.quoted(MAX_STRING_LENGTH, "string literal too long")
+        if ch == "(":
+            return "list", self._items()
+        if _is_digit(ch) or (ch != "" and ch in "+-."):
+            return "number", self._number()
+        raise self.error("expected a quoted string, a number or a list")
+
+    def _items(self) -> list[tuple[str, float | str]]:
+        self.pos += 1  # "("
+        items: list[tuple[str, float | str]] = []
+        while True:
+            self.at_end()
+            ch = self.peek()
+            if ch in ("'", '"'):
+                items.append(("string", self.quoted(MAX_STRING_LENGTH, "string literal too long")))
+            elif _is_digit(ch) or (ch != "" and ch in "+-."):
+                items.append(("number", self._number()))
+            else:
+                raise self.error("expected a quoted string or a number in the list")
+            if len(items) > MAX_IN_ITEMS:
+                raise self.error(f"more than {MAX_IN_ITEMS} items in a list")
+            self.at_end()
+            ch = self.peek()
+            self.pos += 1
+            if ch == ")":
+                return items
+            if ch != ",":
+                self.pos -= 1
+                raise self.error("expected ',' or ')' in the list")
+
+    def _number(self) -> float:
+        text, start = self.text, self.pos
+        if self.peek() in ("+", "-"):
+            self.pos += 1
+        digits = self._digits()
+        if self.peek() == ".":
+            self.pos += 1
+            digits += self._digits()
+        if digits == 0:
+            raise self.error("malformed number")
+        if self.peek() in ("e", "E"):
+            self.pos += 1
+            if self.peek() in ("+", "-"):
+                self.pos += 1
+            if self._digits() == 0:
+                raise self.error("malformed number")
+        if self.pos < len(text) and text[self.pos] not in _SPACE + ",)":
+            raise self.error("malformed number")
+        number = float(text[start : self.pos])
+        if not math.isfinite(number):
+            raise self.error("number out of range")
+        return number
+
+    def _digits(self) -> int:
+        start = self.pos
+        while _is_digit(self.peek()):
+            self.pos += 1
+        return self.pos - start
+
+
+def _resolve(entity: Entity | None, key: str, grammar: Grammar) -> tuple[Entity, str, Rule | None]:
+    """Normalize the entity and key; the rule is None when the key is not filterable."""
+    resolved: Entity = entity or "attribute"
+    if resolved in grammar.any_key:
+        return resolved, key, grammar.any_key[resolved]
+    canonical = key.lower()
+    if resolved == "attribute":
+        canonical = grammar.aliases.get(canonical, canonical)
+    return resolved, canonical, grammar.keys.get((resolved, canonical))
+
+
+def _plain_string(scanner: _Scanner, text: str) -> str:
+    if _unsafe_char(text, controls=False):
+        raise scanner.error("NUL or invalid character in a string")
+    return text
+
+
+def _list_value(
+    scanner: _Scanner,
+    rule: Rule,
+    key: str,
+    items: list[tuple[str, float | str]],
+    grammar: Grammar,
+) -> tuple[str, ...]:
+    if rule.kind == "number":
+        numbers: list[str] = []
+        for kind, item in items:
+            text = str(item).strip() if kind == "string" else ""
+            if kind == "string" and (not text.isascii() or not text.isdigit() or len(text) > 18):
+                raise scanner.error("list items must be integers for this key")
+            if kind == "number" and not float(item).is_integer():
+                raise scanner.error("list items must be integers for this key")
+            numbers.append(str(int(text)) if kind == "string" else str(int(float(item))))
+        return tuple(numbers)
+    strings: list[str] = []
+    for kind, item in items:
+        if kind != "string":
+            raise scanner.error("list items must be quoted strings for this key")
+        strings.append(_plain_string(scanner, str(item)))
+    if key in grammar.lowercase_lists:
+        # Ids are lower-case hex: an upper-case item can never match, drop it.
+        strings = [s for s in strings if s == s.lower()]
+    return tuple(strings)
+
+
+def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
+    start = scanner.pos
+    entity, key, rule = _resolve(*scanner.identifier(), grammar)
+    if rule is None:
+        scanner.pos = start
+        raise scanner.error("unknown or unsupported key")
+    scanner.at_end()
+    op_start = scanner.pos
+    op = scanner.comparator()
+    if op not in rule.ops:
+        scanner.pos = op_start
+        raise scanner.error("comparator not supported for this key")
+    value_start = scanner.pos
+    kind, raw = scanner.value()
+    if (op in LIST_OPS) != (kind == "list"):
+        scanner.pos = value_start
+        raise scanner.error("IN and NOT IN take a list, other comparators a single value")
+    if isinstance(raw, list):
+        return Comparison(entity, key, op, _list_value(scanner, rule, key, raw, grammar))
+    if kind != rule.kind:
+        scanner.pos = value_start
+        raise scanner.error(f"expected a {'number' if rule.kind == 'number' else 'quoted string'}")
+    if isinstance(raw, float):
+        return Comparison(entity, key, op, raw)
+    return Comparison(entity, key, op, _plain_string(scanner, raw))
+
+
+def parse_filter(text: str | None, grammar: Grammar) -> list[Comparison]:
+    """Parse a search filter into the clauses of its AND.
+
+    Args:
+        text: the filter as the caller sent it; None or white space only means no filter.
+        grammar: what the searched thing allows (``RUNS``, ``EXPERIMENTS`` ...).
+
+    Returns:
+        The clauses, in order; ``[]`` for no filter.
+
+    Raises:
+        InvalidParameter: a syntax error, a key, comparator or value type the grammar
+            does not allow, or a cap exceeded (length, clauses, list items, string or
+            key length).
+    """
+    if text is None:
+        return []
+    if not isinstance(text, str) or len(text) > MAX_FILTER_LENGTH:
+        raise _error("filter", f"longer than {MAX_FILTER_LENGTH} characters or not text")
+    scanner = _Scanner(text, "filter")
+    if scanner.at_end():
+        return []
+    try:
+        return _clauses(scanner, grammar)
+    except InvalidParameter as exc:
+        logger.debug("%s filter refused: %s", grammar.name, exc.message)
+        raise
+
+
+def _clauses(scanner: _Scanner, grammar: Grammar) -> list[Comparison]:
+    clauses: list[Comparison] = []
+    while True:
+        if len(clauses) == MAX_CLAUSES:
+            raise scanner.error(f"more than {MAX_CLAUSES} clauses")
+        clauses.append(_clause(scanner, grammar))
+        if scanner.at_end():
+            return clauses
+        word = (scanner.word() or "").upper()
+        if word != "AND":
+            raise scanner.error(
+                "clauses must be joined by AND (OR, NOT and grouping are unsupported)"
+            )
+
+
+def _order_item(item: str, grammar: Grammar) -> OrderBy:
+    if not isinstance(item, str) or len(item) > MAX_ORDER_BY_ITEM_LENGTH:
+        raise _error("order_by", "item too long or not text")
+    scanner = _Scanner(item, "order_by")
+    entity, key = scanner.identifier()
+    resolved: Entity = entity or "attribute"
+    if resolved == "attribute":
+        key = grammar.aliases.get(key.lower(), key.lower())
+        if key not in grammar.order_keys:
+            raise _error("order_by", "unknown or unsupported sort key", 0)
+    elif resolved not in grammar.order_any_key:
+        raise _error("order_by", "unknown or unsupported sort key", 0)
+    ascending = True
+    if not scanner.at_end():
+        direction = (scanner.word() or "").upper()
+        if direction not in ("ASC", "DESC"):
+            raise scanner.error("expected ASC or DESC after the sort key")
+        ascending = direction == "ASC"
+        if not scanner.at_end():
+            raise scanner.error("unexpected text after the sort direction")
+    return OrderBy(resolved, key, ascending)
+
+
+def parse_order_by(items: Sequence[str] | None, grammar: Grammar) -> list[OrderBy]:
+    """Parse ``order_by`` items, each ``<identifier> [ASC|DESC]`` (ASC by default).
+
+    Raises:
+        InvalidParameter: more than ``MAX_ORDER_BY_ITEMS`` items, an item that is not
+            exactly one allowed identifier and an optional direction.
+    """
+    if not items:
+        return []
+    if isinstance(items, str) or len(items) > MAX_ORDER_BY_ITEMS:
+        raise _error("order_by", f"give a list of at most {MAX_ORDER_BY_ITEMS} items")
+    try:
+        return [_order_item(item, grammar) for item in items]
+    except InvalidParameter as exc:
+        logger.debug("%s order_by refused: %s", grammar.name, exc.message)
+        raise
+
+
+def encode_page_token(offset: int) -> str:
+    """An opaque token for the page starting at ``offset`` (base64 of ``{"offset": n}``)."""
+    if not 0 <= offset <= MAX_PAGE_OFFSET:
+        raise ValueError("page offset out of range")
+    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def decode_page_token(token: str | None) -> int:
+    """The offset a token from :func:`encode_page_token` stands for; None or "" is 0.
+
+    Raises:
+        InvalidParameter: a token this server did not make (bad base64 or JSON, another
+            shape, a negative or huge offset).
+    """
+    if token is None or token == "":
+        return 0
+    if not isinstance(token, str) or len(token) > MAX_PAGE_TOKEN_LENGTH:
+        raise _error("page_token", "malformed token")
+    try:
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        data = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeError):
+        raise _error("page_token", "malformed token") from None
+    offset = data.get("offset") if isinstance(data, dict) and len(data) == 1 else None
+    if type(offset) is not int or not 0 <= offset <= MAX_PAGE_OFFSET:
+        raise _error("page_token", "malformed token")
+    return offset

@@ -1,0 +1,116 @@
+"""Rules of logged models (MLflow 3): create pending, upload, finalize, link to runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session
+
+from shamal.db import Database
+from shamal.errors import InvalidParameter
+from shamal.security import AuditContext, AuditLog, Principal, Role
+from shamal.tracking import _models_store
+from shamal.tracking._entities import LOGGED_MODEL_STATUSES, LoggedModel, LoggedModelSpec, Page
+from shamal.tracking._filters import (
+    LOGGED_MODELS,
+    decode_page_token,
+    parse_filter,
+    parse_order_by,
+)
+from shamal.tracking._paging import page_of
+from shamal.tracking._search import logged_models_query
+
+if TYPE_CHECKING:
+    from shamal.tracking._service import TrackingService
+
+MAX_LOGGED_MODEL_RESULTS = 50
+
+
+class LoggedModelService:
+    """Logged models live in an experiment and follow its access rules."""
+
+    def __init__(self, db: Database, audit: AuditLog, tracking: TrackingService) -> None:
+        self._db = db
+        self._audit = audit
+        self._tracking = tracking
+
+    def get(self, principal: Principal, model_id: str, needed: Role = Role.VIEWER) -> LoggedModel:
+        with self._db.unit_of_work(write=False) as s:
+            model, team_id = _models_store.logged_model_row(s, model_id)
+        principal.require_owner_role(team_id, needed, f"Logged model '{model_id}'")
+        return model
+
+    def create(self, ctx: AuditContext, experiment_id: str, spec: LoggedModelSpec) -> LoggedModel:
+        principal = ctx.require_principal()
+        self._tracking.experiment(principal, experiment_id, Role.MEMBER)
+        if spec.source_run_id:
+            self._tracking.run_info(principal, spec.source_run_id, Role.MEMBER)
+        ctx.target = f"experiment:{experiment_id}/logged_model"
+
+        def work(s: Session) -> LoggedModel:
+            model = _models_store.insert_logged_model(
+                s, experiment_id, spec, principal.name, self._tracking.now_ms()
+            )
+            self._audit.record(s, ctx, f"logged_model:{model.model_id}", name=spec.name)
+            return model
+
+        return self._db.run(work)
+
+    def finalize(self, ctx: AuditContext, model_id: str, status: str) -> LoggedModel:
+        if status not in LOGGED_MODEL_STATUSES[1:]:
+            raise InvalidParameter(
+                "status must be LOGGED_MODEL_READY or LOGGED_MODEL_UPLOAD_FAILED."
+            )
+        principal = ctx.require_principal()
+        self.get(principal, model_id, Role.MEMBER)
+        self._change(ctx, model_id, {"status": status})
+        return self.get(principal, model_id)
+
+    def delete(self, ctx: AuditContext, model_id: str) -> None:
+        self.get(ctx.require_principal(), model_id, Role.MAINTAINER)
+        self._change(ctx, model_id, {"lifecycle_stage": "deleted"})
+
+    def _change(self, ctx: AuditContext, model_id: str, values: dict[str, object]) -> None:
+        ctx.target = f"logged_model:{model_id}"
+        values["last_updated_timestamp_ms"] = self._tracking.now_ms()
+
+        def work(s: Session) -> None:
+            _models_store.update_logged_model(s, model_id, values)
+            self._audit.record(s, ctx, ctx.target, **{k: str(v) for k, v in values.items()})
+
+        self._db.run(work)
+
+    def set_tags(self, principal: Principal, model_id: str, tags: dict[str, str]) -> LoggedModel:
+        self.get(principal, model_id, Role.MEMBER)
+        self._db.run(lambda s: _models_store.set_logged_model_tags(s, model_id, tags))
+        return self.get(principal, model_id)
+
+    def delete_tag(self, principal: Principal, model_id: str, key: str) -> None:
+        self.get(principal, model_id, Role.MEMBER)
+        self._db.run(lambda s: _models_store.delete_logged_model_tag(s, model_id, key))
+
+    def log_params(self, principal: Principal, model_id: str, params: dict[str, str]) -> None:
+        self.get(principal, model_id, Role.MEMBER)
+        self._db.run(lambda s: _models_store.set_logged_model_params(s, model_id, params))
+
+    def search(
+        self,
+        principal: Principal,
+        *,
+        experiment_ids: Sequence[str],
+        filter_string: str | None,
+        order_by: Sequence[str],
+        max_results: int,
+        page_token: str | None,
+    ) -> Page[LoggedModel]:
+        if not 1 <= max_results <= MAX_LOGGED_MODEL_RESULTS:
+            raise InvalidParameter(f"max_results must be between 1 and {MAX_LOGGED_MODEL_RESULTS}.")
+        ids = [int(self._tracking.experiment(principal, e).experiment_id) for e in experiment_ids]
+        query = logged_models_query(
+            ids, parse_filter(filter_string, LOGGED_MODELS), parse_order_by(order_by, LOGGED_MODELS)
+        )
+        offset = decode_page_token(page_token)
+        with self._db.unit_of_work(write=False) as s:
+            items = _models_store.page_of_logged_models(s, query, offset, max_results + 1)
+        return page_of(items, offset, max_results)

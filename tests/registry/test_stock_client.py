@@ -1,0 +1,295 @@
+"""The stock mlflow client is the judge: the registry against a real server, SQLite and PostgreSQL.
+
+The tests that register versions need the platform's source resolver
+(``TrackingService.resolve_model_source``) and runs with artifacts: they use
+sources the server itself minted (a run's ``artifact_uri``, ``runs:/...``).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import mlflow
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+
+from tests.live import LiveServer
+
+pytestmark = [
+    pytest.mark.slow,
+    # mlflow.pyfunc warns once, at import time, about its own type hints.
+    pytest.mark.filterwarnings("ignore:.*Any type hint is inferred:UserWarning"),
+]
+
+MODEL_CODE = """
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class Doubler(PythonModel):
+    def predict(self, context, model_input: list[int], params=None) -> list[int]:
+        return [FACTOR * x for x in model_input]
+
+
+mlflow.models.set_model(Doubler())
+"""
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _code(exc: pytest.ExceptionInfo[MlflowException]) -> str:
+    return str(exc.value.error_code)
+
+
+def _run_with_model(tmp_path: Path, factor: int = 2) -> tuple[str, str]:
+    """A run whose artifacts hold a pyfunc model at ``model/``; returns (run id, artifact uri)."""
+    import mlflow.pyfunc
+
+    code = tmp_path / f"doubler_{factor}.py"
+    code.write_text(MODEL_CODE.replace("FACTOR", str(factor)))
+    folder = tmp_path / f"model-{factor}"
+    mlflow.pyfunc.save_model(path=str(folder), python_model=str(code))
+    mlflow.set_experiment("registry-tests")
+    with mlflow.start_run() as run:
+        mlflow.log_artifacts(str(folder), artifact_path="model")
+    return run.info.run_id, str(run.info.artifact_uri)
+
+
+# ---------------------------------------------------------------------- no versions needed
+def test_registered_models_create_get_update_rename_tags_delete(mlflow_env: LiveServer) -> None:
+    client = MlflowClient()
+    name = _name("rm")
+    made = client.create_registered_model(name, tags={"team": "fraud"}, description="first")
+    assert (made.name, made.description, made.tags) == (name, "first", {"team": "fraud"})
+    assert made.creation_timestamp > 1_600_000_000_000
+    with pytest.raises(MlflowException) as dup:
+        client.create_registered_model(name)
+    assert _code(dup) == "RESOURCE_ALREADY_EXISTS"
+    client.update_registered_model(name, description="second")
+    client.set_registered_model_tag(name, "stage", "dev")
+    client.set_registered_model_tag(name, "long", "x" * 5000)
+    client.delete_registered_model_tag(name, "team")
+    got = client.get_registered_model(name)
+    assert (got.description, got.tags) == ("second", {"stage": "dev", "long": "x" * 5000})
+    assert got.last_updated_timestamp >= got.creation_timestamp
+    client.rename_registered_model(name, name + "-new")
+    with pytest.raises(MlflowException) as gone:
+        client.get_registered_model(name)
+    assert _code(gone) == "RESOURCE_DOES_NOT_EXIST"
+    assert client.get_registered_model(name + "-new").tags["stage"] == "dev"
+    client.delete_registered_model(name + "-new")
+    with pytest.raises(MlflowException) as deleted:
+        client.delete_registered_model(name + "-new")
+    assert _code(deleted) == "RESOURCE_DOES_NOT_EXIST"
+
+
+def test_search_registered_models_filter_order_and_pages(mlflow_env: LiveServer) -> None:
+    client = MlflowClient()
+    batch = uuid.uuid4().hex[:8]
+    names = [f"page-{batch}-{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        client.create_registered_model(name, tags={"batch": batch, "i": str(i)})
+    found = client.search_registered_models(
+        filter_string=f"name LIKE 'page-{batch}-%'", order_by=["name DESC"], max_results=2
+    )
+    assert [m.name for m in found] == names[::-1][:2]
+    seen = [m.name for m in found]
+    token = found.token
+    while token:
+        more = client.search_registered_models(
+            filter_string=f"tags.batch = '{batch}'",
+            order_by=["name DESC"],
+            max_results=2,
+            page_token=token,
+        )
+        seen += [m.name for m in more]
+        token = more.token
+    assert seen == names[::-1]
+    tagged = client.search_registered_models(
+        filter_string=f"tags.i = '3' AND tags.batch = '{batch}'"
+    )
+    assert [m.name for m in tagged] == [names[3]]
+    every = mlflow.search_registered_models(filter_string=f"name LIKE 'page-{batch}%'")
+    assert sorted(m.name for m in every) == names
+    for bad in ("name = 'x' OR 1=1", "name = 'x'; DROP TABLE registered_models; --", "1"):
+        with pytest.raises(MlflowException) as exc:
+            client.search_registered_models(filter_string=bad)
+        assert _code(exc) == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(MlflowException) as exc:
+        client.search_registered_models(order_by=["name; DROP TABLE registered_models"])
+    assert _code(exc) == "INVALID_PARAMETER_VALUE"
+    assert len(client.search_registered_models(filter_string=f"tags.batch = '{batch}'")) == 5
+
+
+def test_missing_things_are_404_and_unknown_endpoints_too(mlflow_env: LiveServer) -> None:
+    client = MlflowClient()
+    missing = _name("missing")
+    calls = [
+        lambda: client.get_registered_model(missing),
+        lambda: client.get_model_version(missing, "1"),
+        lambda: client.get_model_version_by_alias(missing, "prod"),
+        lambda: client.get_model_version_download_uri(missing, "1"),
+        lambda: client.set_registered_model_alias(missing, "prod", "1"),
+        lambda: client.delete_model_version(missing, "1"),
+    ]
+    for call in calls:
+        with pytest.raises(MlflowException) as exc:
+            call()
+        assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    with pytest.warns(FutureWarning, match="deprecated"), pytest.raises(MlflowException) as exc:
+        client.get_latest_versions(missing)
+    assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    name = _name("empty")
+    client.create_registered_model(name)
+    with pytest.raises(MlflowException) as exc:
+        client.get_model_version(name, "1")
+    assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    with pytest.raises(MlflowException) as exc:
+        client.get_model_version_by_alias(name, "prod")
+    assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    for path in ("registered-models/list", "model-versions/get-artifact"):
+        r = httpx.get(f"{mlflow_env.url}/api/2.0/mlflow/{path}", headers=headers)
+        assert (r.status_code, r.json()["error_code"]) == (404, "ENDPOINT_NOT_FOUND")
+    r = httpx.get(f"{mlflow_env.url}/ajax-api/2.0/mlflow/registered-models/search", headers=headers)
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "file:///etc/passwd",
+        "/etc",
+        "mlflow-artifacts://h:1/../../../../",
+        "mlflow-artifacts:/..%2f..%2fetc",
+        "s3://other-tenant-bucket/x",
+        "http://x/base?../../../etc",
+        "gopher://127.0.0.1:6379/_SET",
+    ],
+)
+def test_hostile_sources_are_refused_and_nothing_is_stored(
+    mlflow_env: LiveServer, source: str
+) -> None:
+    client = MlflowClient()
+    name = _name("hostile")
+    client.create_registered_model(name)
+    with pytest.raises(MlflowException) as exc:
+        client.create_model_version(name, source)
+    assert _code(exc) == "INVALID_PARAMETER_VALUE"
+    assert client.search_model_versions(f"name = '{name}'") == []
+    assert client.get_registered_model(name).latest_versions == []
+
+
+# ---------------------------------------------------------------------- versions (need tracking)
+def test_versions_create_get_search_update_tags_stages_delete(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    client = MlflowClient()
+    run_id, artifact_uri = _run_with_model(tmp_path)
+    name = _name("mv")
+    client.create_registered_model(name)
+    source = f"{artifact_uri}/model"
+    made = [
+        client.create_model_version(name, source, run_id=run_id, tags={"n": str(i)})
+        for i in range(3)
+    ]
+    assert [v.version for v in made] == ["1", "2", "3"]
+    first = client.get_model_version(name, "1")
+    assert (first.source, first.run_id, first.status, first.current_stage) == (
+        source,
+        run_id,
+        "READY",
+        "None",
+    )
+    assert first.tags == {"n": "0"}
+    client.update_model_version(name, "1", description="the first")
+    client.set_model_version_tag(name, "1", "k", "v" * 5000)
+    client.delete_model_version_tag(name, "1", "n")
+    first = client.get_model_version(name, "1")
+    assert (first.description, first.tags) == ("the first", {"k": "v" * 5000})
+    uri = client.get_model_version_download_uri(name, "1")
+    assert uri
+    assert not uri.startswith(("file:", "/"))
+    found = client.search_model_versions(f"name = '{name}'", order_by=["version_number ASC"])
+    assert [v.version for v in found] == ["1", "2", "3"]
+    page = client.search_model_versions(f"name = '{name}'", max_results=2)
+    assert [v.version for v in page] == ["3", "2"]
+    assert page.token
+    by_run = client.search_model_versions(f"run_id = '{run_id}' AND name = '{name}'")
+    assert len(by_run) == 3
+    for version, archive in (("1", False), ("2", True)):
+        with pytest.warns(FutureWarning, match="deprecated"):  # stages are deprecated, not gone
+            client.transition_model_version_stage(name, version, "Production", archive)
+    assert client.get_model_version(name, "1").current_stage == "Archived"
+    with pytest.warns(FutureWarning, match="deprecated"):  # stages are deprecated, not gone
+        latest = client.get_latest_versions(name, stages=["Production"])
+    assert [v.version for v in latest] == ["2"]
+    model = client.get_registered_model(name)
+    assert {v.current_stage: v.version for v in model.latest_versions} == {
+        "None": "3",
+        "Production": "2",
+        "Archived": "1",
+    }
+    client.delete_model_version(name, "3")
+    with pytest.raises(MlflowException) as exc:
+        client.get_model_version(name, "3")
+    assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    assert client.create_model_version(name, source, run_id=run_id).version == "4"
+
+
+def test_register_alias_move_and_load_by_alias(mlflow_env: LiveServer, tmp_path: Path) -> None:
+    import mlflow.pyfunc
+
+    client = MlflowClient()
+    name = _name("aliased")
+    run_a, _ = _run_with_model(tmp_path, factor=2)
+    run_b, _ = _run_with_model(tmp_path, factor=3)
+    v1 = mlflow.register_model(f"runs:/{run_a}/model", name)
+    v2 = mlflow.register_model(f"runs:/{run_b}/model", name)
+    assert (v1.version, v2.version) == ("1", "2")
+    client.set_registered_model_alias(name, "champion", "1")
+    assert mlflow.pyfunc.load_model(f"models:/{name}@champion").predict([1, 2]) == [2, 4]
+    client.set_registered_model_alias(name, "champion", "2")  # moves
+    by_alias = client.get_model_version_by_alias(name, "champion")
+    assert (by_alias.version, by_alias.aliases) == ("2", ["champion"])
+    assert mlflow.pyfunc.load_model(f"models:/{name}@champion").predict([1, 2]) == [3, 6]
+    assert mlflow.pyfunc.load_model(f"models:/{name}/1").predict([5]) == [10]
+    assert client.get_registered_model(name).aliases == {"champion": "2"}
+    for reserved in ("latest", "v1"):
+        with pytest.raises(MlflowException):
+            client.set_registered_model_alias(name, reserved, "1")
+    client.delete_registered_model_alias(name, "champion")
+    with pytest.raises(MlflowException) as exc:
+        client.get_model_version_by_alias(name, "champion")
+    assert _code(exc) == "RESOURCE_DOES_NOT_EXIST"
+    client.set_registered_model_alias(name, "gone-with-it", "1")
+    client.delete_model_version(name, "1")
+    assert client.get_registered_model(name).aliases == {}
+
+
+def test_eight_clients_register_at_once_unique_and_gapless(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    run_id, artifact_uri = _run_with_model(tmp_path)
+    name = _name("raced")
+    MlflowClient().create_registered_model(name)
+    barrier = threading.Barrier(8)
+
+    def register(_i: int) -> ModelVersion:
+        client = MlflowClient()
+        barrier.wait(timeout=60)
+        return client.create_model_version(name, f"{artifact_uri}/model", run_id=run_id)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        made = list(pool.map(register, range(8)))
+    assert sorted(int(v.version) for v in made) == list(range(1, 9))
+    stored = MlflowClient().search_model_versions(f"name = '{name}'")
+    assert sorted(int(v.version) for v in stored) == list(range(1, 9))
