@@ -59,9 +59,6 @@ class Fields:
     def raw(self, name: str) -> Any:
         return self._data.get(name)
 
-    def has(self, name: str) -> bool:
-        return self._data.get(name) is not None
-
     def text(self, name: str, *, required: bool = False, max_len: int = 100_000) -> str | None:
         value = self._data.get(name)
         if value is None or value == "":

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shamal.artifacts import ArtifactFile, ArtifactService, safe_relpath
-from shamal.db import Database
 from shamal.errors import InvalidParameter, NotFound
 from shamal.security import AuditContext, Principal, Role
 
@@ -52,8 +51,7 @@ def children(files: Iterable[ArtifactFile], folder: str) -> list[ListedFile]:
 class RunArtifacts:
     """The files of experiments, runs and logged models."""
 
-    def __init__(self, db: Database, artifacts: ArtifactService, tracking: TrackingService):
-        self._db = db
+    def __init__(self, artifacts: ArtifactService, tracking: TrackingService) -> None:
         self._artifacts = artifacts
         self._tracking = tracking
 

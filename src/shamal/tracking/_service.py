@@ -135,10 +135,9 @@ class TrackingService:
         self._db = db
         self._audit = audit
         self._security = security
-        self._artifacts = artifacts
         self._clock = clock
         self.models = LoggedModelService(db, audit, self)
-        self.files = RunArtifacts(db, artifacts, self)
+        self.files = RunArtifacts(artifacts, self)
 
     def now_ms(self) -> int:
         return int(self._clock().timestamp() * 1000)

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select, tuple_, update
+from sqlalchemy import Select, delete, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -477,7 +477,3 @@ def link_models(s: Session, run_id: str, links: Iterable[tuple[str, str, int]]) 
     rows = [{"run_id": run_id, "model_id": m, "direction": d, "step": step} for m, d, step in links]
     if rows:
         s.execute(_insert(s, RunModelLinkRow).on_conflict_do_nothing(), rows)
-
-
-def count_runs(s: Session) -> int:
-    return s.scalar(select(func.count()).select_from(RunRow)) or 0
