@@ -36,7 +36,8 @@ def api_schema(fuzz_platform: Platform) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
-GRAMMAR_PARAMETERS = {"filter", "order_by", "prefix", "path"}
+GRAMMAR_PARAMETERS = {"filter", "order_by", "prefix", "path", "digest", "since"}
+CROSS_FIELD = {("POST", "/api/v1/jobs")}
 
 
 def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.CheckFunction]:
@@ -45,9 +46,13 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     device names; a whitelist grammar). A schema-valid value may get 400 and a
     pattern-violating legal one 200, so the two data-acceptance checks do not apply to
     operations taking such parameters; the hostile path catalogue, the containment property
-    and the filter grammar's own tests cover them. Every other check still runs there."""
+    and the filter grammar's own tests cover them. The same holds for a content-addressed
+    snapshot (the body must hash to the ``digest`` in its path) and a report period (``since``
+    must lie in the past), and a job submission (whole GPUs, a GPU fraction and a MIG slice
+    exclude each other; pools and priority classes are configuration): tests/jobs covers them.
+    Every other check still runs there."""
     names = {p.name for part in ("path_parameters", "query") for p in getattr(operation, part)}
-    if names & GRAMMAR_PARAMETERS:
+    if names & GRAMMAR_PARAMETERS or (operation.method.upper(), operation.path) in CROSS_FIELD:
         return [checks.positive_data_acceptance, checks.negative_data_rejection]
     return []
 

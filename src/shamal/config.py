@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "GpuSettings",
     "LocalArtifactSettings",
+    "NodeSettings",
+    "PoolSettings",
+    "PriorityClassSettings",
+    "QuotaSettings",
+    "SchedulerSettings",
     "S3ArtifactSettings",
     "Settings",
     "is_loopback_host",
@@ -60,6 +66,106 @@ ArtifactSettings = Annotated[
 ]
 
 
+class GpuSettings(BaseModel):
+    """GPUs of one model on a declared node (``count`` of them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1, max_length=64, examples=["H100-80GB"])
+    memory_mib: int = Field(ge=1, examples=[81559])
+    count: int = Field(default=1, ge=1, le=64)
+    mig_slices: int = Field(default=0, ge=0, le=8, description="compute slices when in MIG mode")
+
+
+class NodeSettings(BaseModel):
+    """A node declared in configuration (tests, simulation, or machines NVML cannot see)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    cpus: float = Field(gt=0, le=4096)
+    memory_mib: int = Field(ge=1)
+    gpus: tuple[GpuSettings, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class PoolSettings(BaseModel):
+    """A pool of nodes; labels carry region and prices (``cost_per_gpu_hour``, ...)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    labels: dict[str, str] = Field(default_factory=dict)
+    nodes: tuple[NodeSettings, ...] = ()
+    local: bool = Field(
+        default=False, description="add this machine (CPUs, memory, detected GPUs) as a node"
+    )
+
+
+class QuotaSettings(BaseModel):
+    """A team's guaranteed share of a pool and what idle capacity it may borrow."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    team: str = Field(min_length=1, max_length=64)
+    pool: str = Field(min_length=1, max_length=64)
+    gpus: float = Field(default=0, ge=0)
+    cpus: float = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+    borrow_gpus: float = Field(default=0, ge=0)
+    borrow_cpus: float = Field(default=0, ge=0)
+    borrow_memory_mib: int = Field(default=0, ge=0)
+    cohort: str = "default"
+    weight: float = Field(default=1.0, gt=0)
+
+
+class PriorityClassSettings(BaseModel):
+    """A named priority; ``preempts``: may preempt lower classes; ``preemptible``: may be."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")
+    value: int
+    preempts: bool = True
+    preemptible: bool = True
+
+
+_DEFAULT_CLASSES = (
+    PriorityClassSettings(name="low", value=0, preempts=False),
+    PriorityClassSettings(name="normal", value=100),
+    PriorityClassSettings(name="high", value=1000),
+    PriorityClassSettings(name="critical", value=10000, preemptible=False),
+)
+
+
+class SchedulerSettings(BaseModel):
+    """The scheduler: its policy, executor, pools, quotas and priority classes.
+
+    Without any pool configured, one pool ``local`` holds this machine (its CPUs,
+    memory and the GPUs NVML detects). ``cluster_file`` (TOML with ``[[pools]]``,
+    ``[[quotas]]`` and ``[[priority_classes]]`` tables) adds to what is given here.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    policy: str | None = Field(default=None, description="policy name; default: the platform's")
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    tick_s: float = Field(default=1.0, gt=0, le=60)
+    grace_s: float = Field(default=30.0, ge=0, le=3600)
+    default_retries: int = Field(default=0, ge=0, le=100)
+    name: str | None = Field(
+        default=None,
+        description="this scheduler's name (default: host name); jobs it claims carry it",
+    )
+    pools: tuple[PoolSettings, ...] = ()
+    quotas: tuple[QuotaSettings, ...] = ()
+    priority_classes: tuple[PriorityClassSettings, ...] = _DEFAULT_CLASSES
+    default_priority: str = "normal"
+    cluster_file: Path | None = None
+
+
 class Settings(BaseSettings):
     """All of Shamal's configuration. Frozen once built."""
 
@@ -96,6 +202,7 @@ class Settings(BaseSettings):
         repr=False,
         description="Key of the audit hash chain (hex); default SHAMAL_HOME/keys/audit.key",
     )
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
 
     # ------------------------------------------------------------------ derived paths
     @property
@@ -111,6 +218,11 @@ class Settings(BaseSettings):
         if isinstance(self.artifacts, LocalArtifactSettings) and self.artifacts.root is not None:
             return self.artifacts.root
         return self.home / "artifacts"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Where the local executor unpacks snapshots and writes logs of running jobs."""
+        return self.home / "jobs"
 
     @property
     def keys_dir(self) -> Path:

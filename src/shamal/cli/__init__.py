@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shamal.cli import artifacts, audit, db, team, token, tracking, user
+from shamal.cli import artifacts, audit, db, job, team, token, tracking, user
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -25,6 +25,8 @@ app.add_typer(artifacts.app, name="artifacts")
 app.add_typer(tracking.experiments, name="experiments")
 app.add_typer(tracking.runs, name="runs")
 app.add_typer(tracking.models, name="models")
+app.add_typer(job.app, name="job")
+app.add_typer(job.cost, name="cost")
 
 
 def main() -> None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
 import httpx
 
+from shamal import snapshot
 from shamal.errors import NotFound, ServiceUnavailable, error_for_code
 
 __all__ = ["DEFAULT_URL", "ShamalClient", "default_token"]
@@ -309,3 +311,96 @@ class ShamalClient:
 
     def delete_artifact(self, team: str, path: str) -> None:
         self.request("DELETE", self._artifact_url(team, path))
+
+    # ------------------------------------------------------------------ jobs
+    def upload_snapshot(self, folder: Path) -> str:
+        """Pack ``folder`` (honouring .gitignore) and upload it unless already stored.
+
+        Returns the snapshot's sha256, which :meth:`submit_job` takes.
+        """
+        built = snapshot.build(folder)
+        try:
+            path = f"/api/v1/snapshots/{built.digest}"
+            try:
+                self.request("GET", path)
+            except NotFound:
+                with built.path.open("rb") as source:
+                    self.request(
+                        "PUT",
+                        path,
+                        content=iter(lambda: source.read(_CHUNK), b""),
+                        headers={"Content-Type": "application/octet-stream"},
+                        timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+                    )
+        finally:
+            built.path.unlink(missing_ok=True)
+        return built.digest
+
+    def submit_job(self, command: Sequence[str], **options: Any) -> dict[str, Any]:
+        """Queue a job; ``options`` are the fields of the API's JobIn (cpus, gpus, team, ...)."""
+        body = {"command": list(command), **{k: v for k, v in options.items() if v is not None}}
+        result: dict[str, Any] = self.request("POST", "/api/v1/jobs", json=body)
+        return result
+
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[str] = (),
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit, "state": list(states)}
+        if team is not None:
+            params["team"] = team
+        if user is not None:
+            params["user"] = user
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/jobs", params=params)
+        return result
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/jobs/{quote(job_id, safe='')}")
+        return result
+
+    def job_events(self, job_id: str) -> list[dict[str, Any]]:
+        url = f"/api/v1/jobs/{quote(job_id, safe='')}/events"
+        result: list[dict[str, Any]] = self.request("GET", url)
+        return result
+
+    def job_log(
+        self, job_id: str, *, offset: int = 0, attempt: int | None = None
+    ) -> tuple[bytes, int, bool, int]:
+        """(bytes from ``offset``, the next offset, whether the log is complete, attempt)."""
+        params: dict[str, Any] = {"offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        try:
+            response = self._http.get(f"/api/v1/jobs/{quote(job_id, safe='')}/logs", params=params)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"cannot reach Shamal at {self.url}") from exc
+        _raise_for(response)
+        next_offset = int(response.headers.get("X-Shamal-Next-Offset", offset))
+        complete = response.headers.get("X-Shamal-Complete") == "true"
+        number = int(response.headers.get("X-Shamal-Attempt", attempt or 0))
+        return response.content, next_offset, complete, number
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "POST", f"/api/v1/jobs/{quote(job_id, safe='')}/cancel"
+        )
+        return result
+
+    def preempt_job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "POST", f"/api/v1/jobs/{quote(job_id, safe='')}/preempt"
+        )
+        return result
+
+    def cost_report(
+        self, *, by: str = "team", since: datetime, until: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        params = {"by": by, "since": since.isoformat()}
+        if until is not None:
+            params["until"] = until.isoformat()
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/cost", params=params)
+        return result

@@ -14,6 +14,7 @@ import shamal
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
+from shamal.jobs import api as jobs_api
 from shamal.registry import api as registry_api
 from shamal.registry import mlflow_api as registry_mlflow
 from shamal.security import api as security_api
@@ -49,6 +50,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.artifacts = platform.artifacts
     app.state.tracking = platform.tracking
     app.state.registry = platform.registry
+    app.state.jobs = platform.jobs
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -96,6 +98,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(tracking_mlflow.router)
     app.include_router(registry_mlflow.router)
     app.include_router(registry_api.router)
+    app.include_router(jobs_api.router)
     return app
 
 

@@ -8,11 +8,17 @@ from dataclasses import dataclass
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, upgrade
+from shamal.jobs import JobService, build_cluster, effective_settings
 from shamal.registry import RegistryService
+from shamal.scheduler._resources import Cluster, Gpu
 from shamal.security import AuditLog, SecurityService, load_or_create_key
 from shamal.tracking import TrackingService
 
 logger = logging.getLogger(__name__)
+
+
+def detect_local_gpus() -> list[Gpu]:  # TODO(integration): executors' NVML detection
+    return []
 
 
 @dataclass
@@ -31,6 +37,8 @@ class Platform:
     artifacts: ArtifactService
     tracking: TrackingService
     registry: RegistryService
+    jobs: JobService
+    cluster: Cluster
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -53,6 +61,9 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     artifacts = ArtifactService(db, blobs, audit, security)
     tracking = TrackingService(db, audit, security, artifacts)
     registry = RegistryService(db, audit, tracking)
+    scheduler_settings = effective_settings(settings.scheduler)
+    cluster = build_cluster(scheduler_settings, detect_local_gpus)
+    jobs = JobService(db, audit, security, artifacts, scheduler_settings, cluster.pools.values())
     return Platform(
         settings=settings,
         db=db,
@@ -62,5 +73,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         artifacts=artifacts,
         tracking=tracking,
         registry=registry,
+        jobs=jobs,
+        cluster=cluster,
         admin_secret=admin_secret,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from shamal.db.models._base import Base, UTCDateTime
 from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
+from shamal.db.models.jobs import JobAttemptRow, JobEventRow, JobRow
 from shamal.db.models.registry import (
     ModelAliasRow,
     ModelVersionRow,
@@ -38,6 +39,9 @@ __all__ = [
     "DatasetRow",
     "ExperimentRow",
     "ExperimentTagRow",
+    "JobAttemptRow",
+    "JobEventRow",
+    "JobRow",
     "LatestMetricRow",
     "LoggedModelParamRow",
     "LoggedModelRow",

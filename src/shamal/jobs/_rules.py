@@ -1,0 +1,96 @@
+"""Validation of what users submit: every limit in one place, each error says what to do."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+
+from shamal.config import SchedulerSettings
+from shamal.errors import InvalidParameter
+from shamal.jobs._entities import JobSpec
+
+MAX_ARGS, MAX_ARG_CHARS = 1000, 4096
+MAX_ENV, MAX_ENV_VALUE = 200, 32 * 1024
+MAX_NAME = 256
+MAX_CPUS, MAX_MEMORY_MIB, MAX_GPUS, MAX_WORKERS = 1024, 16 * 1024 * 1024, 64, 256
+MAX_TIME_LIMIT_S = 30 * 24 * 3600.0
+MAX_RETRIES = 100
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]{1,3}gb$")
+RESERVED_ENV_PREFIXES = ("SHAMAL_", "MLFLOW_TRACKING_TOKEN", "CUDA_VISIBLE_DEVICES")
+
+
+def check_text(what: str, value: str, limit: int) -> str:
+    if "\x00" in value:
+        raise InvalidParameter(f"{what} must not contain NUL characters")
+    if len(value) > limit:
+        raise InvalidParameter(f"{what} is longer than {limit} characters")
+    return value
+
+
+def check_command(command: tuple[str, ...]) -> tuple[str, ...]:
+    if not command:
+        raise InvalidParameter("a job needs a command: `shamal job submit -- python train.py`")
+    if len(command) > MAX_ARGS:
+        raise InvalidParameter(f"a command may have at most {MAX_ARGS} arguments")
+    return tuple(check_text("a command argument", arg, MAX_ARG_CHARS) for arg in command)
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    if len(env) > MAX_ENV:
+        raise InvalidParameter(f"at most {MAX_ENV} environment variables")
+    clean: dict[str, str] = {}
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise InvalidParameter(f"{key[:64]!r} is not an environment variable name")
+        if key.startswith(RESERVED_ENV_PREFIXES):
+            raise InvalidParameter(f"{key} is set by the platform and cannot be given")
+        clean[key] = check_text(f"environment variable {key}", value, MAX_ENV_VALUE)
+    return clean
+
+
+def _check_range(what: str, value: float, low: float, high: float, *, low_open: bool) -> None:
+    too_low = value <= low if low_open else value < low
+    if too_low or value > high or value != value:  # noqa: PLR0124 - NaN check
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise InvalidParameter(f"{what} must be {bound} and <= {high:g}")
+
+
+def check_resources(spec: JobSpec) -> None:
+    """Raises InvalidParameter for requests no scheduler could ever honour."""
+    _check_range("--cpus", spec.cpus, 0, MAX_CPUS, low_open=True)
+    _check_range("--memory", spec.memory_mib, 1, MAX_MEMORY_MIB, low_open=False)
+    _check_range("--gpus", spec.gpus, 0, MAX_GPUS, low_open=False)
+    _check_range("--workers", spec.workers, 1, MAX_WORKERS, low_open=False)
+    forms = (spec.gpus > 0) + (spec.gpu_fraction > 0) + (spec.mig_profile is not None)
+    if forms > 1:
+        raise InvalidParameter("ask for --gpus, --gpu-fraction or --mig, not several")
+    if spec.gpu_fraction:
+        _check_range("--gpu-fraction", spec.gpu_fraction, 0, 0.999, low_open=True)
+    if spec.mig_profile is not None and not _MIG_PROFILE.match(spec.mig_profile):
+        raise InvalidParameter("--mig takes a MIG profile such as 1g.10gb or 3g.40gb")
+    if spec.time_limit_s is not None:
+        _check_range("--time-limit", spec.time_limit_s, 0, MAX_TIME_LIMIT_S, low_open=True)
+    if spec.retries is not None:
+        _check_range("--retries", spec.retries, 0, MAX_RETRIES, low_open=False)
+    for model in spec.gpu_models:
+        check_text("a GPU model", model, 64)
+
+
+def check_pool(settings: SchedulerSettings, pool: str | None, known: set[str]) -> str | None:
+    del settings
+    if pool is not None and pool not in known:
+        names = ", ".join(sorted(known)) or "none"
+        raise InvalidParameter(f"no pool named {pool[:64]!r} (pools: {names})")
+    return pool
+
+
+def default_name(command: tuple[str, ...]) -> str:
+    """A job's name when none is given: the command's first words."""
+    return " ".join(command)[:80]
+
+
+def fingerprint(command: tuple[str, ...]) -> str:
+    """A stable digest of the command: what the runtime predictor groups history by."""
+    return hashlib.sha256("\x00".join(command).encode()).hexdigest()[:32]

@@ -1,0 +1,361 @@
+"""Rules of jobs: who may submit, see, cancel and preempt them; every change audited.
+
+Access: a job belongs to a team. Members of the team submit and cancel its jobs,
+viewers see them and their logs; another team's job answers 404. Priorities above
+the default class need the team's maintainer role; ``preempt`` is for platform
+admins. Platform admins see and do everything; an admin may run jobs without a team.
+
+The scheduler loop drives jobs through their states with the methods of
+:class:`JobLifecycle`; this class only takes requests from people.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from shamal import snapshot
+from shamal.artifacts import ArtifactService
+from shamal.config import SchedulerSettings
+from shamal.db import Database
+from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
+from shamal.jobs import _cost, _rules, _store
+from shamal.jobs._entities import CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.scheduler._resources import GPU_MILLI, Pool
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
+from shamal.security._audit import Clock
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "jobs"
+"""Artifact namespace of snapshots and logs (access is checked here, by job)."""
+MAX_LIST = 1000
+MAX_LOG_READ = 1024 * 1024
+
+
+def snapshot_path(digest: str) -> str:
+    return f"snapshots/{digest}.tar.gz"
+
+
+def log_prefix(job_id: str, attempt: int) -> str:
+    return f"logs/{job_id}/{attempt}"
+
+
+def _visibility(principal: Principal) -> _store.Visibility:
+    return None if principal.user.is_admin else frozenset(principal.roles)
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Bytes of one attempt's log from ``offset``; ``complete``: nothing more will come."""
+
+    data: bytes
+    offset: int
+    next_offset: int
+    attempt: int
+    complete: bool
+
+
+class JobService:
+    """Submit, list, show, cancel and preempt jobs; read their logs and their cost.
+
+    Thread-safe; one instance per process. Changes take the request's AuditContext and
+    record their audit entry in the transaction that makes the change.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        audit: AuditLog,
+        security: SecurityService,
+        artifacts: ArtifactService,
+        settings: SchedulerSettings,
+        pools: Iterable[Pool],
+        clock: Clock = utc_now,
+    ) -> None:
+        self._db = db
+        self._audit = audit
+        self._security = security
+        self._artifacts = artifacts
+        self._settings = settings
+        self._pools = {pool.name: pool for pool in pools}
+        self._classes = {c.name: c for c in settings.priority_classes}
+        self._clock = clock
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_size(self, principal: Principal, digest: str) -> int:
+        """The stored snapshot's size.
+
+        Raises:
+            NotFound: not uploaded (yet).
+        """
+        del principal  # any account may ask: the digest reveals nothing it did not send
+        if not snapshot.is_digest(digest):
+            raise InvalidParameter("a snapshot is named by its sha256 (64 lowercase hex digits)")
+        try:
+            return self._artifacts.file_info(NAMESPACE, snapshot_path(digest)).size
+        except NotFound:
+            raise NotFound(f"snapshot {digest[:12]} is not stored: upload it first") from None
+
+    def has_snapshot(self, principal: Principal, digest: str) -> bool:
+        try:
+            self.snapshot_size(principal, digest)
+        except NotFound:
+            return False
+        return True
+
+    def store_snapshot(self, ctx: AuditContext, digest: str, chunks: Iterable[bytes]) -> int:
+        """Store an uploaded snapshot after checking its sha256 and that it is one.
+
+        Raises:
+            InvalidParameter: the digest does not match the bytes, or the archive holds
+                anything a snapshot may not (links, escaping names, too much data).
+        """
+        if not snapshot.is_digest(digest):
+            raise InvalidParameter("a snapshot is named by its sha256 (64 lowercase hex digits)")
+        with tempfile.TemporaryDirectory(prefix="shamal-upload-") as tmp:
+            path = Path(tmp) / "snapshot.tar.gz"
+            hasher = hashlib.sha256()
+            size = 0
+            with path.open("wb") as handle:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if size > snapshot.MAX_SNAPSHOT_BYTES:
+                        raise InvalidParameter("snapshot is larger than a snapshot may be")
+                    hasher.update(chunk)
+                    handle.write(chunk)
+            if hasher.hexdigest() != digest:
+                raise InvalidParameter("the uploaded bytes do not match the snapshot's sha256")
+            try:
+                snapshot.check(path)
+            except snapshot.SnapshotError as exc:
+                raise InvalidParameter(str(exc)) from None
+            ctx.target = f"snapshot:{digest}"
+            with path.open("rb") as handle:
+                self._artifacts.store_file(
+                    ctx, NAMESPACE, snapshot_path(digest), iter(lambda: handle.read(1 << 20), b"")
+                )
+        return size
+
+    def open_snapshot(self, digest: str) -> Iterator[bytes]:
+        """The snapshot's bytes, for the executor that unpacks it."""
+        return self._artifacts.read_file(NAMESPACE, snapshot_path(digest))[1]
+
+    # ------------------------------------------------------------------ submit
+    def _team(self, principal: Principal, team: str | None) -> tuple[str, str | None]:
+        """(team name, team id) the job belongs to."""
+        if team is None:
+            if len(principal.roles) == 1:
+                team = next(iter(principal.roles))
+            elif principal.user.is_admin and not principal.roles:
+                return "", None
+            else:
+                names = ", ".join(sorted(principal.roles)) or "none"
+                raise InvalidParameter(f"say which team runs this job with --team (yours: {names})")
+        found = self._security.authorize_team(principal, team, Role.MEMBER)
+        return found.name, found.id
+
+    def _priority(self, principal: Principal, team: str, name: str | None) -> tuple[str, int]:
+        default = self._classes[self._settings.default_priority]
+        chosen = self._classes.get(name or default.name)
+        if chosen is None:
+            names = ", ".join(self._classes)
+            raise InvalidParameter(f"no priority class {name!r} (classes: {names})")
+        elevated = chosen.value > default.value and not principal.user.is_admin
+        if elevated and principal.roles.get(team, Role.VIEWER) < Role.MAINTAINER:
+            raise PermissionDenied(
+                f"priority {chosen.name} needs the maintainer role in team {team}"
+            )
+        return chosen.name, chosen.value
+
+    def submit(self, ctx: AuditContext, spec: JobSpec) -> Job:
+        """Queue a job.
+
+        Raises:
+            InvalidParameter: a malformed request, an unknown pool, class or snapshot.
+            NotFound / PermissionDenied: the team is not the caller's, or the role is low.
+        """
+        principal = ctx.require_principal()
+        command = _rules.check_command(spec.command)
+        env = _rules.check_env(spec.env)
+        _rules.check_resources(spec)
+        pool = _rules.check_pool(self._settings, spec.pool, set(self._pools))
+        team, team_id = self._team(principal, spec.team)
+        priority, value = self._priority(principal, team, spec.priority)
+        if spec.snapshot is not None and not self.has_snapshot(principal, spec.snapshot):
+            raise InvalidParameter("unknown snapshot: upload it before submitting the job")
+        now = self._clock()
+        retries = self._settings.default_retries if spec.retries is None else spec.retries
+        job = Job(
+            id=uuid.uuid4().hex,
+            name=_rules.check_text("--name", spec.name, _rules.MAX_NAME)
+            or _rules.default_name(command),
+            team=team,
+            user=principal.name,
+            command=command,
+            env=env,
+            snapshot=spec.snapshot,
+            cpu_milli=round(spec.cpus * 1000),
+            memory_mib=spec.memory_mib,
+            gpus=spec.gpus,
+            gpu_milli=round(spec.gpu_fraction * GPU_MILLI),
+            mig_profile=spec.mig_profile,
+            gpu_models=tuple(spec.gpu_models),
+            workers=spec.workers,
+            pool=pool,
+            priority=priority,
+            priority_value=value,
+            time_limit_s=spec.time_limit_s,
+            max_retries=retries,
+            retries_used=0,
+            attempt=0,
+            state=JobState.QUEUED,
+            reason="submitted",
+            exit_code=None,
+            submitted_at=now,
+            updated_at=now,
+            started_at=None,
+            finished_at=None,
+            placement=None,
+            handle=None,
+            claimed_by=None,
+            stop_request=None,
+            attained_s=0.0,
+            preemptions=0,
+            fingerprint=_rules.fingerprint(command),
+            predicted_s=None,
+        )
+
+        def work(s: Session) -> Job:
+            stored = _store.insert_job(s, job, team_id, principal.name)
+            self._audit.record(
+                s, ctx, f"job:{job.id}", team=team, command=list(command[:8]), priority=priority
+            )
+            return stored
+
+        return self._db.run(work)
+
+    # ------------------------------------------------------------------ read
+    def get(self, principal: Principal, job_id: str) -> Job:
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get_job(s, job_id, _visibility(principal))
+
+    def list_jobs(
+        self,
+        principal: Principal,
+        *,
+        states: Iterable[JobState] = (),
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
+        with self._db.unit_of_work(write=False) as s:
+            return _store.list_jobs(
+                s, _visibility(principal), states=set(states), team=team, user=user, limit=limit
+            )
+
+    def events(self, principal: Principal, job_id: str) -> list[JobEvent]:
+        with self._db.unit_of_work(write=False) as s:
+            job = _store.get_job(s, job_id, _visibility(principal))
+            return _store.events(s, job.id)
+
+    def read_log(
+        self, principal: Principal, job_id: str, attempt: int | None, offset: int
+    ) -> LogChunk:
+        """Up to 1 MiB of an attempt's log from ``offset`` (default: the latest attempt)."""
+        job = self.get(principal, job_id)
+        number = job.attempt if attempt is None else attempt
+        if offset < 0 or not 0 <= number <= job.attempt:
+            raise InvalidParameter(f"attempt must be between 1 and {job.attempt}; offset >= 0")
+        data = bytearray()
+        position = offset
+        for item in self._artifacts.files_under(NAMESPACE, log_prefix(job.id, number)):
+            start = int(item.path.rsplit("/", 1)[-1])
+            if start + item.size <= position or start > position:
+                continue
+            _, chunks = self._artifacts.read_file(NAMESPACE, item.path)
+            blob = b"".join(chunks)
+            data += blob[position - start :]
+            position = start + len(blob)
+            if len(data) >= MAX_LOG_READ:
+                break
+        ended = job.state not in (JobState.ADMITTED, JobState.RUNNING) or number < job.attempt
+        return LogChunk(bytes(data), offset, position, number, ended and not data)
+
+    # ------------------------------------------------------------------ stop
+    def cancel(self, ctx: AuditContext, job_id: str) -> Job:
+        """Cancel: at once when queued; a running job is stopped by its scheduler."""
+        principal = ctx.require_principal()
+        job = self.get(principal, job_id)
+        if not principal.user.is_admin:
+            principal.require_team_role(job.team, Role.MEMBER)
+        return self._stop(ctx, job, "cancel")
+
+    def preempt(self, ctx: AuditContext, job_id: str) -> Job:
+        """Push a running job through the preemption path (admins only)."""
+        principal = ctx.require_principal()
+        principal.require_admin()
+        job = self.get(principal, job_id)
+        if job.state not in (JobState.ADMITTED, JobState.RUNNING):
+            raise Conflict(f"job {job.id[:12]} is {job.state.value}: only running jobs preempt")
+        return self._stop(ctx, job, "preempt")
+
+    def _stop(self, ctx: AuditContext, job: Job, what: str) -> Job:
+        now = self._clock()
+
+        def work(s: Session) -> Job:
+            done = _store.transition(
+                s,
+                job.id,
+                JobState.QUEUED,
+                JobState.CANCELLED,
+                at=now,
+                actor=ctx.actor,
+                reason=f"cancelled by {ctx.actor}",
+                finished_at=now,
+            )
+            if done is None or what != "cancel":
+                current = _store.get_job(s, job.id)
+                if current.state not in (JobState.ADMITTED, JobState.RUNNING):
+                    if what == "cancel" and done is None:
+                        raise Conflict(
+                            f"job {job.id[:12]} is {current.state.value}: nothing to cancel"
+                        )
+                else:
+                    _store.set_fields(s, job.id, stop_request=what)
+                done = _store.get_job(s, job.id)
+            self._audit.record(s, ctx, f"job:{job.id}", request=what)
+            return done
+
+        return self._db.run(work)
+
+    # ------------------------------------------------------------------ cost
+    def cost_report(
+        self,
+        principal: Principal,
+        *,
+        by: str,
+        since: datetime,
+        until: datetime | None = None,
+    ) -> list[CostLine]:
+        """Usage and cost per ``by`` (team, pool, user or job) over [since, until)."""
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+        until = until if until is None or until.tzinfo else until.replace(tzinfo=UTC)
+        end = until or self._clock()
+        if end - since > timedelta(days=3660) or since >= end:
+            raise InvalidParameter("the period must be non-empty and at most ten years")
+        with self._db.unit_of_work(write=False) as s:
+            attempts = _store.attempts_overlapping(s, since, end, _visibility(principal))
+        open_end = self._clock()
+        closed = [a if a.ended_at else replace(a, ended_at=open_end) for a in attempts]
+        return _cost.report(closed, self._pools, by=by, since=since, until=end)

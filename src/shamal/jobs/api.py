@@ -1,0 +1,322 @@
+"""Native HTTP API of jobs and cost: what the CLI and the SDK use."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from shamal._api import ERROR_RESPONSES
+from shamal.artifacts._streaming import consume_body
+from shamal.jobs._entities import CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.jobs._rules import MAX_ARG_CHARS, MAX_ARGS, MAX_NAME
+from shamal.jobs._service import MAX_LIST, JobService
+from shamal.security import AuditContext
+from shamal.security.api import CurrentPrincipal, audited
+
+logger = logging.getLogger(__name__)
+
+
+def get_jobs(request: Request) -> JobService:
+    service: JobService = request.app.state.jobs
+    return service
+
+
+Jobs = Annotated[JobService, Depends(get_jobs)]
+JobId = Annotated[str, Path(min_length=6, max_length=32, pattern=r"^[0-9a-f]+$")]
+Digest = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_NO_NUL = r"^[^\x00]*$"
+_ENV_NAME = r"^(?!SHAMAL_|MLFLOW_TRACKING_TOKEN|CUDA_VISIBLE_DEVICES)[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class JobIn(_Model):
+    """A job to queue. Resources are per worker; ``workers`` > 1 is a gang.
+
+    At most one of ``gpus``, ``gpu_fraction`` and ``mig_profile`` may be given.
+    """
+
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
+
+    command: list[Annotated[str, Field(max_length=MAX_ARG_CHARS, pattern=_NO_NUL)]] = Field(
+        min_length=1, max_length=MAX_ARGS, examples=[["python", "train.py", "--epochs", "3"]]
+    )
+    name: str = Field(default="", max_length=MAX_NAME, pattern=_NO_NUL)
+    team: str | None = Field(default=None, max_length=64)
+    priority: str | None = Field(default=None, max_length=32)
+    cpus: float = Field(default=1.0, gt=0, le=1024)
+    memory_mib: int = Field(default=2048, ge=1, le=16 * 1024 * 1024)
+    gpus: int = Field(default=0, ge=0, le=64)
+    gpu_fraction: float = Field(default=0.0, ge=0, lt=1)
+    mig_profile: str | None = Field(default=None, pattern=r"^[1-7]g\.[0-9]{1,3}gb$")
+    gpu_models: list[Annotated[str, Field(max_length=64, pattern=_NO_NUL)]] = Field(
+        default=[], max_length=16
+    )
+    workers: int = Field(default=1, ge=1, le=256)
+    pool: str | None = Field(default=None, max_length=64)
+    time_limit_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
+    retries: int | None = Field(default=None, ge=0, le=100)
+    env: dict[
+        Annotated[str, Field(max_length=128, pattern=_ENV_NAME)],
+        Annotated[str, Field(max_length=32768, pattern=_NO_NUL)],
+    ] = Field(default={}, max_length=200)
+    snapshot: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    def spec(self) -> JobSpec:
+        return JobSpec(
+            command=tuple(self.command),
+            name=self.name,
+            team=self.team,
+            priority=self.priority,
+            cpus=self.cpus,
+            memory_mib=self.memory_mib,
+            gpus=self.gpus,
+            gpu_fraction=self.gpu_fraction,
+            mig_profile=self.mig_profile,
+            gpu_models=tuple(self.gpu_models),
+            workers=self.workers,
+            pool=self.pool,
+            time_limit_s=self.time_limit_s,
+            retries=self.retries,
+            env=dict(self.env),
+            snapshot=self.snapshot,
+        )
+
+
+class JobOut(_Model):
+    """A job and where it stands."""
+
+    id: str
+    name: str
+    team: str
+    user: str
+    state: str = Field(examples=["queued", "running", "succeeded"])
+    reason: str
+    command: list[str]
+    priority: str
+    pool: str | None
+    cpus: float
+    memory_mib: int
+    gpus: int
+    gpu_fraction: float
+    mig_profile: str | None
+    workers: int
+    resources: str
+    time_limit_s: float | None
+    attempt: int
+    max_retries: int
+    retries_used: int
+    preemptions: int
+    exit_code: int | None
+    snapshot: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    placement: dict[str, Any] | None
+    stop_request: str | None
+    attained_s: float
+    predicted_s: float | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            id=job.id,
+            name=job.name,
+            team=job.team,
+            user=job.user,
+            state=job.state.value,
+            reason=job.reason,
+            command=list(job.command),
+            priority=job.priority,
+            pool=job.pool,
+            cpus=job.cpu_milli / 1000,
+            memory_mib=job.memory_mib,
+            gpus=job.gpus,
+            gpu_fraction=job.gpu_milli / 1000,
+            mig_profile=job.mig_profile,
+            workers=job.workers,
+            resources=job.resources_text,
+            time_limit_s=job.time_limit_s,
+            attempt=job.attempt,
+            max_retries=job.max_retries,
+            retries_used=job.retries_used,
+            preemptions=job.preemptions,
+            exit_code=job.exit_code,
+            snapshot=job.snapshot,
+            submitted_at=job.submitted_at,
+            updated_at=job.updated_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            placement=dict(job.placement) if job.placement else None,
+            stop_request=job.stop_request,
+            attained_s=job.attained_s,
+            predicted_s=job.predicted_s,
+        )
+
+
+class EventOut(_Model):
+    at: datetime
+    from_state: str | None
+    to_state: str
+    attempt: int
+    actor: str
+    reason: str
+
+    @classmethod
+    def of(cls, event: JobEvent) -> EventOut:
+        return cls(
+            at=event.at,
+            from_state=event.from_state.value if event.from_state else None,
+            to_state=event.to_state.value,
+            attempt=event.attempt,
+            actor=event.actor,
+            reason=event.reason,
+        )
+
+
+class SnapshotOut(_Model):
+    digest: str
+    size: int
+
+
+class CostOut(_Model):
+    key: str
+    jobs: int
+    attempts: int
+    gpu_seconds: float
+    cpu_seconds: float
+    memory_gib_seconds: float
+    cost: float
+
+    @classmethod
+    def of(cls, line: CostLine) -> CostOut:
+        return cls(
+            key=line.key,
+            jobs=line.jobs,
+            attempts=line.attempts,
+            gpu_seconds=line.gpu_seconds,
+            cpu_seconds=line.cpu_seconds,
+            memory_gib_seconds=line.memory_gib_seconds,
+            cost=line.cost,
+        )
+
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=ERROR_RESPONSES)
+
+
+@router.get("/snapshots/{digest}", summary="Whether a code snapshot is stored (404 if not)")
+def get_snapshot(digest: Digest, svc: Jobs, principal: CurrentPrincipal) -> SnapshotOut:
+    return SnapshotOut(digest=digest, size=svc.snapshot_size(principal, digest))
+
+
+@router.put(
+    "/snapshots/{digest}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload a code snapshot (a .tar.gz named by its sha256)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def put_snapshot(
+    digest: Digest,
+    request: Request,
+    svc: Jobs,
+    ctx: Annotated[AuditContext, Depends(audited("job.snapshot"))],
+) -> SnapshotOut:
+    size = await consume_body(request, lambda chunks: svc.store_snapshot(ctx, digest, chunks))
+    return SnapshotOut(digest=digest, size=size)
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, summary="Queue a job")
+def submit_job(
+    body: JobIn, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.submit"))]
+) -> JobOut:
+    return JobOut.of(svc.submit(ctx, body.spec()))
+
+
+@router.get("/jobs", summary="Jobs you can see, newest first")
+def list_jobs(
+    svc: Jobs,
+    principal: CurrentPrincipal,
+    state: Annotated[list[JobState], Query(max_length=8)] = [],  # noqa: B006 - FastAPI copies
+    team: Annotated[str | None, Query(max_length=64)] = None,
+    user: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
+) -> list[JobOut]:
+    jobs = svc.list_jobs(principal, states=state, team=team, user=user, limit=limit)
+    return [JobOut.of(job) for job in jobs]
+
+
+@router.get("/jobs/{job_id}", summary="One job (its id or a unique prefix of 6+ characters)")
+def get_job(job_id: JobId, svc: Jobs, principal: CurrentPrincipal) -> JobOut:
+    return JobOut.of(svc.get(principal, job_id))
+
+
+@router.get("/jobs/{job_id}/events", summary="Every state transition of a job, oldest first")
+def job_events(job_id: JobId, svc: Jobs, principal: CurrentPrincipal) -> list[EventOut]:
+    return [EventOut.of(event) for event in svc.events(principal, job_id)]
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    summary="A job's log from a byte offset (headers say where the next read starts)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def job_logs(
+    job_id: JobId,
+    svc: Jobs,
+    principal: CurrentPrincipal,
+    attempt: Annotated[int | None, Query(ge=0, le=10_000)] = None,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> Response:
+    chunk = svc.read_log(principal, job_id, attempt, offset)
+    return Response(
+        content=chunk.data,
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "X-Shamal-Next-Offset": str(chunk.next_offset),
+            "X-Shamal-Attempt": str(chunk.attempt),
+            "X-Shamal-Complete": "true" if chunk.complete else "false",
+        },
+    )
+
+
+@router.post("/jobs/{job_id}/cancel", summary="Cancel a job (member of its team)")
+def cancel_job(
+    job_id: JobId, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.cancel"))]
+) -> JobOut:
+    return JobOut.of(svc.cancel(ctx, job_id))
+
+
+@router.post("/jobs/{job_id}/preempt", summary="Preempt a running job and requeue it (admin)")
+def preempt_job(
+    job_id: JobId, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.preempt"))]
+) -> JobOut:
+    return JobOut.of(svc.preempt(ctx, job_id))
+
+
+@router.get("/cost", summary="GPU-, CPU- and memory-seconds and their cost, grouped")
+def cost_report(
+    svc: Jobs,
+    principal: CurrentPrincipal,
+    since: datetime,
+    by: Literal["team", "pool", "user", "job"] = "team",
+    until: datetime | None = None,
+) -> list[CostOut]:
+    lines = svc.cost_report(principal, by=by, since=since, until=until)
+    return [CostOut.of(line) for line in lines]

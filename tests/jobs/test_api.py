@@ -1,0 +1,165 @@
+"""Jobs through the native API: submit, list, show, events, cancel, snapshots, tenancy."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from shamal import snapshot
+from shamal.server._platform import Platform
+
+JOB = {"command": ["python", "-c", "print('hi')"], "cpus": 0.5, "memory_mib": 256}
+
+
+def _team_member(api: TestClient, team: str, user: str, role: str = "member") -> dict[str, str]:
+    api.post("/api/v1/teams", json={"name": team})
+    api.post("/api/v1/users", json={"name": user})
+    api.put(f"/api/v1/teams/{team}/members/{user}", json={"role": role})
+    token = api.post("/api/v1/tokens", json={"user": user, "name": "t"}).json()["secret"]
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_submit_list_show_events_and_cancel(api: TestClient, platform: Platform) -> None:
+    created = api.post("/api/v1/jobs", json={**JOB, "name": "hello", "time_limit_s": 60})
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert (job["state"], job["name"], job["cpus"], job["memory_mib"]) == (
+        "queued",
+        "hello",
+        0.5,
+        256,
+    )
+    assert (job["priority"], job["attempt"], job["time_limit_s"]) == ("normal", 0, 60.0)
+    listed = api.get("/api/v1/jobs", params={"state": "queued"}).json()
+    assert [j["id"] for j in listed] == [job["id"]]
+    assert api.get("/api/v1/jobs", params={"state": "running"}).json() == []
+    by_prefix = api.get(f"/api/v1/jobs/{job['id'][:8]}")
+    assert by_prefix.json()["id"] == job["id"]
+    cancelled = api.post(f"/api/v1/jobs/{job['id']}/cancel").json()
+    assert (cancelled["state"], cancelled["finished_at"] is not None) == ("cancelled", True)
+    events = api.get(f"/api/v1/jobs/{job['id']}/events").json()
+    assert [(e["from_state"], e["to_state"]) for e in events] == [
+        (None, "queued"),
+        ("queued", "cancelled"),
+    ]
+    again = api.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert (again.status_code, again.json()["error_code"]) == (409, "INVALID_STATE")
+    actions = [e.action for e in platform.audit.entries(limit=10)]
+    assert "job.submit" in actions
+    assert "job.cancel" in actions
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"command": []}, ""),
+        ({"cpus": 0}, ""),
+        ({"gpus": 1, "gpu_fraction": 0.5}, "not several"),
+        ({"mig_profile": "big"}, "mig_profile"),
+        ({"env": {"SHAMAL_TOKEN": "x"}}, "env"),
+        ({"env": {"1BAD": "x"}}, "env"),
+        ({"pool": "nowhere"}, "no pool named"),
+        ({"priority": "urgent"}, "no priority class"),
+        ({"snapshot": "0" * 64}, "unknown snapshot"),
+        ({"command": ["a\x00b"]}, "command"),
+        ({"time_limit_s": -1}, ""),
+    ],
+)
+def test_invalid_submissions_are_refused_and_store_nothing(
+    api: TestClient, change: dict[str, object], message: str
+) -> None:
+    response = api.post("/api/v1/jobs", json={**JOB, **change})
+    assert response.status_code == 400, response.text
+    assert response.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert message in response.json()["message"]
+    assert api.get("/api/v1/jobs").json() == []
+
+
+def test_teams_see_only_their_jobs_and_priorities_need_a_role(api: TestClient) -> None:
+    red = _team_member(api, "red", "rita")
+    blue = _team_member(api, "blue", "bo")
+    mine = api.post("/api/v1/jobs", json=JOB, headers=red)
+    assert (mine.status_code, mine.json()["team"]) == (201, "red")  # the only team: default
+    job_id = mine.json()["id"]
+    assert api.get(f"/api/v1/jobs/{job_id}", headers=blue).status_code == 404
+    assert api.get("/api/v1/jobs", headers=blue).json() == []
+    assert api.post(f"/api/v1/jobs/{job_id}/cancel", headers=blue).status_code == 404
+    other = api.post("/api/v1/jobs", json={**JOB, "team": "red"}, headers=blue)
+    assert other.status_code == 404
+    high = api.post("/api/v1/jobs", json={**JOB, "priority": "high"}, headers=red)
+    assert (high.status_code, high.json()["error_code"]) == (403, "PERMISSION_DENIED")
+    low = api.post("/api/v1/jobs", json={**JOB, "priority": "low"}, headers=red)
+    assert low.status_code == 201
+    preempt = api.post(f"/api/v1/jobs/{job_id}/preempt", headers=red)
+    assert preempt.status_code == 403  # admins only
+    assert [j["id"] for j in api.get("/api/v1/jobs", params={"team": "red"}).json()] == [
+        low.json()["id"],
+        job_id,
+    ]
+
+
+def test_snapshot_upload_is_checked_and_deduplicated(api: TestClient, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('train')\n")
+    built = snapshot.build(tmp_path)
+    data = built.path.read_bytes()
+    built.path.unlink()
+    url = f"/api/v1/snapshots/{built.digest}"
+    assert api.get(url).status_code == 404
+    wrong = api.put(f"/api/v1/snapshots/{'a' * 64}", content=data)
+    assert (wrong.status_code, "do not match" in wrong.json()["message"]) == (400, True)
+    assert api.put(url, content=data).status_code == 201
+    assert api.get(url).status_code == 200
+    job = api.post("/api/v1/jobs", json={**JOB, "snapshot": built.digest})
+    assert (job.status_code, job.json()["snapshot"]) == (201, built.digest)
+
+
+def _archive(member: tarfile.TarInfo, payload: bytes = b"") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.addfile(member, io.BytesIO(payload) if payload else None)
+    return out.getvalue()
+
+
+def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _link("evil", "/etc/passwd", tarfile.SYMTYPE),
+        _link("hard", "/etc/passwd", tarfile.LNKTYPE),
+        tarfile.TarInfo("../escape.py"),
+        tarfile.TarInfo("/abs.py"),
+    ],
+    ids=["symlink", "hardlink", "dotdot", "absolute"],
+)
+def test_hostile_snapshots_are_refused(api: TestClient, member: tarfile.TarInfo) -> None:
+    payload = b"x" if member.isfile() else b""
+    member.size = len(payload)
+    data = _archive(member, payload)
+    digest = hashlib.sha256(data).hexdigest()
+    response = api.put(f"/api/v1/snapshots/{digest}", content=data)
+    assert response.status_code == 400, response.text
+    assert api.get(f"/api/v1/snapshots/{digest}").status_code == 404
+
+
+def test_not_an_archive_is_refused(api: TestClient) -> None:
+    data = b"this is not a tarball"
+    response = api.put(f"/api/v1/snapshots/{hashlib.sha256(data).hexdigest()}", content=data)
+    assert (response.status_code, "not a readable" in response.json()["message"]) == (400, True)
+
+
+def test_cost_report_needs_a_valid_period(api: TestClient) -> None:
+    assert api.get("/api/v1/cost", params={"since": "2026-01-01T00:00:00Z"}).json() == []
+    bad = api.get("/api/v1/cost", params={"since": "2099-01-01T00:00:00Z"})
+    assert bad.status_code == 400
+    assert api.get("/api/v1/cost", params={"since": "yesterday"}).status_code == 400
+    assert api.get("/api/v1/cost", params={"since": "2026-01-01", "by": "x"}).status_code == 400
