@@ -150,6 +150,11 @@ class SchedulerSettings(BaseModel):
 
     enabled: bool = True
     policy: str | None = Field(default=None, description="policy name; default: the platform's")
+    policy_options: dict[str, float | tuple[float, ...]] = Field(
+        default_factory=dict,
+        description='options of the policy, e.g. {"min_run_s": 600} (see `shamal scheduler '
+        "policies`)",
+    )
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     tick_s: float = Field(default=1.0, gt=0, le=60)

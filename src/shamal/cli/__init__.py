@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shamal.cli import artifacts, audit, db, job, team, token, tracking, user
+from shamal.cli import artifacts, audit, db, job, scheduler, sim, team, token, tracking, user
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -27,6 +27,8 @@ app.add_typer(tracking.runs, name="runs")
 app.add_typer(tracking.models, name="models")
 app.add_typer(job.app, name="job")
 app.add_typer(job.cost, name="cost")
+app.add_typer(scheduler.app, name="scheduler")
+app.add_typer(sim.app, name="sim")
 
 
 def main() -> None:

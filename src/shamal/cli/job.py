@@ -291,7 +291,8 @@ def cost_report(
             writer = csv.writer(handle)
             writer.writerow([by, *columns[1:], "cost"])
             for line in lines:
-                writer.writerow([line[c] for c in columns] + [line["cost"]])
+                figures = [f"{line[c]:.3f}" for c in columns[3:]]
+                writer.writerow([*(line[c] for c in columns[:3]), *figures, f"{line['cost']:.6f}"])
         err_console.print(f"wrote {csv_path}")
     if as_json:
         console.print_json(data=lines)

@@ -404,3 +404,8 @@ class ShamalClient:
             params["until"] = until.isoformat()
         result: list[dict[str, Any]] = self.request("GET", "/api/v1/cost", params=params)
         return result
+
+    def predictor_report(self) -> dict[str, Any]:
+        """How well job runtimes are predicted from history (each predicted before it ran)."""
+        result: dict[str, Any] = self.request("GET", "/api/v1/scheduler/predictor")
+        return result

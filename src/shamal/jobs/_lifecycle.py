@@ -9,7 +9,7 @@ so two scheduler processes never run one job twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -71,16 +71,26 @@ class JobLifecycle:
             return _store.finished_runtimes(s, limit)
 
     # ------------------------------------------------------------------ changes
-    def admit(self, job_id: str, placement: Mapping[str, Any], reason: str) -> Job | None:
-        """Claim a queued job for this scheduler; None if someone else changed it first.
+    def admit(
+        self,
+        job_id: str,
+        placement: Mapping[str, Any],
+        reason: str,
+        fits: Callable[[Sequence[Job]], bool] | None = None,
+    ) -> Job | None:
+        """Claim a queued job for this scheduler; None if it cannot have it.
 
-        Runs under the scheduling lock (PostgreSQL), so a second scheduler's pass waits
-        for this one's claims and sees the capacity they took.
+        Runs under the scheduling lock: claims of several scheduler processes take
+        turns. ``fits`` is asked, under the lock, whether the placement still fits next
+        to every job holding resources now (another scheduler may have claimed capacity
+        since this one decided); None is returned when it does not, or when the job is
+        no longer queued.
         """
         now = self._clock()
 
         def work(s: Session) -> Job | None:
-            if not _store.lock_scheduling(s):
+            _store.lock_scheduling(s)
+            if fits is not None and not fits(_store.jobs_in_states(s, ACTIVE_STATES)):
                 return None
             current = _store.get_job(s, job_id)
             job = _store.transition(

@@ -28,7 +28,9 @@ from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.jobs import _cost, _rules, _store
+from shamal.jobs._convert import record_of
 from shamal.jobs._entities import CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.scheduler._predictor import RuntimePredictor
 from shamal.scheduler._resources import GPU_MILLI, Pool
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
@@ -338,6 +340,20 @@ class JobService:
             return done
 
         return self._db.run(work)
+
+    # ------------------------------------------------------------------ predictor
+    def predictor_report(self, principal: Principal, limit: int = 5_000) -> dict[str, float]:
+        """How well runtimes are predicted from history, measured honestly.
+
+        Replays the last ``limit`` succeeded jobs in time: each is predicted at its
+        submission from the jobs that finished before it, then learned. Figures:
+        ``n``, ``mae_s``, ``mdape``, ``within_2x``, ``median_log2_ratio``, ``unpredicted``.
+        """
+        del principal  # aggregate figures only; no job of another team is revealed
+        with self._db.unit_of_work(write=False) as s:
+            history = _store.finished_runtimes(s, limit)
+        records = [record_of(job, runtime) for job, runtime in history]
+        return RuntimePredictor().evaluate_online(records)
 
     # ------------------------------------------------------------------ cost
     def cost_report(

@@ -250,16 +250,15 @@ def events(s: Session, job_id: str) -> list[JobEvent]:
     return result
 
 
-def lock_scheduling(s: Session) -> bool:
-    """Take the scheduling lock for this transaction; False if another process holds it.
+def lock_scheduling(s: Session) -> None:
+    """Wait for the scheduling lock, held until this transaction ends.
 
-    On PostgreSQL a transaction-scoped advisory lock; on SQLite the write transaction
-    (``BEGIN IMMEDIATE``) already serializes writers, so this always succeeds.
+    On PostgreSQL a transaction-scoped advisory lock, so claims of several scheduler
+    processes take turns and each sees the capacity the others took; on SQLite the
+    write transaction (``BEGIN IMMEDIATE``) already serializes writers.
     """
-    if s.get_bind().dialect.name != "postgresql":
-        return True
-    got = s.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _SCHEDULING_LOCK})
-    return bool(got.scalar_one())
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEDULING_LOCK})
 
 
 # ---------------------------------------------------------------------- attempts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -308,6 +309,30 @@ def preempt_job(
     job_id: JobId, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.preempt"))]
 ) -> JobOut:
     return JobOut.of(svc.preempt(ctx, job_id))
+
+
+class PredictorOut(_Model):
+    """Runtime predictions replayed over history: each job predicted before it ran."""
+
+    n: int
+    unpredicted: int
+    mae_s: float | None
+    mdape: float | None
+    within_2x: float | None
+    median_log2_ratio: float | None
+
+
+@router.get("/scheduler/predictor", summary="How well the runtime predictor does on history")
+def predictor_report(svc: Jobs, principal: CurrentPrincipal) -> PredictorOut:
+    report = svc.predictor_report(principal)
+    return PredictorOut(
+        n=int(report["n"]),
+        unpredicted=int(report.get("unpredicted", 0)),
+        **{
+            key: None if math.isnan(report[key]) else report[key]
+            for key in ("mae_s", "mdape", "within_2x", "median_log2_ratio")
+        },
+    )
 
 
 @router.get("/cost", summary="GPU-, CPU- and memory-seconds and their cost, grouped")

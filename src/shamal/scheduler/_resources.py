@@ -266,6 +266,15 @@ def node_key(node: Node) -> NodeKey:
     )
 
 
+def _uniform_shape(node: Node) -> tuple[object, ...] | None:
+    """What identifies a node with plain GPUs of one model (``None`` otherwise)."""
+    kinds = {(g.model, g.memory_mib, g.mig_slices) for g in node.gpus}
+    if len(kinds) > 1 or any(g.mig_slices for g in node.gpus):
+        return None
+    kind = next(iter(kinds), ("", 0, 0))
+    return (node.pool, node.cpu_milli, node.memory_mib, len(node.gpus), *kind)
+
+
 class FreeIndex:
     """Free-capacity bookkeeping kept by allocate/release, for fast placement.
 
@@ -290,15 +299,26 @@ class FreeIndex:
         self.buckets: dict[str | None, list[dict[int, dict[str, Node]]]] = {}
         self.free_whole: dict[str | None, int] = {}
         self.cache: dict[object, dict[int, object]] = {}
+        self._uniform: dict[str, tuple[object, ...] | None] = {}
         for node in cluster.nodes.values():
-            self._add(node, self._state_id(node), free_whole_gpus(node))
+            self._uniform[node.name] = _uniform_shape(node)
+            sid, whole = self._state_id(node)
+            self._add(node, sid, whole)
 
-    def _state_id(self, node: Node) -> int:
-        key = node_key(node)
+    def _state_id(self, node: Node) -> tuple[int, int]:
+        """The node's state id and free whole GPUs (fast path: one GPU model, no MIG)."""
+        shape = self._uniform[node.name]
+        if shape is None:
+            key = node_key(node)
+            whole = free_whole_gpus(node)
+        else:
+            frees = sorted(g.free_milli for g in node.gpus)
+            key = (shape, node.free_cpu_milli, node.free_memory_mib, tuple(frees))
+            whole = frees.count(GPU_MILLI)
         sid = self.state_ids.get(key)
         if sid is None:
             sid = self.state_ids[key] = len(self.state_ids)
-        return sid
+        return sid, whole
 
     def _add(self, node: Node, sid: int, whole: int) -> None:
         self.whole[node.name] = whole
@@ -331,11 +351,11 @@ class FreeIndex:
 
     def touched(self, node: Node) -> None:
         """Record that ``node``'s free capacity changed (called by allocate/release)."""
-        sid = self._state_id(node)
+        sid, whole = self._state_id(node)
         if sid == self.state[node.name]:
             return
         self._remove(node)
-        self._add(node, sid, free_whole_gpus(node))
+        self._add(node, sid, whole)
 
     def groups(self, pool: str | None, min_whole: int = 0) -> list[dict[int, dict[str, Node]]]:
         """The buckets of ``pool`` with at least ``min_whole`` free whole GPUs, ascending."""

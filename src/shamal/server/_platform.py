@@ -8,17 +8,14 @@ from dataclasses import dataclass
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, upgrade
+from shamal.executors._nvml import detect_local_gpus
 from shamal.jobs import JobService, build_cluster, effective_settings
 from shamal.registry import RegistryService
-from shamal.scheduler._resources import Cluster, Gpu
+from shamal.scheduler._resources import Cluster
 from shamal.security import AuditLog, SecurityService, load_or_create_key
 from shamal.tracking import TrackingService
 
 logger = logging.getLogger(__name__)
-
-
-def detect_local_gpus() -> list[Gpu]:  # TODO(integration): executors' NVML detection
-    return []
 
 
 @dataclass

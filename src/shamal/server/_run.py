@@ -12,8 +12,10 @@ from fastapi import FastAPI
 
 from shamal.config import Settings, is_loopback_host
 from shamal.errors import InvalidParameter
+from shamal.jobs import Job
 from shamal.server._app import create_app
 from shamal.server._platform import Platform, start_platform
+from shamal.server._scheduler import SchedulerThread, build_loop
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +72,20 @@ def serve(
         "proxy_headers": False,
         "log_level": "info",
     }
+    scheduler = None
+    if settings.scheduler.enabled:
+        scheduler = SchedulerThread(build_loop(platform, env=_job_env(base_url)))
     if on_ready is not None:
         on_ready(platform, base_url)
     try:
+        if scheduler is not None:
+            scheduler.start()
         if settings.workers == 1:
             config = uvicorn.Config(create_app(settings, platform), **common)  # type: ignore[arg-type]
             uvicorn.Server(config).run(sockets=[sock])
             return
-        platform.close()  # each worker opens its own connections
+        if scheduler is None:
+            platform.close()  # each worker opens its own connections
         # Workers rebuild Settings from the environment: hand them ours.
         os.environ.update(_settings_env(settings))
         config = uvicorn.Config(
@@ -90,8 +98,20 @@ def serve(
 
         Multiprocess(config, sockets=[sock]).run()
     finally:
+        if scheduler is not None:
+            scheduler.stop()
         sock.close()
         platform.close()
+
+
+def _job_env(base_url: str) -> Callable[[Job], dict[str, str]]:
+    """What every job is told about the platform that runs it (no secrets)."""
+
+    def env(job: Job) -> dict[str, str]:
+        del job
+        return {"SHAMAL_URL": base_url, "MLFLOW_TRACKING_URI": base_url}
+
+    return env
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:
@@ -102,4 +122,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     }
     if settings.database_url:
         env["SHAMAL_DATABASE_URL"] = settings.database_url
+    # Workers validate submissions against the same pools and classes; they never schedule.
+    scheduler = settings.scheduler.model_copy(update={"enabled": False})
+    env["SHAMAL_SCHEDULER"] = scheduler.model_dump_json()
     return env

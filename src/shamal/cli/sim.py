@@ -1,0 +1,266 @@
+"""`shamal sim`: replay a job trace through the scheduler's policies, offline.
+
+The simulator runs the same policy, admission and placement code as the live
+scheduler (see :mod:`shamal.scheduler.sim`); nothing talks to a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shamal.cli._common import JsonOption, console, err_console
+from shamal.cli.sim_pack import pack
+from shamal.scheduler import DEFAULT_POLICY, Cluster, TeamQuota, policy_names
+from shamal.scheduler.sim import (
+    DEFAULT_POOL,
+    DEFAULT_PREEMPTION_COST_S,
+    SimResult,
+    Simulator,
+    TraceError,
+    TraceJob,
+    assign_teams,
+    load_machines,
+    load_teams,
+    load_trace,
+    plot_timeline,
+    team_cluster,
+)
+
+app = typer.Typer(
+    help="Simulate the scheduler on a job trace: `shamal sim --trace jobs.csv --machines "
+    "machines.csv [--policy NAME] [--json]`; `shamal sim pack` for GPU-sharing packing.",
+)
+app.command("pack")(pack)
+
+_PROGRESS_MIN_JOBS = 20_000
+
+
+def _fail(message: str, hint: str | None = None) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    if hint:
+        err_console.print(f"[yellow]hint:[/] {hint}")
+    return typer.Exit(1)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _seconds(value: float) -> str:
+    if value >= 86_400:
+        return f"{value:,.0f} s ({value / 86_400:.1f} d)"
+    if value >= 3600:
+        return f"{value:,.0f} s ({value / 3600:.1f} h)"
+    return f"{value:,.1f} s"
+
+
+def _print_table(metrics: dict[str, Any]) -> None:
+    table = Table(
+        title=f"Simulation: policy {metrics['policy']}", title_justify="left", header_style="bold"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("jobs finished", f"{metrics['jobs_finished']:,} of {metrics['jobs']:,}"),
+        ("jobs rejected (never fit)", f"{metrics['jobs_rejected']:,}"),
+        ("GPUs", f"{metrics['gpus']:,.0f}"),
+        ("average JCT", _seconds(metrics["avg_jct_s"])),
+        ("median JCT", _seconds(metrics["p50_jct_s"])),
+        ("p99 JCT", _seconds(metrics["p99_jct_s"])),
+        ("average queueing delay", _seconds(metrics["avg_queue_s"])),
+        ("p99 queueing delay", _seconds(metrics["p99_queue_s"])),
+        ("GPU utilization", f"{100 * metrics['gpu_utilization']:.1f}%"),
+        ("makespan", _seconds(metrics["makespan_s"])),
+        ("preemptions (jobs)", f"{metrics['preemptions']:,} ({metrics['preempted_jobs']:,})"),
+        ("preemption cost", f"{metrics['preemption_cost_s']:g} s each"),
+        ("policy rounds", f"{metrics['policy_calls']:,}"),
+        ("simulation time", f"{metrics['sim_seconds']:.1f} s"),
+    ]
+    prediction = metrics.get("prediction")
+    if prediction and prediction.get("n"):
+        rows.append(
+            (
+                "runtime prediction (online)",
+                f"MdAPE {100 * prediction['mdape']:.0f}%, within 2x "
+                f"{100 * prediction['within_2x']:.0f}%, MAE {prediction['mae_s']:,.0f} s",
+            )
+        )
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    teams = metrics.get("teams")
+    if teams:
+        per_team = Table(title="Per team", title_justify="left", header_style="bold")
+        for column in ("team", "jobs", "avg JCT (s)", "avg queue (s)", "p99 queue (s)"):
+            per_team.add_column(column, justify="left" if column == "team" else "right")
+        for team, figures in teams.items():
+            per_team.add_row(
+                team,
+                f"{figures['jobs']:,}",
+                f"{figures['avg_jct_s']:,.0f}",
+                f"{figures['avg_queue_s']:,.1f}",
+                f"{figures['p99_queue_s']:,.0f}",
+            )
+        console.print(per_team)
+
+
+@app.callback(invoke_without_command=True)
+def sim(
+    ctx: typer.Context,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Job trace CSV (job_id, submit_time_s, duration_s, ...)."),
+    ] = None,
+    machines: Annotated[
+        Path | None,
+        typer.Option(
+            "--machines",
+            help="Machine list (CSV or JSON; Philly's machines.csv works as is). "
+            "Optional with --teams: then the teams' nodes are the cluster.",
+        ),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", help=f"One of: {', '.join(policy_names())}.")
+    ] = DEFAULT_POLICY,
+    as_json: bool = JsonOption,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Write a PNG of queue length and GPU utilization."),
+    ] = None,
+    preemption_cost: Annotated[
+        float,
+        typer.Option(
+            "--preemption-cost", min=0, help="Checkpoint/restore seconds added per preemption."
+        ),
+    ] = DEFAULT_PREEMPTION_COST_S,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Replay only the first N jobs.")
+    ] = None,
+    teams: Annotated[
+        Path | None,
+        typer.Option(
+            "--teams",
+            help="Team quotas (CSV 'team, nodes', e.g. philly/vc_nodes.csv): each job is "
+            "assigned a team at random (seeded, in proportion to team size) unless the "
+            "trace names one; quota = nodes x --gpus-per-node GPUs.",
+        ),
+    ] = None,
+    isolated: Annotated[
+        bool,
+        typer.Option("--isolated", help="With --teams: no borrowing of idle quota."),
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the team assignment.")] = 0,
+    gpus_per_node: Annotated[
+        int, typer.Option("--gpus-per-node", min=1, help="With --teams: GPUs per team node.")
+    ] = 8,
+) -> None:
+    """Replay a trace through a scheduling policy and print the metrics.
+
+    JCT is finish - submission; queueing delay is JCT minus the time the job ran, so
+    time spent preempted counts as waiting. Every job of the trace runs (failed and
+    cancelled ones too); each preemption adds --preemption-cost seconds of restore.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if trace is None:
+        raise _fail("--trace is required", "e.g. shamal sim --trace jobs.csv --machines m.csv")
+    if machines is None and teams is None:
+        raise _fail("--machines is required (or --teams, whose nodes then form the cluster)")
+    if policy not in policy_names():
+        raise _fail(f"unknown policy {policy!r}", f"choose one of: {', '.join(policy_names())}")
+    jobs, cluster, quotas = _load(trace, machines, limit, teams, isolated, seed, gpus_per_node)
+    result = _run(jobs, cluster, policy, preemption_cost, quotas, as_json)
+    metrics = _clean(result.metrics)
+    if plot is not None:
+        metrics["plot"] = str(plot_timeline(result, plot))
+    if as_json:
+        typer.echo(json.dumps(metrics))
+    else:
+        _print_table(metrics)
+        if plot is not None:
+            console.print(f"plot written to {plot}")
+
+
+def _load(
+    trace: Path,
+    machines: Path | None,
+    limit: int | None,
+    teams: Path | None,
+    isolated: bool,
+    seed: int,
+    gpus_per_node: int,
+) -> tuple[list[TraceJob], Cluster, dict[tuple[str, str], TeamQuota] | None]:
+    """The jobs, the cluster and the quotas (``None``: no team mode) of a run."""
+    try:
+        jobs = load_trace(trace, limit=limit)
+        if machines is not None:
+            cluster = load_machines(machines)
+        else:
+            assert teams is not None  # noqa: S101 - the caller checks
+            cluster = team_cluster(teams, gpus_per_node=gpus_per_node)
+        quotas = None
+        if teams is not None:
+            pool = next(iter(cluster.pools)) if len(cluster.pools) == 1 else DEFAULT_POOL
+            quotas = load_teams(teams, gpus_per_node=gpus_per_node, pool=pool, borrow=not isolated)
+            if not any(job.team for job in jobs):
+                jobs = assign_teams(jobs, quotas, seed=seed)
+    except TraceError as exc:
+        raise _fail(str(exc), "see `shamal sim --help` for the file formats") from None
+    if not jobs:
+        raise _fail(f"{trace} has no jobs")
+    return jobs, cluster, quotas
+
+
+def _run(
+    jobs: list[Any],
+    cluster: Any,
+    policy: str,
+    preemption_cost: float,
+    quotas: Any,
+    as_json: bool,
+) -> SimResult:
+    show = not as_json and err_console.is_terminal and len(jobs) >= _PROGRESS_MIN_JOBS
+    try:
+        if not show:
+            return Simulator(
+                jobs, cluster, policy=policy, preemption_cost_s=preemption_cost, quotas=quotas
+            ).run()
+        with Progress(
+            TextColumn(f"simulating [bold]{policy}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("jobs done"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("sim", total=len(jobs))
+            return Simulator(
+                jobs,
+                cluster,
+                policy=policy,
+                preemption_cost_s=preemption_cost,
+                quotas=quotas,
+                progress=lambda done, total: bar.update(task, completed=done),
+            ).run()
+    except ValueError as exc:  # e.g. an oracle policy on a trace without durations
+        raise _fail(str(exc)) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app(sys.argv[1:])

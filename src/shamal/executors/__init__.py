@@ -1,0 +1,67 @@
+"""Executors: what runs a placed job (local processes, a Ray cluster).
+
+Pick one by name with :func:`get_executor`; each implements the :class:`Executor`
+contract documented in :mod:`shamal.executors._protocol`. Implementations are imported
+only when asked for, so the platform works without ``ray`` installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any, cast
+
+from shamal.errors import InvalidParameter
+from shamal.executors._protocol import (
+    REQUEUE_EXIT_CODE,
+    Executor,
+    ExitReason,
+    ExitStatus,
+    Handle,
+    LaunchFailed,
+    LaunchSpec,
+)
+
+__all__ = [
+    "EXECUTORS",
+    "REQUEUE_EXIT_CODE",
+    "ExitReason",
+    "ExitStatus",
+    "Executor",
+    "Handle",
+    "LaunchFailed",
+    "LaunchSpec",
+    "get_executor",
+]
+
+logger = logging.getLogger(__name__)
+
+EXECUTORS: dict[str, str] = {
+    "local": "shamal.executors._local:LocalExecutor",
+    "ray": "shamal.executors._ray:RayExecutor",
+}
+"""Built-in executors: name -> ``"module:attribute"``. Third parties register more under
+the ``shamal.executors`` entry-point group."""
+
+
+def _resolve(name: str) -> Any:
+    target = EXECUTORS.get(name)
+    if target is not None:
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    from importlib.metadata import entry_points  # only for names not built in
+
+    for entry in entry_points(group="shamal.executors"):
+        if entry.name == name:
+            return entry.load()
+    known = ", ".join(sorted(EXECUTORS))
+    raise InvalidParameter(f"unknown executor {name!r} (known: {known})")
+
+
+def get_executor(name: str, **options: Any) -> Executor:
+    """Build the executor registered as ``name`` with its keyword ``options``.
+
+    Raises:
+        InvalidParameter: no executor has that name.
+    """
+    return cast(Executor, _resolve(name)(**options))

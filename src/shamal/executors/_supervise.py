@@ -1,0 +1,301 @@
+"""The supervisor of one local attempt: ``python -m shamal.executors._supervise``.
+
+It reads the attempt's plan (JSON) on stdin, detaches (forks; the first process exits
+at once, so the server never holds a child that outlives it), then:
+
+- starts every worker in its own process group (``start_new_session``) in the workdir,
+  with the environment given in the plan;
+- appends their output to the log, whole lines, ``[rank N] ``-prefixed for gangs, and
+  its own notes as ``[shamal] ...`` lines;
+- enforces the time limit, and stops the whole gang when one worker fails: SIGTERM to
+  every live worker's group, the grace period, then SIGKILL;
+- obeys SIGTERM (and SIGINT): the executor writes ``<log>.cancel`` or ``<log>.preempt``
+  (holding the grace period) before signalling; a bare SIGTERM means preempt;
+- when every worker has exited, kills what is left of their groups, and writes the
+  outcome atomically to ``<log>.status.json``.
+
+``<log>.supervisor.json`` (written before the workers start and again after) names the
+supervisor and its workers by (pid, start time, boot), which is how a restarted server
+finds them again, or cleans up after a supervisor that was killed.
+
+It imports nothing heavy: it must start fast and depend on little.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess  # starting the job's own processes is the point
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shamal.executors._logs import LineFramer
+from shamal.executors._outcome import StopCause, decide_outcome, stronger
+from shamal.executors._procfs import ProcessIdentity, atomic_write_json, kill_group, read_json
+from shamal.executors._protocol import ExitReason, ExitStatus
+
+__all__ = ["main"]
+
+_TICK_S = 1.0  # longest sleep of the loop: deadlines are checked at least this often
+_DRAIN_S = 2.0  # how long to read leftover output after the last worker exited
+
+
+class _Worker:
+    """One rank: its process, output pipe and exit code."""
+
+    def __init__(self, rank: int, argv: list[str], env: dict[str, str], prefix: bytes) -> None:
+        self.rank = rank
+        self.argv = argv
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.identity: ProcessIdentity | None = None
+        self.framer = LineFramer(prefix)
+        self.code: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.proc is not None and self.code is None
+
+
+class Supervisor:
+    """Runs one attempt's workers to the end; see the module docstring."""
+
+    def __init__(self, plan: dict[str, Any], log_fd: int) -> None:
+        self.plan = plan
+        self.log_fd = log_fd
+        base = Path(plan["log_path"])
+        self.ready_path = base.with_name(base.name + ".supervisor.json")
+        self.status_path = base.with_name(base.name + ".status.json")
+        self.cancel_path = base.with_name(base.name + ".cancel")
+        self.preempt_path = base.with_name(base.name + ".preempt")
+        self.grace_s = float(plan["grace_s"])
+        gang = len(plan["workers"]) > 1
+        self.workers = [
+            _Worker(r, list(w["argv"]), dict(w["env"]), f"[rank {r}] ".encode() if gang else b"")
+            for r, w in enumerate(plan["workers"])
+        ]
+        self.sel = selectors.DefaultSelector()
+        self.cause: StopCause | None = None
+        self.culprit: int | None = None
+        self.term_sent = False
+        self.kill_at: float | None = None
+        limit = plan.get("time_limit_s")
+        self.limit_at = None if limit is None else time.monotonic() + float(limit)
+
+    # ------------------------------------------------------------------ plumbing
+    def note(self, text: str) -> None:
+        self.write(f"[shamal] {text}\n".encode())
+
+    def write(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self.log_fd, data) :]
+
+    def _install_signals(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.sel.register(wake_r, selectors.EVENT_READ, None)
+
+    def _write_ready(self, state: str) -> None:
+        me = ProcessIdentity.of(os.getpid())
+        assert me is not None  # we are alive
+        workers = [
+            {"rank": w.rank, **w.identity.to_dict()} for w in self.workers if w.identity is not None
+        ]
+        atomic_write_json(
+            self.ready_path, {"state": state, "supervisor": me.to_dict(), "workers": workers}
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        self._install_signals()
+        self._write_ready("starting")
+        for worker in self.workers:
+            if self.cause is None:
+                self._spawn(worker)
+        self._write_ready("running")
+        while any(w.live for w in self.workers):
+            self._step()
+        self._finish()
+        return 0
+
+    def _spawn(self, worker: _Worker) -> None:
+        try:
+            worker.proc = subprocess.Popen(  # argv, no shell
+                worker.argv,
+                cwd=self.plan["workdir"],
+                env=worker.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            worker.code = 126 if isinstance(exc, PermissionError) else 127
+            self.note(f"rank {worker.rank} could not start: {exc.strerror}: {exc.filename}")
+            self._failed(worker)
+            return
+        worker.identity = ProcessIdentity.of(worker.proc.pid)
+        assert worker.proc.stdout is not None
+        os.set_blocking(worker.proc.stdout.fileno(), False)
+        self.sel.register(worker.proc.stdout.fileno(), selectors.EVENT_READ, worker)
+
+    def _step(self) -> None:
+        for key, _ in self.sel.select(self._timeout()):
+            if key.data is None:
+                self._on_wakeup(int(key.fd))
+            else:
+                self._pump(key.data)
+        self._reap()
+        self._check_deadlines()
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        due = [t for t in (self.kill_at, self.limit_at) if t is not None]
+        return max(0.0, min([_TICK_S, *(t - now for t in due)]))
+
+    def _pump(self, worker: _Worker) -> bool:
+        """Move what the worker wrote to the log; False at end of stream."""
+        assert worker.proc is not None
+        assert worker.proc.stdout is not None
+        fd = worker.proc.stdout.fileno()
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if data:
+            self.write(worker.framer.feed(data))
+            return True
+        self.sel.unregister(fd)
+        self.write(worker.framer.flush())
+        return False
+
+    def _on_wakeup(self, fd: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            signums = os.read(fd, 512)
+            if int(signal.SIGTERM) in signums or int(signal.SIGINT) in signums:
+                self._on_stop_request()
+
+    def _on_stop_request(self) -> None:
+        cancel = read_json(self.cancel_path)
+        preempt = read_json(self.preempt_path)
+        if cancel is not None:
+            self._stop(StopCause.CANCEL, float(cancel.get("grace_s", self.grace_s)))
+        if preempt is not None or cancel is None:
+            grace = float((preempt or {}).get("grace_s", self.grace_s))
+            self._stop(StopCause.PREEMPT, grace)
+
+    def _reap(self) -> None:
+        for worker in self.workers:
+            if worker.live:
+                assert worker.proc is not None
+                code = worker.proc.poll()
+                if code is not None:
+                    worker.code = code
+                    if code != 0:
+                        self._failed(worker)
+
+    def _failed(self, worker: _Worker) -> None:
+        """A worker ended badly: unless we were stopping it anyway, it fails the gang."""
+        if self.cause is None and self.culprit is None:
+            self.culprit = worker.rank
+            if any(w.live for w in self.workers):
+                self.note(f"rank {worker.rank} exited with {worker.code}: stopping the gang")
+            self._stop(StopCause.GANG, self.grace_s)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self.limit_at is not None and now >= self.limit_at:
+            self.limit_at = None
+            self.note("time limit reached")
+            self._stop(StopCause.TIMEOUT, self.grace_s)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            live = [w for w in self.workers if w.live]
+            if live:
+                self.note(f"grace period over: SIGKILL to {len(live)} worker(s)")
+            for worker in live:
+                assert worker.proc is not None
+                kill_group(worker.proc.pid, signal.SIGKILL)
+
+    def _stop(self, cause: StopCause, grace_s: float) -> None:
+        """SIGTERM every live worker's group (once); SIGKILL after ``grace_s``."""
+        live = [w for w in self.workers if w.live]
+        if stronger(self.cause, cause):
+            self.cause = cause
+        if not self.term_sent and live:
+            self.term_sent = True
+            self.note(f"{cause.value}: SIGTERM to {len(live)} worker(s), grace {grace_s:g}s")
+            for worker in live:
+                assert worker.proc is not None
+                kill_group(worker.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+
+    def _finish(self) -> None:
+        for worker in self.workers:
+            if worker.proc is not None:  # what its own children left behind
+                kill_group(worker.proc.pid, signal.SIGKILL)
+        self._drain()
+        status = decide_outcome([w.code for w in self.workers], self.cause, self.culprit)
+        self._write_status(status)
+
+    def _drain(self) -> None:
+        """Read what is left in the pipes (briefly: a stray process may hold one open)."""
+        deadline = time.monotonic() + _DRAIN_S
+        while self._open_pipes() and (remaining := deadline - time.monotonic()) > 0:
+            for key, _ in self.sel.select(remaining):
+                if key.data is None:  # signals no longer matter: the attempt is over
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(int(key.fd), 512)
+                else:
+                    self._pump(key.data)
+        for worker in self._open_pipes():
+            self.write(worker.framer.flush())
+
+    def _open_pipes(self) -> list[_Worker]:
+        return [key.data for key in self.sel.get_map().values() if key.data is not None]
+
+    def _write_status(self, status: ExitStatus) -> None:
+        codes = ", ".join(str(c) for c in status.exit_codes)
+        self.note(f"attempt ended: {status.reason.value} (exit codes {codes})")
+        atomic_write_json(self.status_path, {**status.to_dict(), "finished_at": time.time()})
+
+    def abandon(self, exc: BaseException) -> None:
+        """The supervisor itself broke: kill the workers and report the attempt lost."""
+        for worker in self.workers:
+            if worker.proc is not None:
+                kill_group(worker.proc.pid, signal.SIGKILL)
+        self.note(f"supervisor error ({type(exc).__name__}): workers killed")
+        codes = tuple(w.code for w in self.workers)
+        self._write_status(ExitStatus(ExitReason.LOST, codes, False, None, "supervisor error"))
+
+
+def main() -> int:
+    plan = json.loads(sys.stdin.buffer.read())
+    if os.fork():  # the server waits for this first process; the child carries on
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    log_fd = os.open(plan["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    supervisor = Supervisor(plan, log_fd)
+    try:
+        return supervisor.run()
+    except BaseException as exc:
+        supervisor.abandon(exc)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

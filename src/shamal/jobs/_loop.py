@@ -1,0 +1,391 @@
+"""The live scheduler: every tick, reconcile running jobs, then let the policy decide.
+
+One tick:
+
+1. **Reconcile.** Poll the executor for each job this scheduler runs; ship new log
+   bytes to the artifact store; act on stop requests (cancel, admin preemption); record
+   every attempt that ended, requeueing it when the rules say so.
+2. **Decide.** Build the policy's view (the cluster with every running job's placement
+   allocated, the queue, quotas) and call the *same* policy the trace simulator replays.
+3. **Apply.** Preemptions first (SIGTERM, grace, SIGKILL through the executor), then
+   starts: claim the job (a compare-and-set in the database, under the scheduling lock
+   on PostgreSQL), unpack its snapshot, launch it.
+
+After a restart :meth:`SchedulerLoop.recover` re-attaches to every job this scheduler
+had claimed (the local executor's supervisors outlive the server), declares the ones
+whose processes are gone lost (and retries them if they have retries left), and gives
+never-started claims back to the queue. No job runs twice at the same time: a job is
+launched only by the scheduler whose claim won, and only once per attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shamal import snapshot
+from shamal.artifacts import ArtifactService
+from shamal.config import SchedulerSettings
+from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec
+from shamal.jobs._convert import (
+    placement_from_json,
+    placement_to_json,
+    record_of,
+    request_of,
+)
+from shamal.jobs._entities import Job, JobState
+from shamal.jobs._lifecycle import JobLifecycle
+from shamal.jobs._service import NAMESPACE, JobService, log_prefix
+from shamal.jobs._store import Attempt
+from shamal.scheduler._placement import allocate
+from shamal.scheduler._predictor import RuntimePredictor
+from shamal.scheduler._resources import Cluster, Placement, Resources
+from shamal.scheduler._state import (
+    JobPhase,
+    Policy,
+    Preempt,
+    PriorityClass,
+    SchedJob,
+    SchedulerState,
+    Start,
+    TeamQuota,
+)
+
+logger = logging.getLogger(__name__)
+
+LOG_SHIP_BYTES = 4 * 1024 * 1024
+"""Largest log chunk shipped at once."""
+
+
+def quotas_of(settings: SchedulerSettings) -> dict[tuple[str, str], TeamQuota]:
+    return {
+        (q.team, q.pool): TeamQuota(
+            team=q.team,
+            pool=q.pool,
+            guaranteed=Resources(round(q.cpus * 1000), q.memory_mib, round(q.gpus * 1000)),
+            borrow_limit=Resources(
+                round(q.borrow_cpus * 1000), q.borrow_memory_mib, round(q.borrow_gpus * 1000)
+            ),
+            cohort=q.cohort,
+            weight=q.weight,
+        )
+        for q in settings.quotas
+    }
+
+
+@dataclass(frozen=True)
+class SchedulerParts:
+    """What a scheduler loop works with, built once by the process that runs it."""
+
+    lifecycle: JobLifecycle
+    jobs: JobService
+    artifacts: ArtifactService
+    executor: Executor
+    cluster: Cluster
+    settings: SchedulerSettings
+    jobs_dir: Path
+
+
+@dataclass
+class Tracked:
+    """A job this scheduler runs, and how far its log has been shipped."""
+
+    job: Job
+    handle: Handle
+    log_path: Path
+    shipped: int = 0
+    stopping: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SchedulerLoop:
+    """The live scheduler of one process (see the module docstring).
+
+    Not thread-safe: one thread calls :meth:`recover` once, then :meth:`tick` (or
+    :meth:`run` does both).
+    """
+
+    def __init__(
+        self,
+        parts: SchedulerParts,
+        policy: Policy,
+        *,
+        env: Callable[[Job], Mapping[str, str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = parts.lifecycle.name
+        self._life = parts.lifecycle
+        self._jobs = parts.jobs
+        self._artifacts = parts.artifacts
+        self._executor = parts.executor
+        self.policy = policy
+        self._template = parts.cluster
+        self._settings = settings = parts.settings
+        self._jobs_dir = parts.jobs_dir
+        self._env = env
+        self._clock = clock
+        self._classes = {
+            c.name: PriorityClass(c.name, c.value, c.preempts, c.preemptible)
+            for c in settings.priority_classes
+        }
+        self._quotas = quotas_of(settings)
+        self.tracked: dict[str, Tracked] = {}
+        self.predictor = RuntimePredictor()
+
+    # ------------------------------------------------------------------ run
+    def run(self, stop: threading.Event) -> None:
+        """Recover, then tick every ``tick_s`` until ``stop`` is set. Jobs keep running."""
+        self.recover()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not stop scheduling for good
+                logger.exception("scheduler tick failed; trying again next tick")
+            stop.wait(self._settings.tick_s)
+
+    def learn_history(self) -> int:
+        """Teach the runtime predictor every succeeded job's runtime; returns how many."""
+        records = [record_of(job, runtime) for job, runtime in self._life.history()]
+        self.predictor.fit(records)
+        return len(records)
+
+    def recover(self) -> None:
+        """Re-attach to this scheduler's jobs after a restart (see the module docstring)."""
+        self.learn_history()
+        for job in self._life.mine():
+            if job.state is JobState.ADMITTED and not job.handle:
+                self._life.unclaim(job, "the scheduler restarted before starting it")
+                continue
+            handle = self._executor.reattach(json.dumps(dict(job.handle or {})))
+            log_path = self._log_path(job)
+            if handle is None:
+                self._life.ended(
+                    job, JobState.LOST, reason="its processes were gone after a scheduler restart"
+                )
+                continue
+            shipped = self._shipped_bytes(job)
+            self.tracked[job.id] = Tracked(job, handle, log_path, shipped)
+            logger.info("re-attached to job %s (attempt %d)", job.id, job.attempt)
+
+    def tick(self) -> None:
+        """One pass: reconcile, decide, apply."""
+        self._reconcile()
+        queued, active = self._life.pending()
+        if not queued:
+            return
+        now = self._clock()
+        state = self._state(queued, active, now)
+        decisions = self.policy.decide(state, now)
+        by_id = {job.id: job for job in (*queued, *active)}
+        for decision in decisions:
+            if isinstance(decision, Preempt):
+                self._preempt(by_id[decision.job_id], decision.reason)
+        for decision in decisions:
+            if isinstance(decision, Start):
+                self._start(by_id[decision.job_id], decision.placement, decision.borrowed)
+
+    # ------------------------------------------------------------------ decide
+    def _sched_job(self, job: Job, now: float) -> SchedJob:
+        running = job.state in (JobState.ADMITTED, JobState.RUNNING)
+        started = job.updated_at.timestamp() if running else None
+        attained = job.attained_s + (now - started if started is not None else 0.0)
+        placement = placement_from_json(job.placement) if running and job.placement else None
+        sched = SchedJob(
+            id=job.id,
+            team=job.team,
+            request=request_of(job),
+            submitted_at=job.submitted_at.timestamp(),
+            priority=self._classes.get(job.priority)
+            or PriorityClass(job.priority, job.priority_value),
+            pool=job.pool,
+            user=job.user,
+            fingerprint=job.fingerprint,
+            phase=JobPhase.RUNNING if running else JobPhase.QUEUED,
+            placement=placement,
+            started_at=started,
+            attained_s=max(attained, 0.0),
+            preemptions=job.preemptions,
+            time_limit_s=job.time_limit_s,
+            borrowed=bool(job.placement and job.placement.get("borrowed")),
+        )
+        sched.predicted_s = self.predictor.predict(sched)
+        return sched
+
+    def _state(self, queued: Sequence[Job], active: Sequence[Job], now: float) -> SchedulerState:
+        cluster = self._allocated(active)
+        running = [self._sched_job(job, now) for job in active]
+        usage: dict[str, float] = {}
+        for job in (*queued, *active):
+            gpus = (job.gpus * 1000 + job.gpu_milli) * job.workers / 1000
+            usage[job.team] = usage.get(job.team, 0.0) + job.attained_s * max(gpus, 0.001)
+        return SchedulerState(
+            cluster=cluster,
+            queued=[self._sched_job(job, now) for job in queued],
+            running=running,
+            quotas=self._quotas,
+            usage=usage,
+        )
+
+    # ------------------------------------------------------------------ apply
+    def _preempt(self, job: Job, reason: str) -> None:
+        tracked = self.tracked.get(job.id)
+        if tracked is None:
+            logger.info("job %s to preempt runs under another scheduler", job.id)
+            return
+        if tracked.stopping is None:
+            tracked.stopping = "preempt"
+            tracked.extra["reason"] = reason
+            self._executor.preempt(tracked.handle, self._settings.grace_s)
+
+    def _log_path(self, job: Job) -> Path:
+        return self._jobs_dir / job.id / f"attempt-{job.attempt}.log"
+
+    def _workdir(self, job: Job) -> Path:
+        folder = self._jobs_dir / job.id / f"attempt-{job.attempt}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        if job.snapshot:
+            archive = b"".join(self._jobs.open_snapshot(job.snapshot))
+            snapshot.extract(archive, folder)
+        return folder
+
+    def _allocated(self, active: Sequence[Job]) -> Cluster:
+        """The cluster with every active job's placement taken."""
+        cluster = copy.deepcopy(self._template)
+        for job in active:
+            if not job.placement:
+                continue
+            try:
+                allocate(cluster, placement_from_json(job.placement))
+            except (ValueError, KeyError):
+                logger.warning("job %s holds a placement this cluster cannot hold", job.id)
+        return cluster
+
+    def _fits(self, placement: Placement) -> Callable[[Sequence[Job]], bool]:
+        def fits(active: Sequence[Job]) -> bool:
+            try:
+                allocate(self._allocated(active), placement)
+            except (ValueError, KeyError):
+                return False
+            return True
+
+        return fits
+
+    def _start(self, queued: Job, placement: Placement, borrowed: bool) -> None:
+        stored = {**placement_to_json(placement), "borrowed": borrowed}
+        reason = "admitted on borrowed quota" if borrowed else "admitted"
+        job = self._life.admit(queued.id, stored, reason, self._fits(placement))
+        if job is None:
+            return
+        try:
+            workdir = self._workdir(job)
+            log_path = self._log_path(job)
+            spec = LaunchSpec(
+                job_id=job.id,
+                attempt=job.attempt,
+                command=job.command,
+                workdir=workdir,
+                env={**job.env, **(self._env(job) if self._env else {})},
+                placement=placement,
+                time_limit_s=job.time_limit_s,
+                log_path=log_path,
+                grace_s=self._settings.grace_s,
+            )
+            handle = self._executor.launch(spec)
+        except Exception as exc:
+            logger.exception("could not start job %s", job.id)
+            self._life.ended(job, JobState.FAILED, reason=f"could not start: {type(exc).__name__}")
+            return
+        pool = self._template.nodes[placement.slots[0].node].pool
+        attempt = Attempt(
+            job_id=job.id,
+            attempt=job.attempt,
+            team=job.team,
+            user=job.user,
+            pool=pool,
+            nodes=placement.nodes,
+            cpu_milli=job.cpu_milli * job.workers,
+            memory_mib=job.memory_mib * job.workers,
+            gpu_milli=request_of(job).total.gpu_milli,
+            started_at=self._life.now(),
+            ended_at=None,
+            outcome=None,
+            exit_code=None,
+        )
+        running = self._life.started(job, json.loads(handle.to_json()), attempt)
+        if running is None:  # cancelled between claim and launch
+            self._executor.cancel(handle)
+            return
+        self.tracked[job.id] = Tracked(running, handle, log_path)
+
+    # ------------------------------------------------------------------ reconcile
+    def _reconcile(self) -> None:
+        for job_id, tracked in list(self.tracked.items()):
+            status = self._executor.poll(tracked.handle)
+            self._ship_log(tracked, final=status is not None)
+            if status is None:
+                self._honour_stop_request(tracked)
+                continue
+            del self.tracked[job_id]
+            outcome, reason = self._outcome(tracked, status)
+            ended = self._life.ended(
+                tracked.job, outcome, reason=reason, exit_code=status.exit_code
+            )
+            if ended is not None and outcome is JobState.SUCCEEDED:
+                self.predictor.update(record_of(ended, ended.attained_s))
+
+    def _honour_stop_request(self, tracked: Tracked) -> None:
+        if tracked.stopping is not None:
+            return
+        request = self._life.get(tracked.job.id).stop_request
+        if request == "cancel":
+            tracked.stopping = "cancel"
+            self._executor.cancel(tracked.handle)
+        elif request == "preempt":
+            tracked.stopping = "preempt"
+            tracked.extra["reason"] = "preempted by an admin"
+            self._executor.preempt(tracked.handle, self._settings.grace_s)
+
+    @staticmethod
+    def _outcome(tracked: Tracked, status: ExitStatus) -> tuple[JobState, str]:
+        if tracked.stopping == "cancel":
+            return JobState.CANCELLED, "cancelled"
+        if tracked.stopping == "preempt" or status.requeue:
+            why = tracked.extra.get("reason") or "asked to be requeued"
+            return JobState.PREEMPTED, str(why)
+        if status.reason == "succeeded":
+            return JobState.SUCCEEDED, "exited 0"
+        if status.reason == "timeout":
+            return JobState.FAILED, "stopped at its time limit"
+        if status.reason == "lost":
+            return JobState.LOST, "its processes disappeared"
+        return JobState.FAILED, f"exited with code {status.exit_code}"
+
+    # ------------------------------------------------------------------ logs
+    def _shipped_bytes(self, job: Job) -> int:
+        files = self._artifacts.files_under(NAMESPACE, log_prefix(job.id, job.attempt))
+        return max((int(f.path.rsplit("/", 1)[-1]) + f.size for f in files), default=0)
+
+    def _ship_log(self, tracked: Tracked, *, final: bool) -> None:
+        try:
+            with tracked.log_path.open("rb") as handle:
+                handle.seek(tracked.shipped)
+                while data := handle.read(LOG_SHIP_BYTES):
+                    path = (
+                        f"{log_prefix(tracked.job.id, tracked.job.attempt)}/{tracked.shipped:015d}"
+                    )
+                    self._artifacts.store_file(None, NAMESPACE, path, [data])
+                    tracked.shipped += len(data)
+                    if not final:
+                        break
+        except FileNotFoundError:
+            return

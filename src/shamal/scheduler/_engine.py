@@ -1,0 +1,621 @@
+"""The machinery every policy shares: order -> admit -> place -> preempt.
+
+A policy (:mod:`shamal.scheduler._policies`) only says how jobs are ordered and when
+one may preempt another; :func:`schedule` does the rest, the same way for the live
+scheduler and the simulator:
+
+1. **Order.** The queue is walked in the policy's order. Jobs are grouped by
+   :func:`~shamal.scheduler._state.job_shape` (same request, pool and team); within a
+   group the order is the policy's static ``order_key``, and the groups are merged by
+   ``merge_key`` (which may change within a round, e.g. fair share). When the first
+   waiting job of a group cannot start, no later job of that group can either (same
+   request, same quota, no higher priority), so the whole group is skipped: a round
+   costs O(groups + starts), not O(queue).
+2. **Admit.** Team quotas (:mod:`shamal.scheduler._admission`): within the guarantee,
+   by borrowing idle cohort quota, or wait.
+3. **Place.** :func:`shamal.scheduler._placement.place`; a gang is all or nothing.
+4. **Preempt.** If the job does not fit, running jobs it outranks are released
+   tentatively, lowest first, until it fits; the job's team reclaims capacity that
+   other teams borrowed beyond their guarantee the same way. Preemption happens only
+   when the job can then actually start (else everything is put back), and victims the
+   final placement does not need are kept running.
+
+Preemption never loops: a job that was started is protected for ``min_run_s``, a job
+may only preempt one it strictly outranks (a lower priority class, or a higher level of
+the policy, e.g. more attained service), and levels only move one way (attained
+service grows; remaining time shrinks), so a preempted job cannot in turn preempt the
+job that displaced it.
+
+``decide`` is observationally pure: it places tentatively on the state's cluster
+(allocate/release) and undoes every change before it returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from typing import Any
+
+from shamal.scheduler._admission import Admission, QuotaBook
+from shamal.scheduler._placement import allocate, place, release
+from shamal.scheduler._resources import (
+    GPU_MILLI,
+    Cluster,
+    Node,
+    Placement,
+    Request,
+    free_whole_gpus,
+)
+from shamal.scheduler._state import (
+    Decision,
+    Preempt,
+    SchedJob,
+    SchedulerState,
+    Start,
+    job_pool,
+    job_shape,
+)
+
+__all__ = [
+    "BasePolicy",
+    "QueueWalk",
+    "Round",
+    "Work",
+    "group_queue",
+    "schedule",
+]
+
+Key = tuple[Any, ...]
+
+
+class BasePolicy:
+    """What a policy says; :func:`schedule` does the rest.
+
+    Attributes:
+        name: the registry name.
+        preemptive: jobs of the same priority class preempt those of a higher
+            :meth:`level` (e.g. more attained service).
+        class_aware: order by priority class first.
+        class_preemption: (with ``class_aware``) a class with ``preempts=True`` preempts
+            ``preemptible`` jobs of lower classes.
+        strict: stop at the first job that cannot start (head-of-line blocking, per
+            team when quotas apply) instead of looking further down the queue.
+        min_run_s: a started job is not preempted before it ran this long.
+        needs: ``"oracle"`` (true runtimes: simulation only), ``"prediction"``
+            (``SchedJob.predicted_s`` from the runtime predictor) or ``None``.
+    """
+
+    name = "base"
+    preemptive = False
+    class_aware = True
+    class_preemption = True
+    strict = False
+    dynamic_merge = False
+    min_run_s = 300.0
+    needs: str | None = None
+    description = ""
+
+    # ------------------------------------------------------------- what policies say
+    def order_key(self, job: SchedJob) -> Key:
+        """The queue order (ascending: first to start); static while the job waits."""
+        return (-job.priority.value if self.class_aware else 0, job.submitted_at, job.id)
+
+    def merge_key(self, job: SchedJob, rnd: Round) -> Key:
+        """The order across shape groups; ``order_key`` unless ``dynamic_merge``."""
+        return self.order_key(job)
+
+    def level(self, job: SchedJob, now: float) -> Any:
+        """Within a class, a job may preempt one of a strictly higher level."""
+        return 0
+
+    def run_key(self, job: SchedJob, now: float) -> Key:
+        """The victim order of running jobs (ascending: preempted first).
+
+        Must list lower classes first and, within a class, higher levels first, so
+        the search for victims stops at the first job the preemptor does not outrank.
+        Valid from ``now`` until :meth:`revisit_at`.
+        """
+        started = job.started_at if job.started_at is not None else now
+        return (job.priority.value, -started, job.id)
+
+    def revisit_at(self, job: SchedJob, now: float) -> float | None:
+        """When this running job's :meth:`run_key` or eligibility changes by itself.
+
+        The simulator re-sorts the job then and runs a round; the live scheduler ticks
+        anyway. Preemptive policies revisit when the start protection ends.
+        """
+        if self.preemptive and job.started_at is not None:
+            end = job.started_at + self.min_run_s
+            if end > now:
+                return end
+        return None
+
+    # ------------------------------------------------------------- the round
+    def decide(self, state: SchedulerState, now: float) -> list[Decision]:
+        return schedule(self, state, now)
+
+    def walk(self, rnd: Round) -> None:
+        """Walk the queue and start what can start (backfill overrides this)."""
+        walk = rnd.queue_walk()
+        while (job := walk.peek()) is not None:
+            if rnd.try_start(job):
+                walk.advance()
+            elif not self.strict:
+                walk.drop()
+            elif rnd.book is not None and rnd.book.active:
+                walk.drop_team(job.team)
+            else:
+                break
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def schedule(policy: BasePolicy, state: SchedulerState, now: float) -> list[Decision]:
+    """Run one scheduling round of ``policy``; the state is left unchanged."""
+    if not state.queued:
+        return []
+    rnd = Round(policy, state, now)
+    try:
+        policy.walk(rnd)
+    finally:
+        rnd.work.undo()
+    return rnd.decisions
+
+
+# ----------------------------------------------------------------- queue walk
+
+
+def group_queue(queued: Iterable[SchedJob], key: Callable[[SchedJob], Key]) -> list[list[SchedJob]]:
+    """The queue grouped by :func:`job_shape`, each group sorted by ``key``."""
+    groups: dict[Hashable, list[SchedJob]] = {}
+    for job in queued:
+        groups.setdefault(job_shape(job), []).append(job)
+    out = list(groups.values())
+    for group in out:
+        group.sort(key=key)
+    return out
+
+
+class QueueWalk:
+    """A k-way merge of sorted groups where a whole group can be skipped at once.
+
+    With a dynamic key (it may only grow within a round), a head whose key changed is
+    pushed back before it is returned.
+    """
+
+    def __init__(
+        self,
+        groups: Collection[Sequence[SchedJob]],
+        key: Callable[[SchedJob], Key],
+        *,
+        dynamic: bool = False,
+    ) -> None:
+        self._groups = [g for g in groups if g]
+        self._key = key
+        self._dynamic = dynamic
+        self._heap: list[tuple[Key, int, int]] = [
+            (key(g[0]), i, 0) for i, g in enumerate(self._groups)
+        ]
+        heapq.heapify(self._heap)
+
+    def peek(self) -> SchedJob | None:
+        heap = self._heap
+        while heap:
+            key, i, pos = heap[0]
+            job = self._groups[i][pos]
+            if self._dynamic:
+                fresh = self._key(job)
+                if fresh != key:
+                    heapq.heapreplace(heap, (fresh, i, pos))
+                    continue
+            return job
+        return None
+
+    def advance(self) -> None:
+        """Move past the job :meth:`peek` returned (it started)."""
+        _, i, pos = self._heap[0]
+        group = self._groups[i]
+        if pos + 1 < len(group):
+            heapq.heapreplace(self._heap, (self._key(group[pos + 1]), i, pos + 1))
+        else:
+            heapq.heappop(self._heap)
+
+    def drop(self) -> None:
+        """Skip the rest of the group of the job :meth:`peek` returned."""
+        heapq.heappop(self._heap)
+
+    def drop_team(self, team: str) -> None:
+        """Skip every group of ``team`` (groups are per team: see ``job_shape``)."""
+        self._heap = [e for e in self._heap if self._groups[e[1]][0].team != team]
+        heapq.heapify(self._heap)
+
+
+# ----------------------------------------------------------------- tentative work
+
+
+class Work:
+    """Tentative placement on the live cluster, undone by :meth:`undo`."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._log: list[tuple[bool, Placement]] = []
+
+    def place(self, job: SchedJob) -> Placement | None:
+        return place(self.cluster, job.request, pool=job.pool)
+
+    def take(self, placement: Placement) -> None:
+        allocate(self.cluster, placement)
+        self._log.append((True, placement))
+
+    def try_take(self, placement: Placement) -> bool:
+        """Take ``placement`` if every slot still fits (nothing changes otherwise)."""
+        try:
+            allocate(self.cluster, placement)
+        except ValueError:
+            return False
+        self._log.append((True, placement))
+        return True
+
+    def give(self, placement: Placement) -> None:
+        release(self.cluster, placement)
+        self._log.append((False, placement))
+
+    def undo(self) -> None:
+        cluster = self.cluster
+        for took, placement in reversed(self._log):
+            if took:
+                release(cluster, placement)
+            else:
+                allocate(cluster, placement)
+        self._log.clear()
+
+
+def _node_could_host(node: Node, request: Request) -> bool:
+    """Whether an empty ``node`` could hold one worker of ``request`` (static check)."""
+    if request.gpus:
+        return len(node.gpus) >= request.gpus
+    if request.gpu_milli or request.mig_profile is not None:
+        return bool(node.gpus)
+    return True
+
+
+def _node_fits_now(node: Node, request: Request) -> bool:
+    """Whether one worker of ``request`` fits on ``node`` as it is now (cheap check)."""
+    if node.free_cpu_milli < request.cpu_milli or node.free_memory_mib < request.memory_mib:
+        return False
+    if request.gpus:
+        whole = 0
+        for gpu in node.gpus:
+            if gpu.free_milli == GPU_MILLI and not gpu.mig_slices:
+                whole += 1
+        return whole >= request.gpus
+    if request.gpu_milli:
+        return any(g.free_milli >= request.gpu_milli and not g.mig_slices for g in node.gpus)
+    return True
+
+
+# ----------------------------------------------------------------- one round
+
+
+class Round:
+    """One scheduling round: the tentative state and the decisions so far."""
+
+    def __init__(self, policy: BasePolicy, state: SchedulerState, now: float) -> None:
+        self.policy = policy
+        self.state = state
+        self.now = now
+        self.cluster = state.cluster
+        self.work = Work(state.cluster)
+        self.decisions: list[Decision] = []
+        self.started: list[SchedJob] = []
+        self.preempted: set[str] = set()
+        self.extra: dict[str, Any] = {}
+        """Scratch space for a policy's per-round bookkeeping."""
+        self.book: QuotaBook | None = (
+            QuotaBook(state.quotas, state.allocated_by_team()) if state.quotas else None
+        )
+        self._ordered = state.ordered_by == policy.name
+        self._running: Sequence[SchedJob] | None = None
+
+    # ------------------------------------------------------------- views
+    def queue_walk(self) -> QueueWalk:
+        policy = self.policy
+        if self._ordered and self.state.queue_groups is not None:
+            groups: Collection[Sequence[SchedJob]] = self.state.queue_groups
+        else:
+            groups = group_queue(self.state.queued, policy.order_key)
+        if policy.dynamic_merge:
+            return QueueWalk(groups, lambda job: policy.merge_key(job, self), dynamic=True)
+        return QueueWalk(groups, policy.order_key)
+
+    def running(self) -> Sequence[SchedJob]:
+        """Running jobs in victim order (sorted once per round when not supplied)."""
+        if self._running is None:
+            if self._ordered:
+                self._running = self.state.running
+            else:
+                now = self.now
+                run_key = self.policy.run_key
+                self._running = sorted(self.state.running, key=lambda j: run_key(j, now))
+        return self._running
+
+    def pool_of(self, job: SchedJob) -> str:
+        return job_pool(self.cluster, job)
+
+    # ------------------------------------------------------------- start one job
+    def try_start(self, job: SchedJob) -> bool:
+        """Admit, place (preempting if allowed) and record the start of ``job``."""
+        book = self.book
+        pool = self.pool_of(job)
+        admission = Admission.WITHIN
+        if book is not None and pool:
+            admission = book.admit(job, pool)
+            if admission is Admission.NEVER:
+                return False
+        placement = None if admission is Admission.WAIT else self.work.place(job)
+        victims: list[tuple[SchedJob, str]] = []
+        if placement is None:
+            # Over quota (its team may make room by preempting its own lower jobs) or
+            # no room: try preemption.
+            found = self._preempt_for(job, pool, admission)
+            if found is None:
+                return False
+            placement, victims = found
+            if book is not None and pool:
+                admission = book.admit(job, pool)
+        else:
+            self.work.take(placement)
+        if book is not None and not pool:
+            pool = self.cluster.nodes[placement.slots[0].node].pool
+            admission = book.admit(job, pool)
+            if admission is Admission.WAIT or admission is Admission.NEVER:
+                # Undo this job only: its placement, then its victims in reverse.
+                self.work.give(placement)
+                self._restore(victim for victim, _ in reversed(victims))
+                return False
+        for victim, reason in victims:
+            self.preempted.add(victim.id)
+            self.decisions.append(Preempt(victim.id, reason))
+        self.decisions.append(Start(job.id, placement, borrowed=admission is Admission.BORROW))
+        self.started.append(job)
+        if book is not None and pool:
+            book.charge(job, pool)
+        return True
+
+    # ------------------------------------------------------------- preemption
+    def _rank(self, job: SchedJob, victim: SchedJob) -> bool | None:
+        """``True``: ``job`` outranks ``victim``; ``None``: not this victim; ``False``:
+        neither this nor any later victim (victim order lists lower classes first and,
+        within a class, higher levels first)."""
+        policy = self.policy
+        mine, theirs = job.priority.value, victim.priority.value
+        if theirs < mine:
+            by_class = policy.class_aware and policy.class_preemption and job.priority.preempts
+            return True if by_class else None
+        if theirs > mine or not policy.preemptive:
+            return False
+        return bool(policy.level(job, self.now) < policy.level(victim, self.now))
+
+    def _preemptible_now(self, victim: SchedJob, pool: str) -> bool:
+        if victim.id in self.preempted or not victim.priority.preemptible:
+            return False
+        started = victim.started_at
+        if started is not None and self.now - started < self.policy.min_run_s:
+            return False  # protected: it (re)started too recently
+        return not pool or self.pool_of(victim) == pool
+
+    def _victim_reason(
+        self, job: SchedJob, victim: SchedJob, pool: str, reclaim: bool
+    ) -> str | None | bool:
+        """Why ``job`` may preempt ``victim`` (a reason), ``None`` (not this one) or
+        ``False`` (no later running job can qualify either)."""
+        rank = self._rank(job, victim)
+        if rank is False and not reclaim:
+            return False
+        if not self._preemptible_now(victim, pool):
+            return None
+        book = self.book
+        if book is not None and pool and book.managed(pool) and victim.team != job.team:
+            # Across teams only borrowed capacity is taken back, never a guarantee.
+            borrowing = book.over_guarantee(victim.team, pool) and _same_cohort(
+                book, job.team, victim.team, pool
+            )
+            return "reclaim" if reclaim and borrowing else None
+        return "priority" if rank else None
+
+    def _preempt_for(
+        self, job: SchedJob, pool: str, admission: Admission
+    ) -> tuple[Placement, list[tuple[SchedJob, str]]] | None:
+        """Release victims tentatively until ``job`` fits; ``None`` (nothing changed)
+        when it cannot fit even then. On success the placement is taken."""
+        policy = self.policy
+        book = self.book
+        reclaim = (
+            book is not None
+            and book.active
+            and bool(pool)
+            and admission is Admission.WITHIN
+            and book.managed(pool)
+        )
+        if not (policy.preemptive or (policy.class_aware and policy.class_preemption) or reclaim):
+            return None
+        quota_bound = book is not None and admission is Admission.WAIT
+        released, placement = self._release_until_fits(job, pool, reclaim, quota_bound)
+        if placement is None:
+            self._restore(victim for victim, _ in reversed(released))
+            return None
+        self.work.take(placement)
+        return placement, self._keep_spared(job, pool, released, quota_bound)
+
+    def _release_until_fits(
+        self, job: SchedJob, pool: str, reclaim: bool, quota_bound: bool
+    ) -> tuple[list[tuple[SchedJob, str]], Placement | None]:
+        """Release victims until ``job`` can be placed (and, when ``quota_bound``, its
+        team's quota admits it); returns the victims released so far and the placement.
+
+        Whole-GPU requests look at victims in victim order but release only those on
+        nodes that would then hold a worker (see :class:`_NodeGains`), so freeing GPUs
+        scattered over nodes that cannot host the job costs nothing; other requests
+        release victims in victim order and try to place after each.
+        """
+        if job.request.gpus and not quota_bound:
+            return self._release_on_nodes(job, pool, reclaim)
+        request = job.request
+        nodes = self.cluster.nodes
+        released: list[tuple[SchedJob, str]] = []
+        room = False
+        for victim, reason in self._victims(job, pool, reclaim):
+            held = victim.placement
+            assert held is not None  # noqa: S101 - _victims yields placed jobs
+            slot_nodes = [nodes[slot.node] for slot in held.slots]
+            if not any(_node_could_host(node, request) for node in slot_nodes):
+                continue  # freeing it would never help
+            self._release(victim, reason, released)
+            room = room or any(_node_fits_now(node, request) for node in slot_nodes)
+            if room and (not quota_bound or self._admissible(job, pool)):
+                placement = self.work.place(job)
+                if placement is not None:
+                    return released, placement
+        return released, None
+
+    def _release_on_nodes(
+        self, job: SchedJob, pool: str, reclaim: bool
+    ) -> tuple[list[tuple[SchedJob, str]], Placement | None]:
+        gains = _NodeGains(self.cluster, job.request)
+        released: list[tuple[SchedJob, str]] = []
+        for victim, reason in self._victims(job, pool, reclaim):
+            if not gains.add(victim, reason):
+                continue
+            for ready_victim, ready_reason in gains.take_ready():
+                self._release(ready_victim, ready_reason, released)
+            placement = self.work.place(job)
+            if placement is not None:
+                return released, placement
+        return released, None
+
+    def _victims(self, job: SchedJob, pool: str, reclaim: bool) -> Iterator[tuple[SchedJob, str]]:
+        """The running jobs ``job`` may preempt, in victim order, with the reason."""
+        for victim in self.running():
+            reason = self._victim_reason(job, victim, pool, reclaim)
+            if reason is False:
+                return
+            if isinstance(reason, str) and victim.placement is not None:
+                yield victim, reason
+
+    def _release(self, victim: SchedJob, reason: str, released: list[tuple[SchedJob, str]]) -> None:
+        assert victim.placement is not None  # noqa: S101 - victims are placed
+        self.work.give(victim.placement)
+        if self.book is not None:
+            self.book.refund(victim, self.pool_of(victim))
+        released.append((victim, reason))
+
+    def _keep_spared(
+        self, job: SchedJob, pool: str, released: list[tuple[SchedJob, str]], quota_bound: bool
+    ) -> list[tuple[SchedJob, str]]:
+        """Put back every released victim the placement (and the team's quota) can
+        spare; the victims that must really be preempted, in release order."""
+        work, book = self.work, self.book
+        needed: list[tuple[SchedJob, str]] = []
+        for victim, reason in reversed(released):
+            assert victim.placement is not None  # noqa: S101 - released ones are placed
+            if not work.try_take(victim.placement):
+                needed.append((victim, reason))
+                continue
+            if book is not None:
+                victim_pool = self.pool_of(victim)
+                book.charge(victim, victim_pool)
+                if quota_bound and not self._admissible(job, pool):
+                    work.give(victim.placement)
+                    book.refund(victim, victim_pool)
+                    needed.append((victim, reason))
+        needed.reverse()
+        return needed
+
+    def _admissible(self, job: SchedJob, pool: str) -> bool:
+        if self.book is None or not pool:
+            return True
+        verdict = self.book.admit(job, pool)
+        return verdict is Admission.WITHIN or verdict is Admission.BORROW
+
+    def _restore(self, victims: Iterable[SchedJob]) -> None:
+        """Put tentatively released victims back (in the order given)."""
+        for victim in victims:
+            assert victim.placement is not None  # noqa: S101 - running jobs are placed
+            self.work.take(victim.placement)
+            if self.book is not None:
+                self.book.charge(victim, self.pool_of(victim))
+
+
+class _NodeGains:
+    """What preempting candidate victims would free per node, for a whole-GPU request.
+
+    :meth:`add` counts a victim's GPUs, CPU and memory on each node that could host a
+    worker; once the nodes could hold all the request's workers (free capacity plus
+    what their candidates hold), :meth:`take_ready` hands over the candidates on those
+    nodes to release. Fractional and MIG slots free no whole GPU and count as none.
+    """
+
+    def __init__(self, cluster: Cluster, request: Request) -> None:
+        self.nodes = cluster.nodes
+        self.request = request
+        self.gain: dict[str, list[int]] = {}
+        self.waiting: dict[str, list[tuple[SchedJob, str]]] = {}
+        self.workers: dict[str, int] = {}
+        self.total = 0
+        self.taken: set[str] = set()
+
+    def _capacity(self, node: Node, gain: list[int]) -> int:
+        request = self.request
+        whole = free_whole_gpus(node) + gain[0]
+        count = whole // request.gpus
+        if request.cpu_milli:
+            count = min(count, (node.free_cpu_milli + gain[1]) // request.cpu_milli)
+        if request.memory_mib:
+            count = min(count, (node.free_memory_mib + gain[2]) // request.memory_mib)
+        return max(count, 0)
+
+    def add(self, victim: SchedJob, reason: str) -> bool:
+        """Count ``victim``; whether the nodes could now hold every worker."""
+        assert victim.placement is not None  # noqa: S101 - victims are placed
+        useful = False
+        for slot in victim.placement.slots:
+            node = self.nodes[slot.node]
+            if len(node.gpus) < self.request.gpus or not _allowed_models(node, self.request):
+                continue
+            gain = self.gain.setdefault(node.name, [0, 0, 0])
+            whole = slot.gpu_milli == 0 and slot.mig_profile is None
+            gain[0] += len(slot.gpus) if whole else 0
+            gain[1] += slot.cpu_milli
+            gain[2] += slot.memory_mib
+            waiting = self.waiting.setdefault(node.name, [])
+            if not waiting or waiting[-1][0] is not victim:
+                waiting.append((victim, reason))
+            capacity = self._capacity(node, gain)
+            self.total += capacity - self.workers.get(node.name, 0)
+            self.workers[node.name] = capacity
+            useful = True
+        return useful and self.total >= self.request.workers
+
+    def take_ready(self) -> list[tuple[SchedJob, str]]:
+        """The candidates on nodes that can hold a worker, not handed over before."""
+        ready: list[tuple[SchedJob, str]] = []
+        for name, capacity in self.workers.items():
+            if capacity <= 0:
+                continue
+            self.gain[name] = [0, 0, 0]  # released now: counted in the node's free capacity
+            for victim, reason in self.waiting.pop(name, []):
+                if victim.id not in self.taken:
+                    self.taken.add(victim.id)
+                    ready.append((victim, reason))
+        return ready
+
+
+def _allowed_models(node: Node, request: Request) -> bool:
+    return not request.gpu_models or any(g.model in request.gpu_models for g in node.gpus)
+
+
+def _same_cohort(book: QuotaBook, team: str, other: str, pool: str) -> bool:
+    mine = book.quotas.get((team, pool))
+    theirs = book.quotas.get((other, pool))
+    return (mine.cohort if mine else "default") == (theirs.cohort if theirs else "default")

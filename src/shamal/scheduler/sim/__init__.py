@@ -1,0 +1,42 @@
+"""The trace-driven simulator: replays job traces through the live scheduler's policies,
+admission and placement code (see :mod:`shamal.scheduler.sim._simulator`)."""
+
+from shamal.scheduler.sim._plot import plot_timeline
+from shamal.scheduler.sim._simulator import (
+    DEFAULT_PREEMPTION_COST_S,
+    NORMAL,
+    SimOptions,
+    SimResult,
+    Simulator,
+    simulate,
+)
+from shamal.scheduler.sim._trace import (
+    DEFAULT_POOL,
+    TraceError,
+    TraceJob,
+    assign_teams,
+    gang_request,
+    load_machines,
+    load_teams,
+    load_trace,
+    team_cluster,
+)
+
+__all__ = [
+    "DEFAULT_POOL",
+    "DEFAULT_PREEMPTION_COST_S",
+    "NORMAL",
+    "SimOptions",
+    "SimResult",
+    "Simulator",
+    "TraceError",
+    "TraceJob",
+    "assign_teams",
+    "gang_request",
+    "load_machines",
+    "load_teams",
+    "load_trace",
+    "plot_timeline",
+    "simulate",
+    "team_cluster",
+]

@@ -1,0 +1,255 @@
+"""The executors' pure parts: outcomes, environments, log framing, process identity,
+Ray bundle shapes, and the value types' JSON round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shamal.errors import InvalidParameter
+from shamal.executors import (
+    REQUEUE_EXIT_CODE,
+    ExitReason,
+    ExitStatus,
+    Handle,
+    LaunchFailed,
+    LaunchSpec,
+)
+from shamal.executors._env import (
+    clean_environment,
+    compose_environment,
+    gang_layout,
+    platform_variables,
+    slot_visible_devices,
+)
+from shamal.executors._logs import MAX_LINE, LineFramer
+from shamal.executors._outcome import StopCause, decide_outcome, stronger
+from shamal.executors._procfs import (
+    ProcessIdentity,
+    atomic_write_json,
+    kill_group_of,
+    read_json,
+)
+from shamal.executors._ray import bundle_for, strategy_for
+from shamal.scheduler._resources import Placement, Slot
+from tests.executors.conftest import python
+
+# ---------------------------------------------------------------- outcomes
+
+
+@pytest.mark.parametrize(
+    ("codes", "cause", "culprit", "reason", "requeue"),
+    [
+        ((0, 0), None, None, ExitReason.SUCCEEDED, False),
+        ((0, 3), StopCause.GANG, 1, ExitReason.FAILED, False),
+        ((-15, REQUEUE_EXIT_CODE), StopCause.GANG, 1, ExitReason.FAILED, True),
+        ((REQUEUE_EXIT_CODE,), StopCause.PREEMPT, None, ExitReason.PREEMPTED, True),
+        ((-9,), StopCause.PREEMPT, None, ExitReason.PREEMPTED, True),
+        ((0,), StopCause.PREEMPT, None, ExitReason.SUCCEEDED, False),
+        ((REQUEUE_EXIT_CODE,), StopCause.TIMEOUT, None, ExitReason.TIMEOUT, False),
+        ((0,), StopCause.CANCEL, None, ExitReason.KILLED, False),
+        ((REQUEUE_EXIT_CODE,), StopCause.CANCEL, None, ExitReason.KILLED, False),
+    ],
+)
+def test_outcome_rules(
+    codes: tuple[int, ...],
+    cause: StopCause | None,
+    culprit: int | None,
+    reason: ExitReason,
+    requeue: bool,
+) -> None:
+    status = decide_outcome(codes, cause, culprit)
+    assert (status.reason, status.requeue) == (reason, requeue)
+    assert status.exit_codes == codes
+
+
+def test_failed_outcome_names_the_culprit_code() -> None:
+    status = decide_outcome((-15, 7, 2), None, 1)
+    assert status.exit_code == 7
+    assert "rank 1" in status.detail
+    assert decide_outcome((0, 4), None, None).culprit_rank == 1  # first non-zero
+
+
+def test_stronger_causes_win() -> None:
+    assert stronger(None, StopCause.GANG)
+    assert stronger(StopCause.GANG, StopCause.PREEMPT)
+    assert stronger(StopCause.PREEMPT, StopCause.CANCEL)
+    assert not stronger(StopCause.CANCEL, StopCause.PREEMPT)
+    assert not stronger(StopCause.TIMEOUT, StopCause.TIMEOUT)
+
+
+def test_exit_status_round_trip_and_refusal() -> None:
+    status = ExitStatus(ExitReason.FAILED, (0, None, -9), True, 2, "why")
+    assert ExitStatus.from_dict(status.to_dict()) == status
+    with pytest.raises(ValueError, match="malformed"):
+        ExitStatus.from_dict({"reason": "failed"})
+    with pytest.raises(ValueError, match="is not a valid"):
+        ExitStatus.from_dict({**status.to_dict(), "reason": "exploded"})
+
+
+def test_handle_round_trip() -> None:
+    handle = Handle("local", "job-1", 2, Path("/logs/a.log"), {"k": [1, "x"]})
+    assert Handle.from_json(handle.to_json()) == handle
+    for bad in ("[]", '{"executor": "local"}', '{"executor":"l","job_id":"j","attempt":"x",'):
+        with pytest.raises(InvalidParameter):
+            Handle.from_json(bad)
+
+
+def test_launch_spec_validation(tmp_path: Path) -> None:
+    ok = LaunchSpec(
+        job_id="j",
+        attempt=0,
+        command=python("pass"),
+        workdir=tmp_path,
+        env={},
+        placement=Placement((Slot("n", 1, 1),)),
+        log_path=tmp_path / "a.log",
+    )
+    assert ok.world_size == 1
+    changes: list[dict[str, Any]] = [
+        {"job_id": "a/b"},
+        {"attempt": -1},
+        {"command": ()},
+        {"placement": Placement(())},
+        {"time_limit_s": 0.0},
+        {"grace_s": -1.0},
+    ]
+    for change in changes:
+        with pytest.raises(InvalidParameter):
+            dataclasses.replace(ok, **change)
+
+
+# ---------------------------------------------------------------- environment
+
+
+def test_clean_environment_keeps_only_the_allow_list() -> None:
+    source = {"PATH": "/bin", "HOME": "/h", "SHAMAL_ADMIN_TOKEN": "x", "AWS_SECRET": "y"}
+    assert clean_environment(source, ("PATH", "HOME", "LANG")) == {"PATH": "/bin", "HOME": "/h"}
+
+
+def test_platform_variables_win_over_the_jobs() -> None:
+    env = compose_environment(
+        {"PATH": "/bin"},
+        {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PYTHONUNBUFFERED": "0", "MINE": "1"},
+        {"CUDA_VISIBLE_DEVICES": "2"},
+    )
+    assert env == {
+        "PATH": "/bin",
+        "PYTHONUNBUFFERED": "0",
+        "MINE": "1",
+        "CUDA_VISIBLE_DEVICES": "2",
+    }
+
+
+def test_gang_layout_counts_per_node() -> None:
+    assert gang_layout(["a", "b", "a", "a"]) == [(0, 3), (0, 1), (1, 3), (2, 3)]
+
+
+def test_platform_variables_for_a_gang_member() -> None:
+    env = platform_variables(
+        "j", 3, rank=2, world_size=4, layout=(1, 2), master=("10.0.0.5", 29500), gpu_milli=500
+    )
+    assert env["RANK"] == "2"
+    assert env["WORLD_SIZE"] == "4"
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("1", "2")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.5", "29500")
+    assert env["SHAMAL_ATTEMPT"] == "3"
+    assert env["SHAMAL_GPU_FRACTION"] == "0.5"
+    with pytest.raises(ValueError, match="master"):
+        platform_variables("j", 0, rank=0, world_size=2, layout=(0, 2), master=None)
+
+
+def test_mig_without_nvml_falls_back_to_the_index() -> None:
+    mig = Slot("n", 0, 0, gpus=(4,), mig_profile="1g.10gb", mig_start=1)
+    assert slot_visible_devices(mig, None, lambda g, s, p: None) == "4"
+    assert slot_visible_devices(mig, None, None) == "4"
+    with pytest.raises(LaunchFailed):
+        slot_visible_devices(mig, None, _raise_lookup)
+
+
+def _raise_lookup(gpu: int, start: int, profile: str) -> str:
+    raise LookupError("absent")
+
+
+# ---------------------------------------------------------------- log framing
+
+
+def test_framer_emits_whole_prefixed_lines() -> None:
+    framer = LineFramer(b"[rank 1] ")
+    assert framer.feed(b"par") == b""
+    assert framer.feed(b"tial\nnext\nhalf") == b"[rank 1] partial\n[rank 1] next\n"
+    assert framer.feed(b"\n\n") == b"[rank 1] half\n[rank 1] \n"
+    assert framer.feed(b"tail") == b""
+    assert framer.flush() == b"[rank 1] tail\n"
+    assert framer.flush() == b""
+
+
+def test_framer_cuts_endless_lines() -> None:
+    framer = LineFramer()
+    out = framer.feed(b"x" * (MAX_LINE + 10))
+    assert out == b"x" * MAX_LINE + b"\n"
+    assert framer.flush() == b"x" * 10 + b"\n"
+
+
+# ---------------------------------------------------------------- process identity
+
+
+def test_identity_of_a_live_and_a_finished_process() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    identity = ProcessIdentity.of(proc.pid)
+    assert identity is not None
+    assert identity.is_alive()
+    impostor = ProcessIdentity(proc.pid, identity.start_ticks + 1, identity.boot)
+    assert not impostor.is_alive()  # same pid, another start time: a reused pid
+    other_boot = ProcessIdentity(proc.pid, identity.start_ticks, "another-boot")
+    assert not other_boot.is_alive()
+    assert not kill_group_of(impostor, signal.SIGKILL)  # never signals a reused pid
+    assert ProcessIdentity.from_dict(identity.to_dict()) == identity
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait()
+    assert not identity.is_alive()
+
+
+def test_identity_of_no_process() -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # pids stay below it
+    assert ProcessIdentity.of(pid_max) is None
+
+
+def test_atomic_json_files(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    assert read_json(path) is None
+    atomic_write_json(path, {"a": 1})
+    atomic_write_json(path, {"a": 2})
+    assert read_json(path) == {"a": 2}
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp files left
+    path.write_text("[1, 2]")
+    assert read_json(path) is None  # not an object
+
+
+# ---------------------------------------------------------------- ray shapes
+
+
+def test_ray_bundles_follow_the_slots() -> None:
+    assert bundle_for(Slot("n", 1500, 256)) == {"CPU": 1.5, "memory": 256.0 * 1024 * 1024}
+    assert bundle_for(Slot("n", 1000, 0, gpus=(0, 1)))["GPU"] == 2.0
+    assert bundle_for(Slot("n", 1000, 0, gpus=(0,), gpu_milli=250))["GPU"] == 0.25
+    mig = bundle_for(Slot("n", 1000, 0, gpus=(0,), mig_profile="3g.40gb"))
+    assert mig["GPU"] == pytest.approx(3 / 7, abs=1e-3)
+    assert bundle_for(Slot("n", 0, 0)) == {"CPU": 0.001}
+
+
+def test_ray_strategy_follows_the_placement_shape() -> None:
+    one_node = Placement((Slot("a", 1, 1), Slot("a", 1, 1)))
+    two_nodes = Placement((Slot("a", 1, 1), Slot("b", 1, 1)))
+    assert strategy_for(one_node) == "STRICT_PACK"
+    assert strategy_for(two_nodes) == "PACK"

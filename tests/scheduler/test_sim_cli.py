@@ -1,0 +1,167 @@
+"""`shamal sim` through Typer's CliRunner: JSON keys, the plot, errors, teams."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shamal.cli import app
+
+runner = CliRunner()
+
+KEYS = {
+    "jobs_finished",
+    "avg_jct_s",
+    "p50_jct_s",
+    "p99_jct_s",
+    "avg_queue_s",
+    "gpu_utilization",
+    "makespan_s",
+    "preemptions",
+    "policy",
+}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    trace = tmp_path / "jobs.csv"
+    rows = ["job_id,submit_time_s,duration_s,queue_s,num_gpus,num_cpus,mem_mib,user,vc,status"]
+    for i in range(40):
+        rows.append(f"{i},{i * 30},{(i % 7 + 1) * 200},,{[1, 2, 4, 8, 16][i % 5]},,,,,Failed")
+    trace.write_text("\n".join(rows) + "\n")
+    machines = tmp_path / "machines.csv"
+    machines.write_text(
+        "machineId, number of GPUs, single GPU mem\nm0,8, 24GB\nm1,8, 24GB\nm2,2, 12GB\n"
+    )
+    return trace, machines
+
+
+def test_json_has_the_metrics(files: tuple[Path, Path]) -> None:
+    trace, machines = files
+    result = runner.invoke(
+        app, ["sim", "--trace", str(trace), "--machines", str(machines), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)
+    assert set(metrics) >= KEYS
+    assert metrics["jobs_finished"] == 40
+    assert metrics["policy"] == "las"  # the default policy
+
+
+@pytest.mark.parametrize("policy", ["fifo", "srtf-oracle", "backfill"])
+def test_policy_and_preemption_cost_options(files: tuple[Path, Path], policy: str) -> None:
+    trace, machines = files
+    result = runner.invoke(
+        app,
+        [
+            "sim",
+            "--trace",
+            str(trace),
+            "--machines",
+            str(machines),
+            "--policy",
+            policy,
+            "--preemption-cost",
+            "10",
+            "--limit",
+            "30",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)
+    assert metrics["policy"] == policy
+    assert metrics["jobs"] == 30
+    assert metrics["preemption_cost_s"] == 10
+
+
+def test_plot_writes_a_png(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, machines = files
+    plot = tmp_path / "out" / "timeline.png"
+    result = runner.invoke(
+        app,
+        ["sim", "--trace", str(trace), "--machines", str(machines), "--plot", str(plot), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(result.output)["plot"] == str(plot)
+
+
+def test_table_output(files: tuple[Path, Path]) -> None:
+    trace, machines = files
+    result = runner.invoke(app, ["sim", "--trace", str(trace), "--machines", str(machines)])
+    assert result.exit_code == 0, result.output
+    assert "average JCT" in result.output
+    assert "GPU utilization" in result.output
+
+
+def test_json_machine_list(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, _ = files
+    machines = tmp_path / "machines.json"
+    machines.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {
+                        "name": "big",
+                        "gpus": 8,
+                        "gpu_model": "H100",
+                        "gpu_memory_mib": 81920,
+                        "count": 2,
+                    },
+                    {"name": "small", "gpus": 2, "cpus": 16, "memory_mib": 65536},
+                ]
+            }
+        )
+    )
+    result = runner.invoke(
+        app, ["sim", "--trace", str(trace), "--machines", str(machines), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["gpus"] == 18
+
+
+def test_teams_mode(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, _ = files
+    teams = tmp_path / "vc.csv"
+    teams.write_text("vc,node num\nred,2\nblue,1\n")
+    for extra in ([], ["--isolated"]):
+        result = runner.invoke(
+            app, ["sim", "--trace", str(trace), "--teams", str(teams), "--json", *extra]
+        )
+        assert result.exit_code == 0, result.output
+        metrics = json.loads(result.output)
+        assert set(metrics["teams"]) == {"red", "blue"}
+        assert metrics["gpus"] == 24
+
+
+def test_errors_are_one_line_with_a_hint(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, machines = files
+    result = runner.invoke(app, ["sim", "--machines", str(machines)])
+    assert result.exit_code == 1
+    assert "--trace is required" in result.output
+    result = runner.invoke(
+        app, ["sim", "--trace", str(trace), "--machines", str(machines), "--policy", "nope"]
+    )
+    assert result.exit_code == 1
+    assert "unknown policy" in result.output
+    assert "las" in result.output
+    no_durations = tmp_path / "gavel.csv"
+    no_durations.write_text("job_id,submit_time_s,duration_s,num_gpus\n0,0,,1\n")
+    result = runner.invoke(app, ["sim", "--trace", str(no_durations), "--machines", str(machines)])
+    assert result.exit_code == 1
+    assert "duration" in result.output
+    result = runner.invoke(
+        app, ["sim", "--trace", str(tmp_path / "missing.csv"), "--machines", str(machines)]
+    )
+    assert result.exit_code == 1
+    assert "cannot read trace" in result.output
+
+
+def test_pack_is_registered() -> None:
+    result = runner.invoke(app, ["sim", "pack", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--nodes" in result.output
