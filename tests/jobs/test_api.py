@@ -138,8 +138,10 @@ def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
         _link("hard", "/etc/passwd", tarfile.LNKTYPE),
         tarfile.TarInfo("../escape.py"),
         tarfile.TarInfo("/abs.py"),
+        _link("dev", "", tarfile.CHRTYPE),
+        tarfile.TarInfo("a/../../x.py"),
     ],
-    ids=["symlink", "hardlink", "dotdot", "absolute"],
+    ids=["symlink", "hardlink", "dotdot", "absolute", "device", "nested-dotdot"],
 )
 def test_hostile_snapshots_are_refused(api: TestClient, member: tarfile.TarInfo) -> None:
     payload = b"x" if member.isfile() else b""
@@ -163,3 +165,15 @@ def test_cost_report_needs_a_valid_period(api: TestClient) -> None:
     assert bad.status_code == 400
     assert api.get("/api/v1/cost", params={"since": "yesterday"}).status_code == 400
     assert api.get("/api/v1/cost", params={"since": "2026-01-01", "by": "x"}).status_code == 400
+
+
+def test_query_parameters_are_strict(api: TestClient) -> None:
+    typo = api.get("/api/v1/jobs", params={"stat": "queued"})
+    assert (typo.status_code, "unknown query parameter 'stat'" in typo.json()["message"]) == (
+        400,
+        True,
+    )
+    twice = api.get("/api/v1/jobs?team=a&team=b")
+    assert (twice.status_code, "only once" in twice.json()["message"]) == (400, True)
+    many = api.get("/api/v1/jobs?state=queued&state=running")
+    assert many.status_code == 200  # a list parameter may repeat

@@ -159,3 +159,18 @@ def test_a_claim_rechecks_capacity_under_the_lock(platform: Platform) -> None:
     assert life.admit(first.id, PLACEMENT, "test", fits=one_at_a_time) is not None
     assert life.admit(second.id, PLACEMENT, "test", fits=one_at_a_time) is None
     assert life.get(second.id).state is JobState.QUEUED
+
+
+def test_the_predictor_report_replays_history_honestly(platform: Platform) -> None:
+    life = JobLifecycle(platform.db, platform.audit, "s1")
+    admin = platform.security.authenticate(platform.admin_secret or "")
+    assert platform.jobs.predictor_report(admin)["n"] == 0
+    for _ in range(3):
+        job = _run(life, _submit(platform))
+        assert life.ended(job, JobState.SUCCEEDED, reason="exited 0", exit_code=0) is not None
+    failed = _run(life, _submit(platform))
+    life.ended(failed, JobState.FAILED, reason="exit 1", exit_code=1)
+    report = platform.jobs.predictor_report(admin)
+    # The first succeeded job had no history to be predicted from; failed jobs teach nothing.
+    assert (report["n"], report["unpredicted"]) == (2, 1)
+    assert 0 <= report["within_2x"] <= 1

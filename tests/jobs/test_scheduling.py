@@ -142,8 +142,13 @@ def log_of(api: ShamalClient, job_id: str, attempt: int | None = None) -> str:
     return data.decode()
 
 
-def test_a_job_runs_logs_and_is_charged(api: ShamalClient, code: Path, marks: Path) -> None:
-    job_id = submit(api, code, marks, "ok")
+def test_a_job_runs_logs_and_is_charged(
+    api: ShamalClient, code: Path, marks: Path, tmp_path: Path
+) -> None:
+    sentinel = tmp_path / "SENTINEL"
+    digest = api.upload_snapshot(code)
+    injected = ["python", "job.py", str(marks), "ok", f"; touch {sentinel}", f"$(touch {sentinel})"]
+    job_id = api.submit_job(injected, snapshot=digest, **SMALL)["id"]
     job = wait_for(state_is(api, job_id, "succeeded", "failed"), "the job to finish")
     assert (job["state"], job["exit_code"], job["attempt"]) == ("succeeded", 0, 1)
     assert f"hello from {job_id} attempt 1" in wait_for(lambda: log_of(api, job_id), "its log")
@@ -159,6 +164,7 @@ def test_a_job_runs_logs_and_is_charged(api: ShamalClient, code: Path, marks: Pa
     (line,) = api.cost_report(by="job", since=since)
     assert (line["key"], line["attempts"], line["gpu_seconds"]) == (job_id, 1, 0)
     assert line["cpu_seconds"] > 0
+    assert not sentinel.exists()  # arguments are argv entries, never shell text
 
 
 def test_a_job_whose_process_is_killed_fails_and_is_retried(

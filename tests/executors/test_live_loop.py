@@ -1,0 +1,53 @@
+"""The live scheduler loop drives the same jobs through either executor (local, Ray)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from shamal import snapshot
+from shamal.executors import Executor
+from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
+from shamal.jobs._loop import SchedulerLoop, SchedulerParts
+from shamal.scheduler import get_policy
+from shamal.security import AuditContext
+from shamal.server._platform import Platform
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_loop_runs_a_snapshot_job_to_success(
+    platform: Platform, executor: Executor, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import os\nprint('trained', os.environ['SHAMAL_JOB_ID'])\n")
+    built = snapshot.build(code, tmp_path)
+    admin = platform.security.authenticate(platform.admin_secret or "")
+    ctx = AuditContext(action="job.snapshot", actor=admin.name, principal=admin)
+    with built.path.open("rb") as handle:
+        platform.jobs.store_snapshot(ctx, built.digest, iter(lambda: handle.read(65536), b""))
+    ctx = AuditContext(action="job.submit", actor=admin.name, principal=admin)
+    spec = JobSpec(command=("python", "train.py"), cpus=0.5, memory_mib=64, snapshot=built.digest)
+    job = platform.jobs.submit(ctx, spec)
+    parts = SchedulerParts(
+        lifecycle=JobLifecycle(platform.db, platform.audit, "loop-test"),
+        jobs=platform.jobs,
+        artifacts=platform.artifacts,
+        executor=executor,
+        cluster=platform.cluster,
+        settings=effective_settings(platform.settings.scheduler),
+        jobs_dir=tmp_path / "jobs",
+    )
+    loop = SchedulerLoop(parts, get_policy("fifo"))
+    loop.recover()
+    deadline = time.monotonic() + 60
+    while platform.jobs.get(admin, job.id).state not in (JobState.SUCCEEDED, JobState.FAILED):
+        assert time.monotonic() < deadline, "the job did not finish in time"
+        loop.tick()
+        time.sleep(0.05)  # the loop's tick interval, shortened; the deadline bounds the wait
+    done = platform.jobs.get(admin, job.id)
+    assert (done.state, done.exit_code) == (JobState.SUCCEEDED, 0)
+    log = platform.jobs.read_log(admin, job.id, None, 0)
+    assert f"trained {job.id}" in log.data.decode()
