@@ -58,7 +58,14 @@ from shamal.executors._procfs import (
     kill_group_of,
     read_json,
 )
-from shamal.executors._protocol import ExitReason, ExitStatus, Handle, LaunchFailed, LaunchSpec
+from shamal.executors._protocol import (
+    ExitReason,
+    ExitStatus,
+    Handle,
+    LaunchFailed,
+    LaunchSpec,
+    poll_until,
+)
 
 __all__ = ["LocalExecutor"]
 
@@ -252,15 +259,9 @@ class LocalExecutor:
 
     def wait(self, handle: Handle, timeout: float | None = None) -> ExitStatus | None:
         """See :meth:`Executor.wait`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.01
-        while (status := self.poll(handle)) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            pause = delay if deadline is None else min(delay, deadline - time.monotonic())
-            time.sleep(max(pause, 0.0))
-            delay = min(delay * 1.5, self._poll_interval_s)
-        return status
+        return poll_until(
+            self.poll, handle, timeout, first_delay=0.01, max_delay=self._poll_interval_s
+        )
 
     def reattach(self, handle_json: str) -> Handle | None:
         """See :meth:`Executor.reattach`."""

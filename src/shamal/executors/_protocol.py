@@ -48,7 +48,8 @@ logs stream while the job runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -251,6 +252,29 @@ class Handle:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidParameter(f"not an executor handle: {exc}") from None
+
+
+def poll_until(
+    poll: Callable[[Handle], ExitStatus | None],
+    handle: Handle,
+    timeout: float | None,
+    *,
+    first_delay: float,
+    max_delay: float,
+) -> ExitStatus | None:
+    """Call ``poll`` with growing pauses until it answers or ``timeout`` seconds pass.
+
+    What every executor's :meth:`Executor.wait` does; ``None`` at the deadline.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = first_delay
+    while (status := poll(handle)) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+        time.sleep(max(pause, 0.0))
+        delay = min(delay * 1.5, max_delay)
+    return status
 
 
 class Executor(Protocol):

@@ -43,7 +43,14 @@ from shamal.errors import InvalidParameter, ServiceUnavailable
 from shamal.executors._env import DEFAULT_PASSTHROUGH, gang_layout, platform_variables
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import atomic_write_json, read_json
-from shamal.executors._protocol import ExitReason, ExitStatus, Handle, LaunchFailed, LaunchSpec
+from shamal.executors._protocol import (
+    ExitReason,
+    ExitStatus,
+    Handle,
+    LaunchFailed,
+    LaunchSpec,
+    poll_until,
+)
 from shamal.scheduler._resources import GPU_MILLI, Placement, Slot, mig_share_milli
 
 __all__ = ["RayExecutor", "bundle_for", "strategy_for"]
@@ -335,15 +342,9 @@ class RayExecutor:
 
     def wait(self, handle: Handle, timeout: float | None = None) -> ExitStatus | None:
         """See :meth:`Executor.wait`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
-        while (status := self.poll(handle)) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            pause = delay if deadline is None else min(delay, deadline - time.monotonic())
-            time.sleep(max(pause, 0.0))
-            delay = min(delay * 1.5, self._poll_interval_s)
-        return status
+        return poll_until(
+            self.poll, handle, timeout, first_delay=0.02, max_delay=self._poll_interval_s
+        )
 
     def reattach(self, handle_json: str) -> Handle | None:
         """See :meth:`Executor.reattach`."""
