@@ -376,6 +376,11 @@ def test_the_cli_submits_follows_and_reports(
     rows = report.read_text().splitlines()
     assert rows[0].startswith("user,jobs,attempts,gpu_seconds")
     assert rows[1].startswith("admin,1,1,0.000,")
+    default = cli.invoke(app, ["cost", "report", "--since", "1d"])  # by team, CSV here
+    assert default.exit_code == 0, default.output
+    (written,) = code.glob("cost-by-team-*.csv")
+    assert written.read_text().splitlines()[0].startswith("team,jobs,attempts")
+    written.unlink()
     bad = cli.invoke(app, ["job", "submit", "--memory", "lots", "--", "true"])
     assert bad.exit_code == 1
     assert "--memory takes sizes" in bad.output

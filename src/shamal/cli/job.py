@@ -274,11 +274,16 @@ def cost_report(
     by: Annotated[str, typer.Option("--by", help="team, pool, user or job.")] = "team",
     since: Annotated[str, typer.Option("--since", help="e.g. 7d, 24h, or an ISO date.")] = "7d",
     csv_path: Annotated[
-        Path | None, typer.Option("--csv", help="Also write the table to this CSV file.")
+        Path | None,
+        typer.Option("--csv", help="CSV file to write (default: cost-by-BY-DATE.csv here)."),
     ] = None,
+    no_csv: Annotated[bool, typer.Option("--no-csv", help="Print only; write no CSV.")] = False,
     as_json: bool = JsonOption,
 ) -> None:
-    """Usage and cost per team (or pool, user, job), priced by each pool's labels."""
+    """Usage and cost per team (or pool, user, job), priced by each pool's labels.
+
+    Prints a table and writes the same figures as CSV for chargeback spreadsheets.
+    """
     try:
         start = datetime.fromisoformat(since)
         start = start if start.tzinfo else start.replace(tzinfo=UTC)
@@ -286,7 +291,8 @@ def cost_report(
         start = datetime.now(UTC) - timedelta(seconds=parse_duration_s(since))
     lines = client().cost_report(by=by, since=start)
     columns = ["key", "jobs", "attempts", "gpu_seconds", "cpu_seconds", "memory_gib_seconds"]
-    if csv_path is not None:
+    if not no_csv:
+        csv_path = csv_path or Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
         with csv_path.open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow([by, *columns[1:], "cost"])
