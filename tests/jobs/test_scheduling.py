@@ -73,6 +73,12 @@ if mode == "ok":
     sys.exit(0)
 if mode == "fail":
     sys.exit(3)
+if mode == "whoami":
+    import urllib.request
+    auth = {"Authorization": "Bearer " + os.environ["SHAMAL_TOKEN"]}
+    request = urllib.request.Request(os.environ["SHAMAL_URL"] + "/api/v1/whoami", headers=auth)
+    print("I am", json.load(urllib.request.urlopen(request))["user"]["name"])
+    sys.exit(0 if os.environ["MLFLOW_TRACKING_TOKEN"] == os.environ["SHAMAL_TOKEN"] else 4)
 if mode == "preemptible":
     if os.path.exists(resumed):
         print("resumed from checkpoint"); sys.exit(0)
@@ -179,6 +185,21 @@ def test_a_job_whose_process_is_killed_fails_and_is_retried(
     assert api.get_job(job_id)["retries_used"] == 1
     api.cancel_job(job_id)
     wait_for(state_is(api, job_id, "cancelled"), "the cancellation")
+
+
+def test_a_job_calls_the_platform_with_a_token_of_its_own(
+    api: ShamalClient, code: Path, marks: Path
+) -> None:
+    job_id = submit(api, code, marks, "whoami", time_limit_s=600)
+    job = wait_for(state_is(api, job_id, "succeeded", "failed"), "the job to finish")
+    assert job["state"] == "succeeded", log_of(api, job_id)
+    assert "I am admin" in log_of(api, job_id)
+    (token,) = [t for t in api.request("GET", "/api/v1/tokens") if t["name"].startswith("job-")]
+    assert token["name"] == f"job-{job_id[:12]}-1"
+    lifetime = datetime.fromisoformat(token["expires_at"]) - datetime.fromisoformat(
+        token["created_at"]
+    )
+    assert timedelta(minutes=69) < lifetime <= timedelta(minutes=71)  # time limit + 1 h
 
 
 def test_failures_are_retried_up_to_the_limit(api: ShamalClient, code: Path, marks: Path) -> None:

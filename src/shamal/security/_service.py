@@ -72,6 +72,20 @@ class SecurityService:
         self._cache_lock = threading.Lock()
 
     # ------------------------------------------------------------------ authentication
+    def cached_principal(self, secret: str) -> Principal | None:
+        """The principal :meth:`authenticate` resolved for ``secret`` within the cache's
+        lifetime, or None when it has to look (unknown, expired, malformed: never raises).
+
+        Touches no database: the request path calls it first and goes to a worker thread
+        for :meth:`authenticate` only when it answers None.
+        """
+        if not looks_like_token(secret):
+            return None
+        cached = self._principals.get(hash_secret(secret))
+        if cached is not None and self._clock() < cached[1]:
+            return cached[0]
+        return None
+
     def authenticate(self, secret: str) -> Principal:
         """Resolve a bearer secret to its principal.
 
@@ -277,6 +291,21 @@ class SecurityService:
         owner = for_user or principal.name
         if owner != principal.name:
             principal.require_admin()
+        return self._issue_token(ctx, owner, name, expires_in)
+
+    def issue_job_token(self, user: str, name: str, expires_in: timedelta) -> IssuedToken:
+        """A short-lived token the scheduler hands a job, acting as its submitter.
+
+        Audited with the scheduler as actor. The job sees it only in its environment;
+        it expires on its own (the scheduler picks the lifetime from the time limit).
+        """
+        check_name("token", name)
+        ctx = AuditContext(action="token.create", actor="scheduler")
+        return self._issue_token(ctx, user, name, expires_in)
+
+    def _issue_token(
+        self, ctx: AuditContext, owner: str, name: str, expires_in: timedelta | None
+    ) -> IssuedToken:
         if expires_in is not None and not timedelta(0) < expires_in <= MAX_TOKEN_LIFETIME:
             raise InvalidParameter("token lifetime must be between 1 second and 366 days")
         ctx.target = f"user:{owner}/token:{name}"

@@ -12,10 +12,9 @@ from fastapi import FastAPI
 
 from shamal.config import Settings, is_loopback_host
 from shamal.errors import InvalidParameter
-from shamal.jobs import Job
 from shamal.server._app import create_app
 from shamal.server._platform import Platform, start_platform
-from shamal.server._scheduler import SchedulerThread, build_loop
+from shamal.server._scheduler import SchedulerThread, build_loop, job_env
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ def serve(
     }
     scheduler = None
     if settings.scheduler.enabled:
-        scheduler = SchedulerThread(build_loop(platform, env=_job_env(base_url)))
+        scheduler = SchedulerThread(build_loop(platform, env=job_env(platform, base_url)))
     if on_ready is not None:
         on_ready(platform, base_url)
     try:
@@ -102,16 +101,6 @@ def serve(
             scheduler.stop()
         sock.close()
         platform.close()
-
-
-def _job_env(base_url: str) -> Callable[[Job], dict[str, str]]:
-    """What every job is told about the platform that runs it (no secrets)."""
-
-    def env(job: Job) -> dict[str, str]:
-        del job
-        return {"SHAMAL_URL": base_url, "MLFLOW_TRACKING_URI": base_url}
-
-    return env
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:

@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 
 from shamal.errors import InvalidParameter
 from shamal.executors import get_executor
@@ -45,6 +46,32 @@ def build_loop(
     except ValueError as exc:
         raise InvalidParameter(f"scheduler settings: {exc}") from None
     return SchedulerLoop(parts, policy, env=env)
+
+
+JOB_TOKEN_MAX = timedelta(days=7)
+
+
+def job_env(platform: Platform, base_url: str) -> Callable[[Job], dict[str, str]]:
+    """What every job is told about the platform that runs it.
+
+    A job gets a token of its own, acting as the user who submitted it, so that its code
+    can log to tracking (``MLFLOW_TRACKING_*``) and call the API (``SHAMAL_*``). The token
+    expires an hour after the job's time limit (at most seven days after the start).
+    """
+
+    def env(job: Job) -> dict[str, str]:
+        limit = timedelta(seconds=job.time_limit_s) if job.time_limit_s else JOB_TOKEN_MAX
+        lifetime = min(limit + timedelta(hours=1), JOB_TOKEN_MAX)
+        name = f"job-{job.id[:12]}-{job.attempt}"
+        secret = platform.security.issue_job_token(job.user, name, lifetime).secret
+        return {
+            "SHAMAL_URL": base_url,
+            "SHAMAL_TOKEN": secret,
+            "MLFLOW_TRACKING_URI": base_url,
+            "MLFLOW_TRACKING_TOKEN": secret,
+        }
+
+    return env
 
 
 class SchedulerThread:
