@@ -55,7 +55,8 @@ def job_env(platform: Platform, base_url: str) -> Callable[[Job], dict[str, str]
     """What every job is told about the platform that runs it.
 
     A job gets a token of its own, acting as the user who submitted it, so that its code
-    can log to tracking (``MLFLOW_TRACKING_*``) and call the API (``SHAMAL_*``). The token
+    can log to tracking (``MLFLOW_TRACKING_*``) and call the API (``SHAMAL_URL``,
+    ``SHAMAL_TOKEN``; ``SHAMAL_TEAM`` is the job's team, empty for none). The token
     expires an hour after the job's time limit (at most seven days after the start).
     """
 
@@ -67,6 +68,7 @@ def job_env(platform: Platform, base_url: str) -> Callable[[Job], dict[str, str]
         return {
             "SHAMAL_URL": base_url,
             "SHAMAL_TOKEN": secret,
+            "SHAMAL_TEAM": job.team,
             "MLFLOW_TRACKING_URI": base_url,
             "MLFLOW_TRACKING_TOKEN": secret,
         }
