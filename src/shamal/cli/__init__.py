@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from shamal.cli import artifacts, audit, db, job, scheduler, sim, team, token, tracking, user
+from shamal.cli import tune as tune_cmd
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(tracking.models, name="models")
 app.add_typer(job.app, name="job")
 app.add_typer(job.cost, name="cost")
 app.add_typer(scheduler.app, name="scheduler")
+app.command("tune", context_settings=tune_cmd.CONTEXT)(tune_cmd.tune)
 app.add_typer(sim.app, name="sim")
 
 

@@ -139,16 +139,27 @@ class SchedulerLoop:
         self._quotas = quotas_of(settings)
         self.tracked: dict[str, Tracked] = {}
         self.predictor = RuntimePredictor()
+        self.periodic: list[tuple[float, Callable[[], object]]] = []
+        """Housekeeping other domains hand the loop: (every N seconds, task)."""
 
     # ------------------------------------------------------------------ run
     def run(self, stop: threading.Event) -> None:
         """Recover, then tick every ``tick_s`` until ``stop`` is set. Jobs keep running."""
         self.recover()
+        last = [0.0] * len(self.periodic)
         while not stop.is_set():
             try:
                 self.tick()
             except Exception:  # one bad tick must not stop scheduling for good
                 logger.exception("scheduler tick failed; trying again next tick")
+            now = time.monotonic()
+            for index, (every, task) in enumerate(self.periodic):
+                if now - last[index] >= every:
+                    last[index] = now
+                    try:
+                        task()
+                    except Exception:
+                        logger.exception("scheduler housekeeping %r failed", task)
             stop.wait(self._settings.tick_s)
 
     def learn_history(self) -> int:

@@ -24,6 +24,7 @@ from shamal.server._platform import Platform, start_platform
 from shamal.server._strict import reject_unknown_query
 from shamal.tracking import api as tracking_api
 from shamal.tracking import mlflow_api as tracking_mlflow
+from shamal.tune import api as tune_api
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.tracking = platform.tracking
     app.state.registry = platform.registry
     app.state.jobs = platform.jobs
+    app.state.tune = platform.tune
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -92,13 +94,16 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
         upload_limits=[(p, settings.max_upload_bytes) for p in UPLOAD_PREFIXES],
     )
     _add_probes(app)
+    # Routing tries routes in order: the MLflow dialect carries the volume (a logger sends
+    # thousands of requests), so it comes first. No path is served by two routers.
+    app.include_router(tracking_mlflow.router)
+    app.include_router(registry_mlflow.router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)
-    app.include_router(tracking_mlflow.router)
-    app.include_router(registry_mlflow.router)
     app.include_router(registry_api.router)
     app.include_router(jobs_api.router)
+    app.include_router(tune_api.router)
     return app
 
 

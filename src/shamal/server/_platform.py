@@ -14,6 +14,7 @@ from shamal.registry import RegistryService
 from shamal.scheduler._resources import Cluster
 from shamal.security import AuditLog, SecurityService, load_or_create_key
 from shamal.tracking import TrackingService
+from shamal.tune._service import TuneService
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,11 @@ class Platform:
     registry: RegistryService
     jobs: JobService
     cluster: Cluster
+    tune: TuneService
     admin_secret: str | None = None
 
     def close(self) -> None:
+        self.tune.close()
         self.db.dispose()
 
 
@@ -61,6 +64,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     scheduler_settings = effective_settings(settings.scheduler)
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
     jobs = JobService(db, audit, security, artifacts, scheduler_settings, cluster.pools.values())
+    tune = TuneService(db, audit, settings.resolved_database_url)
     return Platform(
         settings=settings,
         db=db,
@@ -72,5 +76,6 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         registry=registry,
         jobs=jobs,
         cluster=cluster,
+        tune=tune,
         admin_secret=admin_secret,
     )

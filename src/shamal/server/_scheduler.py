@@ -45,7 +45,9 @@ def build_loop(
         policy = get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options)
     except ValueError as exc:
         raise InvalidParameter(f"scheduler settings: {exc}") from None
-    return SchedulerLoop(parts, policy, env=env)
+    loop = SchedulerLoop(parts, policy, env=env)
+    loop.periodic.append((10.0, platform.tune.fail_stale_trials))
+    return loop
 
 
 JOB_TOKEN_MAX = timedelta(days=7)
