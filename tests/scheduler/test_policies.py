@@ -276,3 +276,45 @@ def test_fair_share_favours_the_team_with_less_usage_and_alternates() -> None:
     jobs += [make_job(f"b{i}", team="b", submitted=10 + i) for i in range(4)]
     started = starts(get_policy("fair").decide(state(cluster, jobs), 20))
     assert sorted(started) == ["a0", "a1", "b0", "b1"]
+
+
+def test_preemption_stays_within_the_job_pool() -> None:
+    from shamal.scheduler import Cluster, Pool
+    from tests.scheduler.helpers import make_node
+
+    cluster = Cluster.of([Pool("a"), Pool("b")], [make_node("na", 1, "a"), make_node("nb", 1, "b")])
+    las = get_policy("las", thresholds=[100.0], min_run_s=0)
+    in_a = make_job("in-a", attained=1000)
+    in_a.pool = "a"
+    in_b = make_job("in-b", attained=1000)
+    in_b.pool = "b"
+    running = [run_on(cluster, in_a, started=0), run_on(cluster, in_b, started=0)]
+    new = make_job("new", submitted=1000)
+    new.pool = "b"
+    decisions = las.decide(state(cluster, [new], running), 1000)
+    assert preempts(decisions) == ["in-b"]
+    start = decisions[-1]
+    assert isinstance(start, Start)
+    assert start.placement.nodes == ("nb",)
+
+
+def test_a_round_bounds_its_fruitless_preemption_searches() -> None:
+    cluster = make_cluster(2)
+    las = get_policy("las", thresholds=[100.0], min_run_s=0)
+    las.max_failed_searches = 1
+    running = [run_on(cluster, make_job(f"old{i}", attained=1000), started=0) for i in range(2)]
+    wide = make_job("wide", 4, submitted=10)  # can never fit on a 2-GPU node
+    narrow = make_job("narrow", 1, submitted=20)
+    assert las.decide(state(cluster, [wide, narrow], running), 1000) == []
+    las.max_failed_searches = 16
+    assert starts(las.decide(state(cluster, [wide, narrow], running), 1000)) == ["narrow"]
+
+
+def test_attained_service_of_a_running_job_as_the_simulator_keeps_it() -> None:
+    job = make_job("j", attained=100)
+    assert job.attained_at(500) == 100  # queued: no service accrues
+    job.phase = job.phase.RUNNING
+    job.attained_as_of = 400
+    assert job.attained_at(500) == 200
+    job.attained_as_of = None  # the live scheduler: attained_s is current
+    assert job.attained_at(500) == 100

@@ -109,11 +109,14 @@ class QuotaBook:
             cohort = quota.cohort
             pool.guaranteed[cohort] = pool.guaranteed.get(cohort, _NONE) + quota.guaranteed
             pool.mask[cohort] = pool.mask.get(cohort, _NONE) + quota.guaranteed + quota.borrow_limit
+        self._borrowers: dict[str, set[str]] = {name: set() for name in self._pools}
         for (team, pool_name), amount in self.held.items():
             held_pool = self._pools.get(pool_name)
             if held_pool is not None:
                 cohort = self._cohort(team, pool_name)
                 held_pool.held[cohort] = held_pool.held.get(cohort, _NONE) + amount
+                if self._over_guarantee(team, pool_name):
+                    self._borrowers[pool_name].add(team)
 
     @property
     def active(self) -> bool:
@@ -149,8 +152,14 @@ class QuotaBook:
 
     def over_guarantee(self, team: str, pool: str) -> bool:
         """Whether ``team`` holds more than its guarantee in ``pool`` (it is borrowing)."""
-        if pool not in self._pools:
-            return False
+        borrowers = self._borrowers.get(pool)
+        return borrowers is not None and team in borrowers
+
+    def borrowers(self, pool: str) -> frozenset[str]:
+        """The teams holding more than their guarantee in ``pool``."""
+        return frozenset(self._borrowers.get(pool, ()))
+
+    def _over_guarantee(self, team: str, pool: str) -> bool:
         held = self.held.get((team, pool), _NONE)
         quota = self.quotas.get((team, pool))
         if quota is None:
@@ -172,6 +181,10 @@ class QuotaBook:
         if state is not None:
             cohort = self._cohort(job.team, pool)
             state.held[cohort] = state.held.get(cohort, _NONE) + amount
+            if self._over_guarantee(job.team, pool):
+                self._borrowers[pool].add(job.team)
+            else:
+                self._borrowers[pool].discard(job.team)
 
     def weight(self, team: str) -> float:
         """A team's fair-share weight: the largest of its quotas' weights (1 if none)."""

@@ -15,16 +15,21 @@ scheduler and the simulator:
    by borrowing idle cohort quota, or wait.
 3. **Place.** :func:`shamal.scheduler._placement.place`; a gang is all or nothing.
 4. **Preempt.** If the job does not fit, running jobs it outranks are released
-   tentatively, lowest first, until it fits; the job's team reclaims capacity that
-   other teams borrowed beyond their guarantee the same way. Preemption happens only
-   when the job can then actually start (else everything is put back), and victims the
-   final placement does not need are kept running.
+   tentatively, lowest first, until it fits (for whole GPUs: only victims on nodes
+   that would then hold a worker); the job's team reclaims capacity that other teams
+   borrowed beyond their guarantee the same way. Preemption happens only when the job
+   can then actually start (else everything is put back), and victims the final
+   placement does not need are kept running.
 
-Preemption never loops: a job that was started is protected for ``min_run_s``, a job
-may only preempt one it strictly outranks (a lower priority class, or a higher level of
-the policy, e.g. more attained service), and levels only move one way (attained
-service grows; remaining time shrinks), so a preempted job cannot in turn preempt the
-job that displaced it.
+Preemption never loops. A job may only preempt one it strictly outranks (a lower
+priority class, or within its class a higher level of the policy: more attained service
+for LAS, more remaining time for SRTF), only when it can then start, and a job that was
+(re)started is protected for ``min_run_s``. Levels move one way (attained service grows,
+a running job's remaining time shrinks), so a preempted job cannot displace the job that
+displaced it until that one has passed it in attained service (LAS's intended time
+sharing, at most once per threshold; with SRTF never). A round never preempts a job it
+starts, and the failed preemption searches of a round are bounded
+(``max_failed_searches``) so a long queue cannot make a round expensive.
 
 ``decide`` is observationally pure: it places tentatively on the state's cluster
 (allocate/release) and undoes every change before it returns.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shamal.scheduler._admission import Admission, QuotaBook
@@ -81,6 +87,10 @@ class BasePolicy:
         strict: stop at the first job that cannot start (head-of-line blocking, per
             team when quotas apply) instead of looking further down the queue.
         min_run_s: a started job is not preempted before it ran this long.
+        max_failed_searches: a round stops looking for victims for a team's jobs after
+            this many searches found no way to start one (the walk goes on without
+            preemption; the next round, at the next event, tries again). Bounds the
+            cost of a round when many jobs wait.
         needs: ``"oracle"`` (true runtimes: simulation only), ``"prediction"``
             (``SchedJob.predicted_s`` from the runtime predictor) or ``None``.
     """
@@ -92,6 +102,7 @@ class BasePolicy:
     strict = False
     dynamic_merge = False
     min_run_s = 300.0
+    max_failed_searches = 16
     needs: str | None = None
     description = ""
 
@@ -317,6 +328,10 @@ class Round:
         )
         self._ordered = state.ordered_by == policy.name
         self._running: Sequence[SchedJob] | None = None
+        self._cands: list[_Candidate] = []
+        self._only_pool = next(iter(state.cluster.pools)) if len(state.cluster.pools) == 1 else None
+        self.failed_searches: dict[str, int] = {}
+        self._cand_source: Iterator[SchedJob] | None = None
 
     # ------------------------------------------------------------- views
     def queue_walk(self) -> QueueWalk:
@@ -341,6 +356,8 @@ class Round:
         return self._running
 
     def pool_of(self, job: SchedJob) -> str:
+        if self._only_pool is not None:
+            return self._only_pool
         return job_pool(self.cluster, job)
 
     # ------------------------------------------------------------- start one job
@@ -384,45 +401,79 @@ class Round:
         return True
 
     # ------------------------------------------------------------- preemption
-    def _rank(self, job: SchedJob, victim: SchedJob) -> bool | None:
-        """``True``: ``job`` outranks ``victim``; ``None``: not this victim; ``False``:
-        neither this nor any later victim (victim order lists lower classes first and,
-        within a class, higher levels first)."""
-        policy = self.policy
-        mine, theirs = job.priority.value, victim.priority.value
-        if theirs < mine:
-            by_class = policy.class_aware and policy.class_preemption and job.priority.preempts
-            return True if by_class else None
-        if theirs > mine or not policy.preemptive:
-            return False
-        return bool(policy.level(job, self.now) < policy.level(victim, self.now))
-
-    def _preemptible_now(self, victim: SchedJob, pool: str) -> bool:
-        if victim.id in self.preempted or not victim.priority.preemptible:
-            return False
-        started = victim.started_at
-        if started is not None and self.now - started < self.policy.min_run_s:
-            return False  # protected: it (re)started too recently
-        return not pool or self.pool_of(victim) == pool
-
-    def _victim_reason(
-        self, job: SchedJob, victim: SchedJob, pool: str, reclaim: bool
-    ) -> str | None | bool:
-        """Why ``job`` may preempt ``victim`` (a reason), ``None`` (not this one) or
-        ``False`` (no later running job can qualify either)."""
-        rank = self._rank(job, victim)
-        if rank is False and not reclaim:
-            return False
-        if not self._preemptible_now(victim, pool):
-            return None
-        book = self.book
-        if book is not None and pool and book.managed(pool) and victim.team != job.team:
-            # Across teams only borrowed capacity is taken back, never a guarantee.
-            borrowing = book.over_guarantee(victim.team, pool) and _same_cohort(
-                book, job.team, victim.team, pool
+    def _candidate(self, i: int) -> _Candidate | None:
+        """The ``i``-th running job that may be preempted at all now, in victim order,
+        with what the search needs of it; computed lazily, once per round."""
+        cands = self._cands
+        if i < len(cands):
+            return cands[i]
+        policy, now, nodes = self.policy, self.now, self.cluster.nodes
+        if self._cand_source is None:
+            self._cand_source = iter(self.running())
+        for victim in self._cand_source:
+            held = victim.placement
+            if held is None or not victim.priority.preemptible:
+                continue
+            started = victim.started_at
+            if started is not None and now - started < policy.min_run_s:
+                continue  # protected: it (re)started too recently
+            slots = held.slots
+            widest = (
+                len(nodes[slots[0].node].gpus)
+                if len(slots) == 1
+                else max(len(nodes[slot.node].gpus) for slot in slots)
             )
-            return "reclaim" if reclaim and borrowing else None
-        return "priority" if rank else None
+            level = policy.level(victim, now) if policy.preemptive else 0
+            cands.append(
+                _Candidate(victim, victim.priority.value, level, widest, self.pool_of(victim))
+            )
+            if i < len(cands):
+                return cands[i]
+        return None
+
+    def _victims(self, job: SchedJob, pool: str, reclaim: bool) -> Iterator[tuple[SchedJob, str]]:
+        """The running jobs ``job`` may preempt, in victim order, with the reason.
+
+        ``job`` outranks a victim of a lower class (when its class preempts) or, with a
+        preemptive policy, one of its class at a strictly higher level. Victim order
+        lists lower classes first and, within a class, higher levels first, so the
+        search stops at the first victim ``job`` does not outrank, unless it may
+        reclaim capacity other teams borrowed (which goes by team, not rank).
+        """
+        policy = self.policy
+        mine = job.priority.value
+        by_class = policy.class_aware and policy.class_preemption and job.priority.preempts
+        preemptive = policy.preemptive
+        my_level = policy.level(job, self.now) if preemptive else 0
+        width = job.request.gpus
+        preempted = self.preempted
+        book = self.book
+        teams = book is not None and bool(pool) and book.managed(pool)
+        i = 0
+        while (cand := self._candidate(i)) is not None:
+            i += 1
+            if cand.klass < mine:
+                outranks = by_class
+            elif cand.klass > mine or not preemptive or not my_level < cand.level:
+                if not reclaim:
+                    return
+                outranks = False
+            else:
+                outranks = True
+            victim = cand.job
+            if (pool and cand.pool != pool) or cand.widest < width or victim.id in preempted:
+                continue
+            if teams and victim.team != job.team:
+                # Across teams only borrowed capacity is taken back, never a guarantee.
+                assert book is not None  # noqa: S101 - teams implies a book
+                if (
+                    reclaim
+                    and book.over_guarantee(victim.team, pool)
+                    and _same_cohort(book, job.team, victim.team, pool)
+                ):
+                    yield victim, "reclaim"
+            elif outranks:
+                yield victim, "priority"
 
     def _preempt_for(
         self, job: SchedJob, pool: str, admission: Admission
@@ -433,17 +484,21 @@ class Round:
         book = self.book
         reclaim = (
             book is not None
-            and book.active
             and bool(pool)
             and admission is Admission.WITHIN
             and book.managed(pool)
+            and bool(book.borrowers(pool) - {job.team})
         )
         if not (policy.preemptive or (policy.class_aware and policy.class_preemption) or reclaim):
             return None
+        failed = self.failed_searches.get(job.team, 0)
+        if failed >= policy.max_failed_searches:
+            return None  # enough fruitless searches this round; the next round tries again
         quota_bound = book is not None and admission is Admission.WAIT
         released, placement = self._release_until_fits(job, pool, reclaim, quota_bound)
         if placement is None:
             self._restore(victim for victim, _ in reversed(released))
+            self.failed_searches[job.team] = failed + 1
             return None
         self.work.take(placement)
         return placement, self._keep_spared(job, pool, released, quota_bound)
@@ -494,15 +549,6 @@ class Round:
                 return released, placement
         return released, None
 
-    def _victims(self, job: SchedJob, pool: str, reclaim: bool) -> Iterator[tuple[SchedJob, str]]:
-        """The running jobs ``job`` may preempt, in victim order, with the reason."""
-        for victim in self.running():
-            reason = self._victim_reason(job, victim, pool, reclaim)
-            if reason is False:
-                return
-            if isinstance(reason, str) and victim.placement is not None:
-                yield victim, reason
-
     def _release(self, victim: SchedJob, reason: str, released: list[tuple[SchedJob, str]]) -> None:
         assert victim.placement is not None  # noqa: S101 - victims are placed
         self.work.give(victim.placement)
@@ -545,6 +591,18 @@ class Round:
             self.work.take(victim.placement)
             if self.book is not None:
                 self.book.charge(victim, self.pool_of(victim))
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """A running job that may be preempted this round, and what the search needs."""
+
+    job: SchedJob
+    klass: int
+    level: Any
+    widest: int
+    """GPUs of the largest node it runs on."""
+    pool: str
 
 
 class _NodeGains:

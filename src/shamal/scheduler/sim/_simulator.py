@@ -242,14 +242,14 @@ class Simulator:
     def _sched_jobs(self, trace: Sequence[TraceJob]) -> list[SchedJob]:
         """The scheduler's view of each trace job (gangs for jobs wider than a node)."""
         node_gpus = sorted({len(n.gpus) for n in self.cluster.nodes.values()})
-        requests: dict[tuple[float, float | None, int | None], Request] = {}
+        by_shape: dict[tuple[float, float | None, int | None], Request] = {}
         jobs: list[SchedJob] = []
         seen: set[str] = set()
         for tj in trace:
             shape = (tj.gpus, tj.cpus, tj.memory_mib)
-            request = requests.get(shape)
+            request = by_shape.get(shape)
             if request is None:
-                request = requests[shape] = gang_request(tj, node_gpus)
+                request = by_shape[shape] = gang_request(tj, node_gpus)
             job_id = tj.id if tj.id not in seen else f"{tj.id}#{len(jobs)}"
             seen.add(job_id)
             jobs.append(
