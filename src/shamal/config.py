@@ -158,6 +158,9 @@ class SchedulerSettings(BaseModel):
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     tick_s: float = Field(default=1.0, gt=0, le=60)
+    fair_share_half_life_h: float = Field(
+        default=168.0, gt=0, description="past usage counts half after this many hours"
+    )
     grace_s: float = Field(default=30.0, ge=0, le=3600)
     default_retries: int = Field(default=0, ge=0, le=100)
     name: str | None = Field(

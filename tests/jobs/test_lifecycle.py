@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +176,32 @@ def test_the_predictor_report_replays_history_honestly(platform: Platform) -> No
     # The first succeeded job had no history to be predicted from; failed jobs teach nothing.
     assert (report["n"], report["unpredicted"]) == (2, 1)
     assert 0 <= report["within_2x"] <= 1
+
+
+def test_fair_share_usage_decays_with_its_half_life(platform: Platform, tmp_path: Path) -> None:
+    from shamal.executors import get_executor
+    from shamal.jobs import effective_settings
+    from shamal.jobs._loop import SchedulerLoop, SchedulerParts
+    from shamal.scheduler import get_policy
+
+    settings = effective_settings(platform.settings.scheduler).model_copy(
+        update={"fair_share_half_life_h": 1.0}
+    )
+    life = JobLifecycle(platform.db, platform.audit, "s1")
+    parts = SchedulerParts(
+        life,
+        platform.jobs,
+        platform.artifacts,
+        get_executor("local"),
+        platform.cluster,
+        settings,
+        tmp_path,
+    )
+    loop = SchedulerLoop(parts, get_policy("fair"))
+    job = life.admit(_submit(platform).id, PLACEMENT, "test")
+    assert job is not None
+    share = 500 / platform.cluster.capacity().cpu_milli  # 0.5 CPU is its dominant share
+    assert loop._decayed_usage([job], 0.0) == {}
+    held = loop._decayed_usage([], 3600.0)[job.team]  # held for one half-life, then released
+    assert held == pytest.approx(share * 3600 / (2 * math.log(2)), rel=1e-6)
+    assert loop._decayed_usage([], 7200.0)[job.team] == pytest.approx(held / 2, rel=1e-6)

@@ -45,6 +45,7 @@ from shamal.jobs._entities import Job, JobState
 from shamal.jobs._lifecycle import JobLifecycle
 from shamal.jobs._service import NAMESPACE, JobService, log_prefix
 from shamal.jobs._store import Attempt
+from shamal.scheduler._admission import decay_all
 from shamal.scheduler._placement import allocate
 from shamal.scheduler._predictor import RuntimePredictor
 from shamal.scheduler._resources import Cluster, Placement, Resources
@@ -139,6 +140,9 @@ class SchedulerLoop:
         self._quotas = quotas_of(settings)
         self.tracked: dict[str, Tracked] = {}
         self.predictor = RuntimePredictor()
+        self._usage: dict[str, float] = {}
+        self._usage_at: float | None = None
+        self._rates: dict[str, float] = {}
         self.periodic: list[tuple[float, Callable[[], object]]] = []
         """Housekeeping other domains hand the loop: (every N seconds, task)."""
 
@@ -190,10 +194,11 @@ class SchedulerLoop:
         """One pass: reconcile, decide, apply."""
         self._reconcile()
         queued, active = self._life.pending()
+        now = self._clock()
+        usage = self._decayed_usage(active, now)
         if not queued:
             return
-        now = self._clock()
-        state = self._state(queued, active, now)
+        state = self._state(queued, active, now, usage)
         decisions = self.policy.decide(state, now)
         by_id = {job.id: job for job in (*queued, *active)}
         for decision in decisions:
@@ -230,13 +235,11 @@ class SchedulerLoop:
         sched.predicted_s = self.predictor.predict(sched)
         return sched
 
-    def _state(self, queued: Sequence[Job], active: Sequence[Job], now: float) -> SchedulerState:
+    def _state(
+        self, queued: Sequence[Job], active: Sequence[Job], now: float, usage: dict[str, float]
+    ) -> SchedulerState:
         cluster = self._allocated(active)
         running = [self._sched_job(job, now) for job in active]
-        usage: dict[str, float] = {}
-        for job in (*queued, *active):
-            gpus = (job.gpus * 1000 + job.gpu_milli) * job.workers / 1000
-            usage[job.team] = usage.get(job.team, 0.0) + job.attained_s * max(gpus, 0.001)
         return SchedulerState(
             cluster=cluster,
             queued=[self._sched_job(job, now) for job in queued],
@@ -244,6 +247,31 @@ class SchedulerLoop:
             quotas=self._quotas,
             usage=usage,
         )
+
+    def _share(self, job: Job) -> float:
+        """The job's dominant share of the cluster (DRF): GPUs, CPUs or memory, whichever
+        it holds most of, so CPU-only pools get fair share too."""
+        total = request_of(job).total
+        capacity = self._template.capacity(job.pool)
+        shares = [
+            total.gpu_milli / capacity.gpu_milli if capacity.gpu_milli else 0.0,
+            total.cpu_milli / capacity.cpu_milli if capacity.cpu_milli else 0.0,
+            total.memory_mib / capacity.memory_mib if capacity.memory_mib else 0.0,
+        ]
+        return max(shares)
+
+    def _decayed_usage(self, active: Sequence[Job], now: float) -> dict[str, float]:
+        """Each team's past usage in share-seconds, halving every ``fair_share_half_life_h``:
+        what the ``fair`` policy orders teams by. Advanced by the shares held since the last
+        tick (exact under the exponential decay, whatever the tick rate)."""
+        rates: dict[str, float] = {}
+        for job in active:
+            rates[job.team] = rates.get(job.team, 0.0) + self._share(job)
+        elapsed = 0.0 if self._usage_at is None else max(now - self._usage_at, 0.0)
+        half_life = self._settings.fair_share_half_life_h * 3600
+        self._usage = decay_all(self._usage, elapsed, self._rates, half_life)
+        self._usage_at, self._rates = now, rates
+        return dict(self._usage)
 
     # ------------------------------------------------------------------ apply
     def _preempt(self, job: Job, reason: str) -> None:
