@@ -1,0 +1,50 @@
+"""Run examples/pytorch/train.py as a real subprocess (shared by the train tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "train.py"
+
+
+def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A clean environment for the example: no tracking, no platform, no gang."""
+    drop = ("MLFLOW_", "SHAMAL_", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **(extra or {})}
+
+
+def start(
+    args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *args],
+        cwd=cwd,
+        env=job_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run(args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    process = start(args, cwd, env)
+    out, _ = process.communicate(timeout=120)
+    return process.returncode, out
+
+
+def final_sha(output: str) -> str:
+    """The hex digest on the required last line ``weights sha256 <hex>``.
+
+    Lines the platform adds to a job's log (``[shamal] ...``) are not the job's.
+    """
+    lines = [line for line in output.strip().splitlines() if not line.startswith("[shamal]")]
+    last = lines[-1]
+    prefix = "weights sha256 "
+    assert last.startswith(prefix), output[-2000:]
+    return last[len(prefix) :]
