@@ -12,7 +12,7 @@ Checkpoints go to the platform's artifact store when the job has a team
 ``MLFLOW_TRACKING_URI`` is set (it is, in a job).
 
     python train.py --steps 200                      # locally
-    shamal submit -- python train.py --steps 200     # as a job
+    shamal job submit -- python train.py --steps 200 # as a job
 """
 
 from __future__ import annotations

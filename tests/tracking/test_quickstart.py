@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
@@ -17,6 +19,16 @@ from tests.live import LiveServer
 pytestmark = pytest.mark.slow
 
 
+def wait_for_job(api: ShamalClient, job_id: str, deadline_s: float = 180.0) -> dict[str, Any]:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        job = api.get_job(job_id)
+        if job["state"] not in ("queued", "admitted", "running"):
+            return job
+        time.sleep(0.2)  # polling with a deadline, not synchronising on a sleep
+    raise AssertionError("the quickstart job did not finish in time")
+
+
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -26,6 +38,14 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         text = out.getvalue()
         assert "registered quickstart-wine version 1 as @champion" in text
         assert "audit chain verified" in text
+        (job,) = api.list_jobs()
+        assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
+        assert f"submitted job {job['id'][:12]}" in text
+        done = wait_for_job(api, job["id"])
+        assert done["state"] == "succeeded", api.job_log(job["id"])[0].decode()[-2000:]
+        log = api.job_log(job["id"])[0].decode()
+        printed = [line for line in log.splitlines() if not line.startswith("[shamal]")]
+        assert printed[-1].startswith("weights sha256 ")  # the job's own last line
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
         champion = client.get_model_version_by_alias("quickstart-wine", "champion")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.panel import Panel
@@ -72,6 +74,30 @@ def track_a_model(url: str, token: str) -> list[str]:
     ]
 
 
+EXAMPLE_JOB = Path(__file__).resolve().parents[3] / "examples" / "pytorch"
+
+
+def submit_a_training_job(client: ShamalClient) -> list[str]:
+    """Submit the PyTorch example (checkpoints, preemption-safe, tracked) as a scheduled job."""
+    if not (EXAMPLE_JOB / "train.py").is_file():
+        return ["the PyTorch example job is part of a source checkout: skipped here"]
+    digest = client.upload_snapshot(EXAMPLE_JOB)
+    job = client.submit_job(
+        # This interpreter: the scheduler runs jobs on this machine, with this install.
+        [sys.executable, "train.py", "--steps", "120"],
+        name="quickstart-pytorch",
+        snapshot=digest,
+        team=QUICKSTART_TEAM,
+        cpus=1,
+        memory_mib=2048,
+        time_limit_s=900,
+    )
+    return [
+        f"submitted job [bold]{job['id'][:12]}[/] (the PyTorch example: checkpoints, resumes "
+        f"when preempted); follow it: shamal job logs -f {job['id'][:12]}"
+    ]
+
+
 def run_quickstart(client: ShamalClient, console: Console) -> None:
     """Create a team, store an artifact, read it back and verify the audit chain."""
     steps: list[str] = []
@@ -88,6 +114,7 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
         f"stored artifact hello/greeting.txt (sha256 {stored['digest'][:12]}...) and read it back"
     )
     steps.extend(track_a_model(client.url, client.token or ""))
+    steps.extend(submit_a_training_job(client))
     report = client.verify_audit()
     steps.append(
         f"audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"
