@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session
 
 from shamal.db import Database, RetryableConflict, current_revision, head_revision, open_database
@@ -140,6 +142,74 @@ def test_concurrent_max_plus_one_numbering_is_unique_and_gapless(db: Database) -
     with db.unit_of_work(write=False) as s:
         names = sorted(s.scalars(select(TeamRow.name)))
     assert names == [f"n{i:03d}" for i in range(1, 9)]
+
+
+def test_sqlite_writers_of_one_process_queue_in_the_process(tmp_path: Path) -> None:
+    """A second writer waits for the first one's commit in Python, not in SQLite.
+
+    With SQLite's busy timeout at 0 a writer that reaches ``BEGIN IMMEDIATE`` while
+    another holds the write lock fails at once ("database is locked"); queued in the
+    process, it never meets the lock. (SQLite's own wait sleeps up to 100 ms a round.)
+    """
+    db = open_database(f"sqlite:///{tmp_path}/queue.db")
+    migrate(db)
+    event.listen(db.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout=0"))
+    db.engine.dispose()  # every connection from now on has the 0 timeout
+    entering, finished = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def second_writer() -> None:
+        entering.set()
+        try:
+            with db.unit_of_work() as s:
+                _team(s, "second")
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=second_writer)
+    with db.unit_of_work() as s:
+        _team(s, "first")
+        s.flush()  # the write lock is held from BEGIN IMMEDIATE on
+        thread.start()
+        assert entering.wait(30)
+        # It must still be waiting when we commit; without the queue it fails at once.
+        assert not finished.wait(0.3), errors
+    thread.join(30)
+    db.dispose()
+    assert errors == []
+    assert _count_teams_of(f"sqlite:///{tmp_path}/queue.db") == 2
+
+
+def _count_teams_of(url: str) -> int:
+    db = open_database(url)
+    try:
+        return _count_teams(db)
+    finally:
+        db.dispose()
+
+
+def test_sqlite_write_ahead_log_is_checkpointed_off_the_request_path(tmp_path: Path) -> None:
+    """Commits leave their pages in the WAL; a background thread copies them into the
+    database file (SQLite alone would wait for 10,000 pages, in some request's commit)."""
+    path = tmp_path / "wal.db"
+    db = open_database(f"sqlite:///{path}")
+    migrate(db)
+    threads_before = set(threading.enumerate())
+    size_before = path.stat().st_size
+    for _ in range(8):  # about 2 MB of pages, far below the backstop
+        with db.unit_of_work() as s:
+            s.execute(text("CREATE TABLE IF NOT EXISTS bulk (blob BLOB)"))
+            s.execute(text("INSERT INTO bulk SELECT randomblob(250000)"))
+    deadline = time.monotonic() + 30
+    while path.stat().st_size < size_before + 1_500_000:
+        assert time.monotonic() < deadline, "the WAL was not checkpointed into the file"
+        time.sleep(0.05)  # polling an effect with a deadline
+    checkpointers = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+    assert [t.name for t in checkpointers] == ["sqlite-checkpoint"]
+    db.dispose()
+    assert not checkpointers[0].is_alive()
 
 
 @pytest.mark.postgres

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from shamal.errors import InvalidParameter
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# SQLite checkpoints inside the commit that takes the write-ahead log past this many
+# pages. The WalCheckpointer below normally does it first; this is the backstop.
+SQLITE_AUTOCHECKPOINT_PAGES = 10_000
 
 
 def build_engine(url: str) -> Engine:
@@ -53,6 +58,9 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         pool_size=8,
         max_overflow=24,
         pool_pre_ping=False,
+        # The connection used last is taken next: its page cache is the warm one (a
+        # connection drops its cache when another one wrote since it last read).
+        pool_use_lifo=True,
         connect_args={"timeout": 30, "check_same_thread": False},
     )
 
@@ -65,6 +73,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -73,3 +82,81 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def sqlite_file(engine: Engine) -> str | None:
+    """The database file of a SQLite engine; None for other backends and in-memory ones."""
+    if engine.dialect.name != "sqlite":
+        return None
+    database = engine.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return database
+
+
+class WalCheckpointer:
+    """Copies SQLite's write-ahead log back into the database file, off the request path.
+
+    Left to itself, SQLite checkpoints inside the commit that takes the log past
+    ``wal_autocheckpoint`` pages: that request copies megabytes into the database file
+    and waits for two fsyncs. Here a thread of its own does it, at most every
+    ``interval_s`` while commits come in, with ``PASSIVE`` checkpoints (they never wait
+    for, nor block, readers or writers).
+
+    Durability, with ``synchronous=NORMAL``: a commit survives a crash of the process
+    as soon as it returns; the log reaches the disk (power loss included) when a
+    checkpoint syncs it before copying, so normally within about ``interval_s`` here
+    (a long read can hold a checkpoint back), where SQLite alone would wait for
+    ``wal_autocheckpoint`` pages.
+
+    Thread-safe. The thread starts on the first :meth:`note_commit` and ends at
+    :meth:`stop`.
+    """
+
+    def __init__(self, database: str, *, interval_s: float = 0.25) -> None:
+        self._database = database
+        self._interval_s = interval_s
+        self._wanted = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def note_commit(self) -> None:
+        """A write transaction committed: checkpoint soon."""
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None and not self._stopping.is_set():
+                    self._thread = threading.Thread(
+                        target=self._run, name="sqlite-checkpoint", daemon=True
+                    )
+                    self._thread.start()
+        self._wanted.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the thread after the checkpoint it may be running."""
+        self._stopping.set()
+        self._wanted.set()
+        with self._start_lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        connection = sqlite3.connect(
+            self._database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+        )
+        try:
+            while True:
+                self._wanted.wait()
+                if self._stopping.is_set():
+                    return
+                self._wanted.clear()
+                try:
+                    connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:
+                    logger.warning("background WAL checkpoint failed", exc_info=True)
+                # Pace: one checkpoint per interval at most, however many commits.
+                if self._stopping.wait(self._interval_s):
+                    return
+        finally:
+            connection.close()

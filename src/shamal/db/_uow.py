@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from shamal.db._engine import WalCheckpointer, sqlite_file
 from shamal.errors import (
     AlreadyExists,
     Conflict,
@@ -72,11 +74,24 @@ class Database:
 
     Thread-safe; share one instance per process. ``unit_of_work`` is the only
     place where sessions are created, committed or rolled back.
+
+    On SQLite the writers of this process queue on a lock before ``BEGIN IMMEDIATE``:
+    SQLite lets one writer in at a time, and a thread that meets a held write lock
+    waits in SQLite's busy handler, which sleeps in growing steps (up to 100 ms)
+    instead of waking when the lock is free. Queued in-process, the next writer
+    starts the moment the previous one commits; the busy timeout still covers
+    writers in other processes (``--workers``, the CLI).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, write_lock_timeout_s: float = 30.0) -> None:
         self.engine = engine
         self._sessions = sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+        # Re-entrant: a write nested in a write of the same thread behaves as it did
+        # without the queue (SQLite's own lock decides), instead of deadlocking here.
+        self._writers = threading.RLock() if engine.dialect.name == "sqlite" else None
+        self._write_lock_timeout_s = write_lock_timeout_s
+        database = sqlite_file(engine)
+        self._checkpointer = WalCheckpointer(database) if database else None
 
     @property
     def dialect(self) -> str:
@@ -87,15 +102,33 @@ class Database:
         """One transaction: commit when the block ends, roll back when it raises.
 
         Args:
-            write: on SQLite, take the write lock at ``BEGIN`` (``IMMEDIATE``) so
-                concurrent writers queue on the busy timeout instead of failing
-                half-way. Pass ``False`` for read-only work.
+            write: on SQLite, queue behind this process's other writers, then take
+                the write lock at ``BEGIN`` (``IMMEDIATE``) so writers of other
+                processes queue on the busy timeout instead of failing half-way.
+                Pass ``False`` for read-only work.
 
         Raises:
             AlreadyExists: a unique constraint was violated.
             ServiceUnavailable: the database is unreachable or stayed locked.
             InternalError: any other database error (detail logged, not raised).
         """
+        writers = self._writers if write else None
+        if writers is None:
+            with self._transaction(write=write) as session:
+                yield session
+            return
+        if not writers.acquire(timeout=self._write_lock_timeout_s):
+            raise ServiceUnavailable("the database stayed busy; retry the request")
+        try:
+            with self._transaction(write=write) as session:
+                yield session
+        finally:
+            writers.release()
+        if self._checkpointer is not None:
+            self._checkpointer.note_commit()
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Session]:
         options = {"sqlite_begin": "IMMEDIATE" if write else "DEFERRED"}
         connection = self.engine.connect().execution_options(**options)
         session = self._sessions(bind=connection)
@@ -169,4 +202,6 @@ class Database:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def dispose(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         self.engine.dispose()

@@ -38,7 +38,8 @@ PREFIXES = ("/api/2.0/mlflow", "/ajax-api/2.0/mlflow")
 router = APIRouter()
 
 
-def get_registry(request: Request) -> RegistryService:
+async def get_registry(request: Request) -> RegistryService:
+    # async: FastAPI runs a plain-def dependency in a worker thread, a round trip per request.
     service: RegistryService = request.app.state.registry
     return service
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from shamal._api import ERROR_RESPONSES
 from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
@@ -46,16 +47,30 @@ def get_audit_log(request: Request) -> AuditLog:
     return audit
 
 
-def require_principal(
+async def require_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """Authenticate the caller from its bearer token.
 
+    A token this process resolved within the principal cache's lifetime is answered on
+    the event loop; anything else (a database lookup, an audit write) runs in a worker
+    thread.
+
     Raises:
         Unauthenticated: no token, or a token that is malformed, unknown,
             expired or revoked. Rejected state-changing calls are audited.
     """
+    principal = None
+    if credentials is not None and credentials.credentials:
+        principal = get_security(request).cached_principal(credentials.credentials)
+    if principal is None:
+        principal = await run_in_threadpool(_authenticate, request, credentials)
+    request.state.principal = principal
+    return principal
+
+
+def _authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
     try:
         if credentials is None or not credentials.credentials:
             raise Unauthenticated(
@@ -71,7 +86,6 @@ def require_principal(
             )
             get_audit_log(request).record_outcome(ctx, "unauthenticated")
         raise
-    request.state.principal = principal
     return principal
 
 
@@ -110,18 +124,19 @@ def audited(action: str) -> Callable[..., Iterator[AuditContext]]:
     return dependency
 
 
-def data_plane_write(principal: CurrentPrincipal) -> Principal:
+async def data_plane_write(principal: CurrentPrincipal) -> Principal:
     """Marks a high-volume write into an object whose creation was audited (metrics, params,
     tags logged to a run). Authenticated like everything else, but not one audit entry per
     call: that would serialize every logger on the audit chain's head. The route inventory
-    accepts a mutating route without :func:`audited` only with this marker."""
+    accepts a mutating route without :func:`audited` only with this marker. (``async``, as
+    the marker below: FastAPI runs a plain-def dependency in a worker thread.)"""
     return principal
 
 
 data_plane_write.shamal_data_plane = True  # type: ignore[attr-defined]
 
 
-def read_only_post(principal: CurrentPrincipal) -> Principal:
+async def read_only_post(principal: CurrentPrincipal) -> Principal:
     """Marks a POST that changes nothing (searches sent with a body, as MLflow does)."""
     return principal
 

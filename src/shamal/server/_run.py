@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -38,7 +39,25 @@ def make_listener(host: str, port: int) -> socket.socket:
 
 def app_from_env() -> FastAPI:
     """Application factory for worker processes: settings from the environment."""
-    return create_app(Settings())
+    app = create_app(Settings())
+    settle_heap()
+    return app
+
+
+def settle_heap() -> None:
+    """Keep the cyclic garbage collector off the objects a server process starts with.
+
+    A server holds a few hundred thousand long-lived objects (modules, routes, schemas,
+    the ORM's mappings) and makes short-lived ones by the thousand per request (a
+    log-batch parses 1,000 metrics, a history page returns 25,000 points). With the
+    default thresholds a collection runs every 700 allocations, and the older
+    generations' passes walk the whole heap. Frozen, the startup objects are never
+    walked again, and a larger first threshold makes collections rarer. Garbage without
+    cycles is freed by reference counting as before; only cycles wait longer.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 10, 10)
 
 
 def serve(
@@ -81,6 +100,7 @@ def serve(
             scheduler.start()
         if settings.workers == 1:
             config = uvicorn.Config(create_app(settings, platform), **common)  # type: ignore[arg-type]
+            settle_heap()
             uvicorn.Server(config).run(sockets=[sock])
             return
         if scheduler is None:

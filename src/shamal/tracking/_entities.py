@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -28,8 +28,11 @@ class Experiment:
     team_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
+class Metric(NamedTuple):
+    """One point of a metric. A named tuple, not a frozen dataclass like the other
+    entities: a log-batch builds 1,000 of them and a history page 25,000, and a tuple is
+    made several times faster (a frozen dataclass sets each field through ``object``)."""
+
     key: str
     value: float
     timestamp: int

@@ -113,8 +113,8 @@ class LoggedData:
                     f"A batch logging request can contain at most {MAX_BATCH[name]} {name}; "
                     f"got {count}."
                 )
-        for m in self.metrics:
-            check_key("metric", m.key)
+        for key in dict.fromkeys(m.key for m in self.metrics):  # a batch repeats its keys
+            check_key("metric", key)
         for key, value in self.params:
             check_value("Param", check_key("param", key), value, MAX_PARAM_VALUE)
         for key, value in self.tags:
@@ -352,12 +352,11 @@ class TrackingService:
         data.validate()
 
         def work(s: Session) -> None:
-            info, team_id = _store.run_row(s, run_id)
+            stage, team_id = _store.run_access(s, run_id)
             principal.require_owner_role(team_id, Role.MEMBER, f"Run '{run_id}'")
-            if info.lifecycle_stage != "active":
+            if stage != "active":
                 raise InvalidParameter(
-                    f"The run {run_id} must be in the 'active' state. "
-                    f"Current state is {info.lifecycle_stage}."
+                    f"The run {run_id} must be in the 'active' state. Current state is {stage}."
                 )
             _store.log_params(s, run_id, data.params)
             _store.set_tags(s, run_id, data.tags)

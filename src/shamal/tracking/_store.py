@@ -7,11 +7,12 @@ import math
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Select, delete, select, tuple_, update
+from sqlalchemy import Select, bindparam, delete, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ClauseElement
 
 from shamal.db.models import (
     DatasetRow,
@@ -34,13 +35,18 @@ from shamal.tracking._entities import (
     Run,
     RunInfo,
 )
+from shamal.tracking._prepared import PreparedStatement, Row
 
 ARTIFACT_SCHEME = "mlflow-artifacts:/"
 
 
 def _insert(s: Session, table: Any) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
-    if s.get_bind().dialect.name == "postgresql":
+    return _dialect_insert(s.get_bind().dialect.name, table)
+
+
+def _dialect_insert(dialect: str, table: Any) -> Any:
+    if dialect == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
 
@@ -231,6 +237,28 @@ def run_row(s: Session, run_id: str, *, lock: bool = False) -> tuple[RunInfo, st
     return _info(found[0]), found[1]
 
 
+def _run_access_query(_dialect: str) -> ClauseElement:
+    return (
+        select(RunRow.lifecycle_stage, ExperimentRow.team_id)
+        .join(ExperimentRow, ExperimentRow.experiment_id == RunRow.experiment_id)
+        .where(RunRow.run_id == bindparam("run_id"))
+    )
+
+
+_RUN_ACCESS = PreparedStatement(_run_access_query, ["run_id"])
+
+
+def run_access(s: Session, run_id: str) -> tuple[str, str | None]:
+    """The run's lifecycle stage and its experiment's team: what logging to it checks."""
+    if not run_id or len(run_id) > 64:
+        raise NotFound(f"Run with id={run_id[:64]} not found")
+    found = _RUN_ACCESS.execute(s.connection(), [(run_id,)]).first()
+    if found is None:
+        raise NotFound(f"Run with id={run_id} not found")
+    stage, team_id = tuple(found)
+    return stage, team_id
+
+
 def update_run(s: Session, run_id: str, values: Mapping[str, Any]) -> RunInfo:
     s.execute(update(RunRow).where(RunRow.run_id == run_id).values(**values))
     return run_row(s, run_id)[0]
@@ -328,67 +356,93 @@ def delete_tag(s: Session, run_id: str, key: str) -> None:
         raise NotFound(f"No tag with name: {key} in run with id {run_id}")
 
 
-def _metric_row(run_id: str, m: Metric) -> dict[str, Any]:
-    nan = math.isnan(m.value)
-    return {
-        "run_id": run_id,
-        "key": m.key,
-        "step": m.step,
-        "timestamp": m.timestamp,
-        "value": 0.0 if nan else m.value,
-        "is_nan": nan,
-        "model_id": m.model_id,
-        "dataset_name": m.dataset_name,
-        "dataset_digest": m.dataset_digest,
-    }
+_METRIC_COLUMNS = (
+    "run_id",
+    "key",
+    "step",
+    "timestamp",
+    "value",
+    "is_nan",
+    "model_id",
+    "dataset_name",
+    "dataset_digest",
+)
+_LATEST_COLUMNS = _METRIC_COLUMNS[:6]
 
 
-def log_metrics(s: Session, run_id: str, metrics: Sequence[Metric]) -> None:
-    """Append points (an identical point again is a no-op) and move each key's latest value."""
-    if not metrics:
-        return
-    rows = [_metric_row(run_id, m) for m in metrics]
-    s.execute(_insert(s, MetricRow).on_conflict_do_nothing(), rows)
-    newest: dict[str, dict[str, Any]] = {}
-    for row in rows:  # one candidate per key: an upsert may not touch a row twice
-        best = newest.get(row["key"])
-        if best is None or (row["step"], row["timestamp"], row["value"]) > (
-            best["step"],
-            best["timestamp"],
-            best["value"],
-        ):
-            newest[row["key"]] = row
-    stmt = _insert(s, LatestMetricRow)
+def _append_points(dialect: str) -> ClauseElement:
+    stmt = _dialect_insert(dialect, MetricRow.__table__)
+    values: dict[str, Any] = {c: bindparam(c) for c in _METRIC_COLUMNS}
+    appended: ClauseElement = stmt.values(values).on_conflict_do_nothing()
+    return appended
+
+
+def _move_latest(dialect: str) -> ClauseElement:
+    stmt = _dialect_insert(dialect, LatestMetricRow.__table__)
     target = LatestMetricRow.__table__.c
-    stmt = stmt.on_conflict_do_update(
+    moved: ClauseElement = stmt.values(
+        {c: bindparam(c) for c in _LATEST_COLUMNS}
+    ).on_conflict_do_update(
         index_elements=["run_id", "key"],
         set_={c: stmt.excluded[c] for c in ("step", "timestamp", "value", "is_nan")},
         where=tuple_(stmt.excluded.step, stmt.excluded.timestamp, stmt.excluded.value)
         > tuple_(target.step, target.timestamp, target.value),
     )
-    s.execute(
-        stmt,
-        [
-            {k: r[k] for k in ("run_id", "key", "step", "timestamp", "value", "is_nan")}
-            for r in newest.values()
-        ],
+    return moved
+
+
+_APPEND_POINTS = PreparedStatement(_append_points, _METRIC_COLUMNS)
+_MOVE_LATEST = PreparedStatement(_move_latest, _LATEST_COLUMNS)
+
+
+def log_metrics(s: Session, run_id: str, metrics: Sequence[Metric]) -> None:
+    """Append points (an identical point again is a no-op) and move each key's latest value.
+
+    A NaN is stored as value 0.0 with ``is_nan`` set (SQLite keeps no NaN); the latest
+    point of a key is the greatest (step, timestamp, value) of that stored form.
+    """
+    if not metrics:
+        return
+    points: list[Row] = []
+    newest: dict[str, Row] = {}  # one candidate per key: an upsert may not touch a row twice
+    for m in metrics:
+        nan = math.isnan(m.value)
+        value = 0.0 if nan else m.value
+        points.append(
+            (run_id, m.key, m.step, m.timestamp, value, nan)
+            + (m.model_id, m.dataset_name, m.dataset_digest)
+        )
+        best = newest.get(m.key)
+        if best is None or (m.step, m.timestamp, value) > (best[2], best[3], best[4]):
+            newest[m.key] = (run_id, m.key, m.step, m.timestamp, value, nan)
+    connection = s.connection()
+    _APPEND_POINTS.execute(connection, points)
+    _MOVE_LATEST.execute(connection, list(newest.values()))
+
+
+def _history_query(_dialect: str) -> ClauseElement:
+    return (
+        select(MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
+        .where(MetricRow.run_id == bindparam("run_id"), MetricRow.key == bindparam("key"))
+        .order_by(MetricRow.step, MetricRow.timestamp, MetricRow.value)
+        .limit(bindparam("limit"))
+        .offset(bindparam("offset"))
     )
+
+
+_HISTORY = PreparedStatement(_history_query, ["run_id", "key", "limit", "offset"])
 
 
 def metric_history(s: Session, run_id: str, key: str, offset: int, limit: int) -> list[Metric]:
-    query = (
-        select(MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
-        .where(MetricRow.run_id == run_id, MetricRow.key == key)
-        .order_by(MetricRow.step, MetricRow.timestamp, MetricRow.value)
-        .offset(offset)
-        .limit(limit)
-    )
-    # Plain rows through Core: a history can be millions of points, no ORM bookkeeping.
-    rows = s.connection().execute(query).all()
-    return [
-        Metric(key, math.nan if nan else value, ts, step, run_id=run_id)
-        for step, ts, value, nan in rows
-    ]
+    """One page of a metric's points in (step, timestamp, value) order.
+
+    Plain driver rows: a history can be millions of points, and SQLAlchemy's per-row
+    result processing costs several times the query. ``is_nan`` reads as 0/1 (SQLite)
+    or a bool (PostgreSQL), truthy either way.
+    """
+    result = _HISTORY.execute(s.connection(), [(run_id, key, limit, offset)])
+    rows = cast("list[tuple[int, int, float, Any]]", result.all())
+    return [Metric(key, math.nan if nan else value, ts, step) for step, ts, value, nan in rows]
 
 
 def metric_history_bulk(

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 
-from shamal.mlflow_dialect import Fields, ProtoJSONResponse, proto_json, read_fields
+from shamal.mlflow_dialect import (
+    Fields,
+    ProtoJSONResponse,
+    proto_json,
+    proto_json_encoded,
+    read_fields,
+)
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
 from shamal.tracking import _proto
@@ -25,7 +31,8 @@ async def _fields(request: Request) -> Fields:
     return await read_fields(request)
 
 
-def get_tracking(request: Request) -> TrackingService:
+async def get_tracking(request: Request) -> TrackingService:
+    # async: FastAPI runs a plain-def dependency in a worker thread, a round trip per request.
     service: TrackingService = request.app.state.tracking
     return service
 
@@ -37,6 +44,52 @@ Searcher = Annotated[Principal, Depends(read_only_post)]
 
 
 mlflow = APIRouter(include_in_schema=False, default_response_class=ProtoJSONResponse)
+
+
+# ---------------------------------------------------------------------- logging to runs
+# First in the router: routing tries routes in order, and these carry the volume.
+def _run_id(f: Fields) -> str:
+    run_id = f.text("run_id") or f.text("run_uuid")
+    if not run_id:
+        return f.required("run_id")
+    return run_id
+
+
+@mlflow.post("/runs/log-batch")
+def log_batch(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    data = LoggedData(
+        metrics=_proto.metrics_of(f.objects("metrics"), svc.now_ms()),
+        params=_proto.pairs_of(f.objects("params"), "param"),
+        tags=_proto.pairs_of(f.objects("tags"), "tag"),
+    )
+    svc.log(p, _run_id(f), data)
+    return proto_json()
+
+
+@mlflow.post("/runs/log-metric")
+def log_metric(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    fields = ("key", "value", "timestamp", "step", "model_id", "dataset_name", "dataset_digest")
+    item = {k: v for k in fields if (v := f.raw(k)) is not None}  # unset is absent
+    metrics = _proto.metrics_of([item], svc.now_ms())
+    if f.raw("value") is None:
+        f.required("value")
+    svc.log(p, _run_id(f), LoggedData(metrics=metrics))
+    return proto_json()
+
+
+@mlflow.post("/runs/log-parameter")
+def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    value = f.text("value")
+    if value is None:
+        f.required("value")
+    svc.log(p, _run_id(f), LoggedData(params=[(f.required("key"), value or "")]))
+    return proto_json()
+
+
+@mlflow.post("/runs/set-tag")
+def set_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    svc.log(p, _run_id(f), LoggedData(tags=[(f.required("key"), f.text("value") or "")]))
+    return proto_json()
 
 
 # ---------------------------------------------------------------------- experiments
@@ -131,13 +184,6 @@ def delete_experiment_tag(
 
 
 # ---------------------------------------------------------------------- runs
-def _run_id(f: Fields) -> str:
-    run_id = f.text("run_id") or f.text("run_uuid")
-    if not run_id:
-        return f.required("run_id")
-    return run_id
-
-
 @mlflow.post("/runs/create")
 def create_run(
     f: F, svc: Tracking, ctx: Annotated[AuditContext, Depends(audited("run.create"))]
@@ -184,57 +230,6 @@ def restore_run(
     return proto_json()
 
 
-@mlflow.post("/runs/log-batch")
-def log_batch(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    data = LoggedData(
-        metrics=_proto.metrics_of(f.objects("metrics"), svc.now_ms()),
-        params=_proto.pairs_of(f.objects("params"), "param"),
-        tags=_proto.pairs_of(f.objects("tags"), "tag"),
-    )
-    svc.log(p, _run_id(f), data)
-    return proto_json()
-
-
-@mlflow.post("/runs/log-metric")
-def log_metric(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    metrics = _proto.metrics_of(
-        [
-            {
-                k: f.raw(k)
-                for k in (
-                    "key",
-                    "value",
-                    "timestamp",
-                    "step",
-                    "model_id",
-                    "dataset_name",
-                    "dataset_digest",
-                )
-            }
-        ],
-        svc.now_ms(),
-    )
-    if f.raw("value") is None:
-        f.required("value")
-    svc.log(p, _run_id(f), LoggedData(metrics=metrics))
-    return proto_json()
-
-
-@mlflow.post("/runs/log-parameter")
-def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    value = f.text("value")
-    if value is None:
-        f.required("value")
-    svc.log(p, _run_id(f), LoggedData(params=[(f.required("key"), value or "")]))
-    return proto_json()
-
-
-@mlflow.post("/runs/set-tag")
-def set_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    svc.log(p, _run_id(f), LoggedData(tags=[(f.required("key"), f.text("value") or "")]))
-    return proto_json()
-
-
 @mlflow.post("/runs/delete-tag")
 def delete_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
     svc.delete_tag(p, _run_id(f), f.required("key"))
@@ -275,16 +270,13 @@ def search_runs(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
 
 
 @mlflow.get("/metrics/get-history")
-def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSONResponse:
+def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> Response:
     page = svc.metric_history(
         p, _run_id(f), f.required("metric_key"), f.text("page_token"), f.integer("max_results")
     )
-    return proto_json(
-        {
-            "metrics": [_proto.metric_json(m) for m in page.items],
-            "next_page_token": page.next_page_token,
-        }
-    )
+    # Each point as the stock server sends it (key, value, timestamp, step): the run is
+    # the request's, and the client parses every field of up to 25,000 points a page.
+    return proto_json_encoded(_proto.history_page_json(page.items, page.next_page_token))
 
 
 @mlflow.get("/metrics/get-history-bulk-interval")
