@@ -18,6 +18,7 @@ import pytest
 
 from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec, get_executor
 from shamal.scheduler._resources import Placement, Slot
+from tests import needs
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -100,7 +101,7 @@ class Jobs:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    ray = needs.module("ray")
     ray.init(
         num_cpus=2,
         num_gpus=2,

@@ -12,12 +12,15 @@ from typer.testing import CliRunner
 
 from shamal.cli.sim_pack import pack
 from shamal.scheduler._pack import TraceError, load_nodes, load_pods, run_pack_experiment
+from tests import needs
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba_openb"
-needs_traces = pytest.mark.skipif(
-    not (TRACES / "openb_pod_list_default.csv").is_file(),
-    reason=f"the Alibaba openb traces are not at {TRACES}",
-)
+
+
+@pytest.fixture
+def traces() -> Path:
+    needs.path(TRACES / "openb_pod_list_default.csv", "the Alibaba openb traces")
+    return TRACES
 
 
 def _slice(source: Path, target: Path, *, every: int = 1, limit: int | None = None) -> Path:
@@ -32,23 +35,21 @@ def _slice(source: Path, target: Path, *, every: int = 1, limit: int | None = No
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Every 12th node of the real node list (~100 nodes) and 1,500 real pods."""
-    if not (TRACES / "openb_pod_list_default.csv").is_file():
-        pytest.skip(f"the Alibaba openb traces are not at {TRACES}")
+    needs.path(TRACES / "openb_pod_list_default.csv", "the Alibaba openb traces")
     folder = tmp_path_factory.mktemp("openb")
     nodes = _slice(TRACES / "openb_node_list_gpu_node.csv", folder / "nodes.csv", every=12)
     pods = _slice(TRACES / "openb_pod_list_default.csv", folder / "pods.csv", limit=1500)
     return nodes, pods
 
 
-@needs_traces
-def test_loads_the_real_lists() -> None:
-    nodes = load_nodes(TRACES / "openb_node_list_gpu_node.csv")
-    pods = load_pods(TRACES / "openb_pod_list_default.csv")
+def test_loads_the_real_lists(traces: Path) -> None:
+    nodes = load_nodes(traces / "openb_node_list_gpu_node.csv")
+    pods = load_pods(traces / "openb_pod_list_default.csv")
     assert sum(len(n.gpus) for n in nodes) == 6212
     assert len(pods) == 8152
     assert sum(1 for p in pods if p.gpu_milli) == 3078
     assert all(0 < p.gpu_milli < 1000 for p in pods if not p.gpus and p.gpu_milli)
-    spec = load_pods(TRACES / "openb_pod_list_gpuspec33.csv")
+    spec = load_pods(traces / "openb_pod_list_gpuspec33.csv")
     assert any(p.gpu_models for p in spec)
 
 

@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 
 from shamal.scheduler.sim import load_machines, load_trace, simulate
+from tests import needs
 
 TRACES = Path(
     os.environ.get("SHAMAL_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces")
 )
 PHILLY = TRACES / "philly"
 
-pytestmark = pytest.mark.skipif(
-    not (PHILLY / "jobs.csv").exists(), reason=f"no Philly trace under {TRACES}"
-)
+
+@pytest.fixture(autouse=True)
+def _philly() -> None:
+    needs.path(PHILLY / "jobs.csv", "the Philly traces")
 
 
 def test_philly_slice_runs_every_policy_family() -> None:

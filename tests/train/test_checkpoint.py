@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+from tests import needs
+
+needs.module("torch")
 
 import torch  # noqa: E402
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
+from tests import needs
 from tests.live import free_port
 from tests.train._run import final_sha, run, start
 
-pytest.importorskip("torch")
+needs.module("torch")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
+from tests import needs
+
+needs.module("torch")
 
 import torch  # noqa: E402
 

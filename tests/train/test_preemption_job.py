@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from shamal.client import ShamalClient
+from tests import needs
 from tests.jobs.test_scheduling import FAST, log_of, state_is, stop_all_jobs, wait_for
 from tests.live import LiveServer
 from tests.train._run import EXAMPLE, final_sha, run
 
-pytest.importorskip("torch")
+needs.module("torch")
 pytestmark = pytest.mark.slow
 
 ARGS = ["--steps", "120", "--checkpoint-every", "20"]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.train._run import final_sha, run, start
 
-pytest.importorskip("torch")
+needs.module("torch")
 
 ARGS = ["--steps", "60", "--checkpoint-every", "20"]
 

@@ -293,8 +293,15 @@ class SchedulerLoop:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         if job.snapshot:
-            archive = b"".join(self._jobs.open_snapshot(job.snapshot))
-            snapshot.extract(archive, folder)
+            # Streamed to a file beside the folder: a snapshot may be large.
+            archive = folder.with_name(folder.name + ".tar.gz")
+            with archive.open("wb") as handle:
+                for chunk in self._jobs.open_snapshot(job.snapshot):
+                    handle.write(chunk)
+            try:
+                snapshot.extract(archive, folder)
+            finally:
+                archive.unlink()
         return folder
 
     def _allocated(self, active: Sequence[Job]) -> Cluster:

@@ -6,7 +6,6 @@ import hashlib
 import re
 from collections.abc import Mapping
 
-from shamal.config import SchedulerSettings
 from shamal.errors import InvalidParameter
 from shamal.jobs._entities import JobSpec
 
@@ -78,8 +77,7 @@ def check_resources(spec: JobSpec) -> None:
         check_text("a GPU model", model, 64)
 
 
-def check_pool(settings: SchedulerSettings, pool: str | None, known: set[str]) -> str | None:
-    del settings
+def check_pool(pool: str | None, known: set[str]) -> str | None:
     if pool is not None and pool not in known:
         names = ", ".join(sorted(known)) or "none"
         raise InvalidParameter(f"no pool named {pool[:64]!r} (pools: {names})")

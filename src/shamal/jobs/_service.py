@@ -189,7 +189,7 @@ class JobService:
         command = _rules.check_command(spec.command)
         env = _rules.check_env(spec.env)
         _rules.check_resources(spec)
-        pool = _rules.check_pool(self._settings, spec.pool, set(self._pools))
+        pool = _rules.check_pool(spec.pool, set(self._pools))
         team, team_id = self._team(principal, spec.team)
         priority, value = self._priority(principal, team, spec.priority)
         if spec.snapshot is not None and not self.has_snapshot(principal, spec.snapshot):
