@@ -20,6 +20,8 @@ from urllib.parse import quote
 import httpx
 
 from shamal import snapshot
+from shamal.client._deployments import DeploymentCalls
+from shamal.client._models import ModelCalls
 from shamal.errors import NotFound, ServiceUnavailable, error_for_code
 
 __all__ = ["DEFAULT_URL", "ShamalClient", "default_token"]
@@ -53,7 +55,7 @@ def _raise_for(response: httpx.Response) -> None:
     raise error_for_code(code, message)
 
 
-class ShamalClient:
+class ShamalClient(ModelCalls, DeploymentCalls):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 
     Args:

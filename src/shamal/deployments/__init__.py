@@ -1,0 +1,1 @@
+"""deployments (being built)."""
