@@ -168,6 +168,8 @@ def mlserver(model_dir: Path, workdir: Path) -> ServerProcess:
         "grpc_port": free_port(),
         "metrics_port": free_port(),
         "host": "127.0.0.1",
+        # Its Prometheus files would otherwise land in the current directory.
+        "metrics_dir": str(workdir / "mlserver-metrics"),
     }
     (root / "settings.json").write_text(json.dumps(settings))
     target = root / model_dir.name
