@@ -14,6 +14,7 @@ import shamal
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
+from shamal.deployments import api as deployments_api
 from shamal.jobs import api as jobs_api
 from shamal.registry import api as registry_api
 from shamal.registry import mlflow_api as registry_mlflow
@@ -53,6 +54,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.registry = platform.registry
     app.state.jobs = platform.jobs
     app.state.tune = platform.tune
+    app.state.deployments = platform.deployments
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -104,6 +106,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(registry_api.router)
     app.include_router(jobs_api.router)
     app.include_router(tune_api.router)
+    app.include_router(deployments_api.router)
     return app
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, upgrade
+from shamal.deployments._service import DeploymentService
 from shamal.executors._nvml import detect_local_gpus
 from shamal.jobs import JobService, build_cluster, effective_settings
 from shamal.registry import RegistryService
@@ -38,6 +39,7 @@ class Platform:
     jobs: JobService
     cluster: Cluster
     tune: TuneService
+    deployments: DeploymentService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -65,6 +67,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
     jobs = JobService(db, audit, security, artifacts, scheduler_settings, cluster.pools.values())
     tune = TuneService(db, audit, settings.resolved_database_url)
+    deployments = DeploymentService(db, audit, security, registry)
     return Platform(
         settings=settings,
         db=db,
@@ -77,5 +80,6 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         jobs=jobs,
         cluster=cluster,
         tune=tune,
+        deployments=deployments,
         admin_secret=admin_secret,
     )

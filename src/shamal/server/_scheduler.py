@@ -47,6 +47,8 @@ def build_loop(
         raise InvalidParameter(f"scheduler settings: {exc}") from None
     loop = SchedulerLoop(parts, policy, env=env)
     loop.periodic.append((10.0, platform.tune.fail_stale_trials))
+    # A canary whose traffic stopped still moves on (or back) after its interval.
+    loop.periodic.append((10.0, platform.deployments.check_rollouts))
     return loop
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 from shamal.db.models._base import Base, UTCDateTime
 from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
+from shamal.db.models.deployments import (
+    DeploymentEventRow,
+    DeploymentRow,
+    DeploymentSampleRow,
+    DeploymentStatsRow,
+)
 from shamal.db.models.jobs import JobAttemptRow, JobEventRow, JobRow
 from shamal.db.models.registry import (
     ModelAliasRow,
@@ -37,6 +43,10 @@ __all__ = [
     "AuditHeadRow",
     "Base",
     "DatasetRow",
+    "DeploymentEventRow",
+    "DeploymentRow",
+    "DeploymentSampleRow",
+    "DeploymentStatsRow",
     "ExperimentRow",
     "ExperimentTagRow",
     "JobAttemptRow",

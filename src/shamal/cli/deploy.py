@@ -1,0 +1,252 @@
+"""`shamal deploy` and `shamal deployments`: put model versions behind an endpoint, roll out safely.
+
+`shamal deploy NAME --model models:/m@champion` creates the deployment (or replaces its spec);
+`--canary URI --percent 10 --steps 10,25,50,100 --interval 60s` starts a canary that the control
+plane's rollout controller moves up step by step, or rolls back when it breaks the SLO.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+from shamal.cli.job import parse_duration_s
+from shamal.errors import InvalidParameter
+
+deployments = typer.Typer(
+    help="Deployments: list, show, promote or roll back a canary, delete, read samples.",
+    no_args_is_help=True,
+)
+
+
+def parse_weights(text: str) -> list[dict[str, Any]]:
+    """'models:/m/1=70,models:/m/2=30' -> [{model, weight}, ...]."""
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        uri, sep, weight = item.rpartition("=")
+        if not sep or not uri or not weight.strip().isdigit():
+            raise InvalidParameter(f"--weights takes URI=WEIGHT,URI=WEIGHT, not {item!r}")
+        out.append({"model": uri, "weight": int(weight)})
+    return out
+
+
+def parse_shadow(text: str) -> dict[str, Any]:
+    """'models:/m/3' (mirror every request) or 'models:/m/3=25' (a quarter of them)."""
+    uri, sep, percent = text.rpartition("=")
+    if sep and percent.strip().isdigit():
+        return {"model": uri, "percent": int(percent)}
+    return {"model": text, "percent": 100}
+
+
+def parse_steps(text: str) -> list[int]:
+    try:
+        return [int(step) for step in text.split(",")]
+    except ValueError:
+        raise InvalidParameter(
+            f"--steps takes percentages such as 10,25,50,100, not {text!r}"
+        ) from None
+
+
+def _print_deployment(d: dict[str, Any], events: list[dict[str, Any]] | None = None) -> None:
+    state = d["state"]
+    console.print(
+        f"[bold]{d['name']}[/] (team {d['team'] or '-'}) revision {d['revision']}  "
+        f"[bold]{state['phase']}[/]"
+        + (f" canary at {state['canary_weight']}%" if state["phase"] == "progressing" else "")
+    )
+    table = Table(title="Routes", title_justify="left", header_style="bold")
+    for column in ("role", "model", "version", "weight", "traffic", "uri"):
+        table.add_column(column)
+    for r in d["routes"]:
+        traffic = f"{r['share']:.1%}" + (" mirrored" if r["role"] == "shadow" else "")
+        table.add_row(r["role"], r["model"], str(r["version"]), str(r["weight"]), traffic, r["uri"])
+    console.print(table)
+    slo, plan = d["slo"], d["rollout"]
+    console.print(
+        f"SLO: errors <= {slo['max_error_rate']:.2%}, p99 <= {slo['max_p99_ms']:g} ms, "
+        f"judged after {slo['min_requests']} requests; rollout steps "
+        f"{', '.join(str(s) for s in plan['steps'])}% every {plan['interval_s']:g} s; "
+        f"sticky header {d['sticky_header']}; sample rate {d['sample_rate']:g}"
+    )
+    if events:
+        rows = [{**e, "reason": e["reason"][:80]} for e in events]
+        print_table("Recent events", ["at", "revision", "kind", "actor", "reason"], rows)
+
+
+@handle_errors
+def deploy(
+    name: Annotated[str, typer.Argument(help="The deployment (the endpoint's name).")],
+    model: Annotated[
+        str | None, typer.Option("--model", help="The primary: models:/m@alias or models:/m/3.")
+    ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option("--weights", help="A/B primaries: models:/m/1=70,models:/m/2=30."),
+    ] = None,
+    canary: Annotated[str | None, typer.Option("--canary", help="A canary version URI.")] = None,
+    percent: Annotated[
+        int, typer.Option("--percent", help="The canary's first share (percent).")
+    ] = 10,
+    steps: Annotated[
+        str, typer.Option("--steps", help="Canary percentages to pass through.")
+    ] = "10,25,50,100",
+    interval: Annotated[
+        str, typer.Option("--interval", help="Healthy time at each step, e.g. 60s, 5m.")
+    ] = "60s",
+    shadow: Annotated[
+        list[str] | None,
+        typer.Option("--shadow", help="A shadow URI (=PERCENT to mirror a share); repeatable."),
+    ] = None,
+    sticky_header: Annotated[
+        str,
+        typer.Option("--sticky-header", help="Header whose value keeps a caller on one version."),
+    ] = "x-shamal-route-key",
+    slo_error_rate: Annotated[float, typer.Option("--slo-error-rate")] = 0.01,
+    slo_p99_ms: Annotated[float, typer.Option("--slo-p99-ms")] = 1000.0,
+    slo_min_requests: Annotated[int, typer.Option("--slo-min-requests")] = 100,
+    sample_rate: Annotated[
+        float, typer.Option("--sample-rate", help="Fraction of requests logged for monitoring.")
+    ] = 0.0,
+    team: Annotated[str | None, typer.Option("--team", help="The owning team.")] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Deploy model versions behind NAME (create it, or replace its spec).
+
+    Example: shamal deploy fraud --model models:/fraud@champion --canary models:/fraud/4
+    --percent 10 --steps 10,25,50,100 --interval 5m --slo-error-rate 0.01 --slo-p99-ms 50
+    """
+    if (model is None) == (weights is None):
+        raise InvalidParameter("give the primary with --model, or A/B primaries with --weights")
+    primary = parse_weights(weights) if weights else [{"model": model, "weight": 100}]
+    spec: dict[str, Any] = {
+        "primary": primary,
+        "shadows": [parse_shadow(s) for s in shadow or ()],
+        "rollout": {"steps": parse_steps(steps), "interval_s": parse_duration_s(interval)},
+        "slo": {
+            "max_error_rate": slo_error_rate,
+            "max_p99_ms": slo_p99_ms,
+            "min_requests": slo_min_requests,
+        },
+        "sticky_header": sticky_header,
+        "sample_rate": sample_rate,
+    }
+    if canary is not None:
+        spec["canary"] = {"model": canary, "percent": percent}
+    if team is not None:
+        spec["team"] = team
+    deployed = client().deploy(name, spec)
+    if as_json:
+        console.print_json(data=deployed)
+        return
+    _print_deployment(deployed)
+
+
+@deployments.command("list")
+@handle_errors
+def list_deployments(as_json: bool = JsonOption) -> None:
+    """Deployments you can see."""
+    found = client().list_deployments()
+    rows = [
+        {
+            "name": d["name"],
+            "team": d["team"],
+            "revision": d["revision"],
+            "phase": d["state"]["phase"],
+            "routes": ", ".join(
+                f"{r['role']} v{r['version']} {r['share']:.0%}" for r in d["routes"]
+            ),
+        }
+        for d in found
+    ]
+    if as_json:
+        console.print_json(data=found)
+        return
+    print_table("Deployments", ["name", "team", "revision", "phase", "routes"], rows)
+
+
+@deployments.command("show")
+@handle_errors
+def show(
+    name: str,
+    events: Annotated[int, typer.Option("--events", min=1, max=1000)] = 10,
+    as_json: bool = JsonOption,
+) -> None:
+    """A deployment's routes, weights, rollout state and recent events."""
+    api = client()
+    found = api.get_deployment(name)
+    recent = api.deployment_events(name, limit=events)
+    if as_json:
+        console.print_json(data={**found, "events": recent})
+        return
+    _print_deployment(found, recent)
+
+
+@deployments.command("promote")
+@handle_errors
+def promote(
+    name: str,
+    revision: Annotated[
+        int | None, typer.Option("--revision", help="Only if still at this revision.")
+    ] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Make the canary the primary now."""
+    done = client().promote_deployment(name, revision=revision)
+    if as_json:
+        console.print_json(data=done)
+        return
+    console.print(f"promoted: {name} is at revision {done['revision']}")
+
+
+@deployments.command("rollback")
+@handle_errors
+def rollback(
+    name: str,
+    reason: Annotated[str, typer.Option("--reason")] = "",
+    revision: Annotated[
+        int | None, typer.Option("--revision", help="Only if still at this revision.")
+    ] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Remove the canary now; its traffic goes back to the primaries."""
+    done = client().rollback_deployment(name, reason=reason, revision=revision)
+    if as_json:
+        console.print_json(data=done)
+        return
+    console.print(f"rolled back: {name} is at revision {done['revision']}")
+
+
+@deployments.command("delete")
+@handle_errors
+def delete(name: str) -> None:
+    """Delete a deployment (maintainer). Serve processes keep their last spec until stopped."""
+    client().delete_deployment(name)
+    console.print(f"deleted deployment {name}")
+
+
+@deployments.command("samples")
+@handle_errors
+def samples(
+    name: str,
+    limit: Annotated[int, typer.Option("--max", min=1, max=1000)] = 20,
+    as_json: bool = JsonOption,
+) -> None:
+    """The newest sampled requests (inputs and outputs, excerpts)."""
+    found = client().deployment_samples(name, limit=limit)
+    if as_json:
+        console.print_json(data=found)
+        return
+    rows = [
+        {
+            "at": s["at"],
+            "version": s["version"] + (" (shadow)" if s["shadow"] else ""),
+            "inputs": json.dumps(s["inputs"])[:60],
+            "outputs": json.dumps(s["outputs"])[:60],
+        }
+        for s in found
+    ]
+    print_table("Samples", ["at", "version", "inputs", "outputs"], rows)

@@ -1,0 +1,343 @@
+"""The data plane's side of a deployment: route by its split, report to the control plane.
+
+:class:`DeploymentRouter` is the :class:`~shamal.serving._routing.TrafficRouter` of a serve
+process started with ``--deployment NAME``. It holds the deployment's spec in memory (fetched
+from the control plane, the last good one kept when the control plane cannot be reached), picks
+versions with the same pure :func:`shamal.deployments.choose_route` the control plane documents,
+counts calls per version in a window, keeps a sample of requests, and ships both from a
+background thread. The control plane runs the rollout controller on each report; a rollback or
+a step up is a new revision the router picks up on its next refresh (at once when a report's
+answer says the revision moved).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from shamal.client import ShamalClient
+from shamal.deployments import (
+    LATENCY_SLOTS,
+    Deployment,
+    RolloutPhase,
+    RolloutPlan,
+    RolloutState,
+    Route,
+    RouteRole,
+    Slo,
+    TrafficSplit,
+    choose_route,
+    latency_slot,
+)
+from shamal.errors import NotFound, ShamalError
+from shamal.serving._routing import RouteChoice
+
+logger = logging.getLogger(__name__)
+
+#: Values kept per tensor in a sample, and characters per string value.
+SAMPLE_VALUES = 64
+SAMPLE_TEXT = 256
+#: Samples waiting to be shipped; older ones are dropped when the control plane is slow.
+SAMPLE_BUFFER = 200
+_PUSH_BATCH = 100
+
+
+def deployment_from_json(body: Mapping[str, Any]) -> Deployment:
+    """A deployment as the API answers it (``GET /api/v1/deployments/{name}``)."""
+    routes = tuple(
+        Route(
+            model_name=str(r["model"]),
+            version=int(r["version"]),
+            weight=int(r["weight"]),
+            role=RouteRole(r["role"]),
+            uri=str(r.get("uri", "")),
+        )
+        for r in body["routes"]
+    )
+    slo, plan, state = body["slo"], body["rollout"], body["state"]
+    return Deployment(
+        name=str(body["name"]),
+        team=str(body.get("team", "")),
+        split=TrafficSplit(routes),
+        slo=Slo(float(slo["max_error_rate"]), float(slo["max_p99_ms"]), int(slo["min_requests"])),
+        plan=RolloutPlan(tuple(int(s) for s in plan["steps"]), float(plan["interval_s"])),
+        state=RolloutState(
+            RolloutPhase(state["phase"]),
+            int(state["canary_weight"]),
+            int(state["step_index"]),
+            datetime.fromisoformat(str(state["since"])),
+        ),
+        revision=int(body["revision"]),
+        sticky_header=str(body.get("sticky_header", "")).lower(),
+        sample_rate=float(body.get("sample_rate", 0.0)),
+    )
+
+
+class _Window:
+    """Calls to one version since the last report."""
+
+    __slots__ = ("counts", "errors", "ok")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.errors = 0
+        self.counts = [0] * LATENCY_SLOTS
+
+    def as_report(self, version: str) -> dict[str, Any]:
+        last = max((i for i, c in enumerate(self.counts) if c), default=-1)
+        return {
+            "version": version,
+            "ok": self.ok,
+            "errors": self.errors,
+            "latency_counts": self.counts[: last + 1],
+        }
+
+
+def tensor_excerpt(array: np.ndarray) -> dict[str, Any]:
+    """A small JSON-able excerpt of a tensor: shape, dtype and its first values (flattened).
+
+    Non-finite floats become None; bytes are decoded (invalid bytes replaced); strings are cut
+    at 256 characters.
+    """
+    flat = np.asarray(array).reshape(-1)[:SAMPLE_VALUES]
+    return {
+        "shape": [int(d) for d in np.shape(array)][:16],
+        "datatype": str(np.asarray(array).dtype.str if flat.dtype.kind in "SUO" else flat.dtype)[
+            :32
+        ],
+        "data": [_plain(v) for v in flat.tolist()],
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")[:SAMPLE_TEXT]
+    return str(value)[:SAMPLE_TEXT]
+
+
+class DeploymentRouter:
+    """Routes requests by a deployment's split and reports to the control plane.
+
+    Thread-safe. ``choose``, ``observe`` and ``sample`` touch memory only; ``refresh`` and
+    ``push`` talk to the control plane and are called by the background thread (or by hand).
+
+    Args:
+        client: a client of the control plane, with a token of a member of the deployment's team.
+        name: the deployment.
+        interval_s: seconds between two rounds of push + refresh in the background thread.
+        clock: monotonic seconds; says how old the spec in use is (:meth:`spec_age_s`).
+        rng: the randomness for requests without a sticky key, and for sampling.
+    """
+
+    def __init__(
+        self,
+        client: ShamalClient,
+        name: str,
+        *,
+        interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval_s must be positive")
+        self._client = client
+        self.name = name
+        self._interval_s = interval_s
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - routing and sampling, not secrets
+        self._lock = threading.Lock()
+        self._deployment: Deployment | None = None
+        self._fetched_at: float | None = None
+        self._windows: dict[str, _Window] = {}
+        self._samples: deque[dict[str, Any]] = deque(maxlen=SAMPLE_BUFFER)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ spec
+    @property
+    def deployment(self) -> Deployment | None:
+        """The spec in use (None until the first successful refresh)."""
+        return self._deployment
+
+    def spec_age_s(self) -> float | None:
+        """Seconds since the spec in use was fetched (None: never)."""
+        return None if self._fetched_at is None else self._clock() - self._fetched_at
+
+    def refresh(self) -> bool:
+        """Fetch the spec; keep the one in use if the control plane fails. True on success.
+
+        A new revision starts a new statistics window: calls counted under the old split
+        describe traffic the control plane no longer routes.
+        """
+        try:
+            fetched = deployment_from_json(self._client.get_deployment(self.name))
+        except (ShamalError, KeyError, TypeError, ValueError) as exc:
+            logger.warning(
+                "deployment %r: could not refresh the spec (%s); keeping revision %s",
+                self.name,
+                getattr(exc, "code", exc.__class__.__name__),
+                self._deployment.revision if self._deployment else None,
+            )
+            return False
+        with self._lock:
+            current = self._deployment
+            if current is None or fetched.revision != current.revision:
+                self._windows = {}
+                logger.info("deployment %r: revision %d", self.name, fetched.revision)
+            self._deployment = fetched
+            self._fetched_at = self._clock()
+        return True
+
+    def versions(self) -> dict[str, list[str]]:
+        """Model name (the deployment's) -> the versions a serve process must load."""
+        deployment = self._deployment
+        if deployment is None:
+            return {}
+        return {deployment.name: [str(v) for v in deployment.split.versions()]}
+
+    def model_uris(self) -> dict[str, str]:
+        """Version -> the ``models:/<model>/<version>`` URI to load it from."""
+        deployment = self._deployment
+        if deployment is None:
+            return {}
+        return {r.version_key: r.concrete_uri for r in deployment.split.routes}
+
+    # ------------------------------------------------------------------ request path
+    def choose(self, model: str, headers: Mapping[str, str]) -> RouteChoice:
+        """The version for a request to the deployment (by its name or its model's name).
+
+        Raises:
+            NotFound: another model, or no spec fetched yet.
+        """
+        deployment = self._deployment
+        if deployment is None or model not in (deployment.name, deployment.model_name):
+            raise NotFound(f"Model '{model}' is not served here.")
+        key = headers.get(deployment.sticky_header) or None
+        choice = choose_route(deployment.split, key, draw=self._rng.random)
+        return RouteChoice(choice.version, choice.shadows)
+
+    def observe(
+        self, model: str, version: str, *, latency_s: float, ok: bool, shadow: bool
+    ) -> None:
+        """Count one finished call in its version's window (shadow calls too)."""
+        del model, shadow  # windows are per version; a version has one role at a time
+        slot = latency_slot(max(latency_s, 0.0) * 1000.0)
+        with self._lock:
+            window = self._windows.get(version)
+            if window is None:
+                window = self._windows[version] = _Window()
+            if ok:
+                window.ok += 1
+            else:
+                window.errors += 1
+            window.counts[slot] += 1
+
+    def sample(
+        self,
+        model: str,
+        version: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray],
+    ) -> None:
+        """Keep this request at the deployment's sample rate (small excerpts of each tensor)."""
+        deployment = self._deployment
+        if deployment is None or deployment.sample_rate <= 0:
+            return
+        if self._rng.random() >= deployment.sample_rate:
+            return
+        shadow = any(r.version_key == version for r in deployment.split.shadows)
+        record = {
+            "revision": deployment.revision,
+            "version": version,
+            "shadow": shadow,
+            "inputs": {k[:128]: tensor_excerpt(v) for k, v in list(inputs.items())[:32]},
+            "outputs": {k[:128]: tensor_excerpt(v) for k, v in list(outputs.items())[:32]},
+        }
+        with self._lock:
+            self._samples.append(record)
+
+    # ------------------------------------------------------------------ shipping
+    def push(self) -> dict[str, Any] | None:
+        """Ship the window and the samples; refresh at once if the answer names a newer
+        revision. Returns the control plane's answer to the report (None if nothing was
+        sent or it failed: the failure is logged and that window's counts are dropped, as
+        they would be at the next revision anyway)."""
+        with self._lock:
+            deployment = self._deployment
+            windows, self._windows = self._windows, {}
+            samples = list(self._samples)
+            self._samples.clear()
+        if deployment is None:
+            return None
+        self._push_samples(samples)
+        known = {r.version_key for r in deployment.split.routes}
+        reports = [w.as_report(v) for v, w in sorted(windows.items()) if v in known]
+        try:
+            answer = self._client.report_deployment(self.name, deployment.revision, reports)
+        except ShamalError as exc:
+            logger.warning("deployment %r: report failed (%s)", self.name, exc.code)
+            return None
+        if int(answer.get("revision", 0)) != deployment.revision:
+            logger.info("deployment %r: %s", self.name, answer.get("reason", ""))
+            self.refresh()
+        return answer
+
+    def _push_samples(self, samples: list[dict[str, Any]]) -> None:
+        for start in range(0, len(samples), _PUSH_BATCH):
+            try:
+                self._client.push_deployment_samples(
+                    self.name, samples[start : start + _PUSH_BATCH]
+                )
+            except ShamalError as exc:
+                logger.warning("deployment %r: samples dropped (%s)", self.name, exc.code)
+                return
+
+    def tick(self) -> None:
+        """One round of the background thread: push, then refresh."""
+        self.push()
+        self.refresh()
+
+    def start(self) -> None:
+        """Fetch the spec (if not yet) and start the background thread."""
+        if self._thread is not None:
+            return
+        if self._deployment is None:
+            self.refresh()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"deployment-router-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the router must outlive any one failure
+                logger.exception("deployment %r: background round failed", self.name)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the background thread, then ship what is left (best effort)."""
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        if thread is not None:
+            thread.join(timeout_s)
+        try:
+            self.push()
+        except Exception:  # noqa: BLE001 - shutting down: log and go
+            logger.exception("deployment %r: final report failed", self.name)
