@@ -105,12 +105,18 @@ def deploy(
         str,
         typer.Option("--sticky-header", help="Header whose value keeps a caller on one version."),
     ] = "x-shamal-route-key",
-    slo_error_rate: Annotated[float, typer.Option("--slo-error-rate")] = 0.01,
-    slo_p99_ms: Annotated[float, typer.Option("--slo-p99-ms")] = 1000.0,
-    slo_min_requests: Annotated[int, typer.Option("--slo-min-requests")] = 100,
+    slo_error_rate: Annotated[
+        float, typer.Option("--slo-error-rate", help="Highest error rate a canary may show.")
+    ] = 0.01,
+    slo_p99_ms: Annotated[
+        float, typer.Option("--slo-p99-ms", help="Highest p99 latency (ms) a canary may show.")
+    ] = 1000.0,
+    slo_min_requests: Annotated[
+        int, typer.Option("--slo-min-requests", help="Requests a window needs before judging.")
+    ] = 100,
     sample_rate: Annotated[
         float, typer.Option("--sample-rate", help="Fraction of requests logged for monitoring.")
-    ] = 0.0,
+    ] = 0.01,
     team: Annotated[str | None, typer.Option("--team", help="The owning team.")] = None,
     as_json: bool = JsonOption,
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from shamal.deployments._entities import (
     DEFAULT_INTERVAL_S,
+    DEFAULT_SAMPLE_RATE,
     DEFAULT_STEPS,
     DEFAULT_STICKY_HEADER,
     Deployment,
@@ -46,6 +47,7 @@ from shamal.deployments._rules import (
 __all__ = [
     "DEFAULT_INTERVAL_S",
     "DEFAULT_STEPS",
+    "DEFAULT_SAMPLE_RATE",
     "DEFAULT_STICKY_HEADER",
     "LATENCY_BOUNDS_MS",
     "LATENCY_SLOTS",

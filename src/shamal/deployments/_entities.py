@@ -19,6 +19,8 @@ from datetime import datetime
 from typing import Any
 
 #: The request header whose value keeps a caller on one version (lower-case, as routers see it).
+#: Share of requests whose inputs and outputs are kept for monitoring, unless a deployment says.
+DEFAULT_SAMPLE_RATE = 0.01
 DEFAULT_STICKY_HEADER = "x-shamal-route-key"
 DEFAULT_STEPS: tuple[int, ...] = (10, 25, 50, 100)
 DEFAULT_INTERVAL_S = 60.0
@@ -160,7 +162,7 @@ class Deployment:
     state: RolloutState
     revision: int
     sticky_header: str = DEFAULT_STICKY_HEADER
-    sample_rate: float = 0.0
+    sample_rate: float = DEFAULT_SAMPLE_RATE
     created_by: str = ""
     created_at: datetime | None = None
     updated_at: datetime | None = None
@@ -270,7 +272,7 @@ class DeploymentSpec:
     plan: RolloutPlan = field(default_factory=RolloutPlan)
     slo: Slo = field(default_factory=Slo)
     sticky_header: str = DEFAULT_STICKY_HEADER
-    sample_rate: float = 0.0
+    sample_rate: float = DEFAULT_SAMPLE_RATE
     team: str | None = None
 
 

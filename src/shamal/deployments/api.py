@@ -20,6 +20,7 @@ from shamal._api import ERROR_RESPONSES
 from shamal.deployments import _rules
 from shamal.deployments._entities import (
     DEFAULT_INTERVAL_S,
+    DEFAULT_SAMPLE_RATE,
     DEFAULT_STEPS,
     DEFAULT_STICKY_HEADER,
     Deployment,
@@ -130,7 +131,7 @@ class DeployIn(_Model):
     rollout: PlanIn = Field(default_factory=PlanIn)
     slo: SloIn = Field(default_factory=SloIn)
     sticky_header: str = Field(default=DEFAULT_STICKY_HEADER, pattern=_rules.HEADER_PATTERN)
-    sample_rate: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    sample_rate: float = Field(default=DEFAULT_SAMPLE_RATE, ge=0, le=1, allow_inf_nan=False)
     team: str | None = Field(default=None, pattern=_rules.NAME_PATTERN, max_length=64)
 
     def spec(self) -> DeploymentSpec:
