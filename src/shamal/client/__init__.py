@@ -21,10 +21,10 @@ import httpx
 
 from shamal import snapshot
 from shamal.client._deployments import DeploymentCalls
-from shamal.client._models import ModelCalls
+from shamal.client._models import ModelCalls, ModelRef
 from shamal.errors import NotFound, ServiceUnavailable, error_for_code
 
-__all__ = ["DEFAULT_URL", "ShamalClient", "default_token"]
+__all__ = ["DEFAULT_URL", "ModelCalls", "ModelRef", "ShamalClient", "default_token"]
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,69 @@
-"""optimize (being built)."""
+"""Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, and a
+fidelity + latency report for each variant (``shamal optimize``).
+
+Importing this package does not import torch, transformers or skl2onnx; each loader imports
+what it needs when called.
+
+The **model folder** it writes (and serving reads) holds ``model.onnx`` and
+``shamal-model.json``; see :mod:`shamal.optimize._folder` for the format.
+"""
+
+from __future__ import annotations
+
+from shamal.optimize._folder import (
+    MANIFEST,
+    MODEL_FILE,
+    ModelFolder,
+    TensorSpec,
+    read_model_folder,
+    write_model_folder,
+)
+from shamal.optimize._measure import Fidelity, Thresholds, Timing
+from shamal.optimize._pipeline import (
+    OptimizeReport,
+    OptimizeRequest,
+    ProgressSink,
+    VariantReport,
+    optimize_model,
+)
+from shamal.optimize._recipes import build_minilm_int8, export_sklearn
+from shamal.optimize._register import fetch_source, register_variant, variant_tags
+from shamal.optimize._safety import check_onnx_file, contained, load_onnx, sniff_format
+from shamal.optimize._sklearn import export_mlflow_sklearn, load_sklearn_model
+from shamal.optimize._sources import EvalSet, SourceModel, load_source
+from shamal.optimize._transformer import tokenize
+from shamal.optimize._variants import ENCODER_INT8, Int8Options
+
+__all__ = [
+    "ENCODER_INT8",
+    "MANIFEST",
+    "MODEL_FILE",
+    "EvalSet",
+    "Fidelity",
+    "Int8Options",
+    "ModelFolder",
+    "OptimizeReport",
+    "OptimizeRequest",
+    "ProgressSink",
+    "SourceModel",
+    "TensorSpec",
+    "Thresholds",
+    "Timing",
+    "VariantReport",
+    "build_minilm_int8",
+    "check_onnx_file",
+    "contained",
+    "export_mlflow_sklearn",
+    "export_sklearn",
+    "fetch_source",
+    "load_onnx",
+    "load_sklearn_model",
+    "load_source",
+    "optimize_model",
+    "read_model_folder",
+    "register_variant",
+    "sniff_format",
+    "tokenize",
+    "variant_tags",
+    "write_model_folder",
+]

@@ -1,0 +1,225 @@
+"""`shamal optimize`: export a model to ONNX, quantize or prune it, check fidelity, measure
+latency, and register the variant as a new model version linked to its source.
+
+Registered in the root app as ``app.command("optimize")(optimize.optimize)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shamal.cli._common import JsonOption, client, console, err_console, handle_errors
+from shamal.client import ShamalClient
+from shamal.errors import InvalidParameter
+from shamal.optimize import (
+    OptimizeReport,
+    OptimizeRequest,
+    Thresholds,
+    VariantReport,
+    fetch_source,
+    optimize_model,
+    register_variant,
+)
+
+EXIT_BLOCKED = 2
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InvalidParameter(f"{option} takes comma-separated numbers, e.g. 1,8,32.") from None
+    if not values or min(values) < 1 or max(values) > 4096:
+        raise InvalidParameter(f"{option} takes numbers between 1 and 4096.")
+    return values
+
+
+class _Bar:
+    """A Rich progress bar as the optimizer's progress sink."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._task = progress.add_task("optimizing", total=None)
+
+    def start(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+
+    def step(self, label: str) -> None:
+        self._progress.update(self._task, advance=1, description=label)
+
+
+def _fidelity_text(v: VariantReport) -> str:
+    f = v.fidelity
+    if f.metric == "unverified":
+        return "unverified"
+    text = f"{f.metric} {f.original:.4f} -> {f.variant:.4f}"
+    if f.cosine_min is not None:
+        text += f", cos min {f.cosine_min:.4f}"
+    return f"{text}, max |diff| {f.max_abs_diff:.3g} ({f.rows} rows: {f.origin})"
+
+
+def _verdict_text(v: VariantReport) -> str:
+    parts = [f"[red]BLOCKED[/] {v.fidelity.reason}" if v.fidelity.blocked else "[green]OK[/]"]
+    if v.note:
+        parts.append(f"[dim]{v.note}[/]")
+    return " ".join(parts)
+
+
+def _table(report: OptimizeReport, batches: tuple[int, ...], threads: tuple[int, ...]) -> Table:
+    table = Table(
+        title=f"{report.source} ({report.kind}, {report.task})",
+        title_justify="left",
+        header_style="bold",
+    )
+    for column in ("variant", "threads", "size"):
+        table.add_column(column)
+    for batch in batches:
+        table.add_column(f"b{batch} p50 ms", justify="right")
+        table.add_column(f"b{batch} items/s", justify="right")
+    table.add_column("fidelity")
+    table.add_column("verdict")
+    for v in report.variants:
+        for count in threads:
+            cells = [v.name, str(count), _size(v.size_bytes)]
+            for batch in batches:
+                t = v.timing(batch, count)
+                cells += [f"{t.p50_ms:.2f}", f"{t.items_per_s:.0f}"] if t else ["-", "-"]
+            first = count == threads[0]
+            cells += [_fidelity_text(v) if first else "", _verdict_text(v) if first else ""]
+            table.add_row(*cells)
+    return table
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def _default_output(model_uri: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_uri.removeprefix("models:/")).strip("-.")
+    return Path("optimized") / (slug or "model")
+
+
+def _run(location: Path, dest: Path, request: OptimizeRequest, quiet: bool) -> OptimizeReport:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet,
+    ) as progress:
+        return optimize_model(location, dest, request, progress=_Bar(progress))
+
+
+def _register(
+    api: ShamalClient | None,
+    report: OptimizeReport,
+    model_uri: str,
+    register_as: str | None,
+    source: Any,
+) -> dict[str, Any] | None:
+    name = register_as or (source.name if source is not None else None)
+    if name is None or report.candidate.fidelity.blocked:
+        return None
+    made = register_variant(
+        api or client(),
+        report,
+        report.candidate,
+        model_name=name,
+        source_uri=source.uri if source is not None else model_uri,
+        source=source,
+    )
+    return {"name": made.name, "version": made.version}
+
+
+@handle_errors
+def optimize(
+    model_uri: Annotated[
+        str,
+        typer.Argument(
+            help="models:/NAME/VERSION (or @ALIAS, /latest), or a local MLflow sklearn folder, "
+            "ONNX model folder/file, or Hugging Face transformer folder."
+        ),
+    ],
+    int8: Annotated[
+        str | None, typer.Option("--int8", help="int8 quantization: dynamic or static.")
+    ] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration inputs for --int8 static (.npz/.npy/.csv).")
+    ] = None,
+    prune: Annotated[
+        float | None,
+        typer.Option(help="Magnitude-prune MatMul/Gemm/Conv weights to this sparsity."),
+    ] = None,
+    target: Annotated[str, typer.Option(help="cpu, or gpu for an fp16 variant.")] = "cpu",
+    eval_data: Annotated[
+        Path | None,
+        typer.Option("--eval", help="Held-out inputs and labels y (.npz/.npy/.csv)."),
+    ] = None,
+    max_metric_drop: Annotated[
+        float, typer.Option(help="Block a variant whose task metric drops more.")
+    ] = 0.01,
+    min_cosine: Annotated[
+        float, typer.Option(help="Block a variant whose minimum output cosine is lower.")
+    ] = 0.97,
+    batch_sizes: Annotated[str, typer.Option(help="Batch sizes to time.")] = "1,8,32",
+    threads: Annotated[str, typer.Option(help="Thread counts to time.")] = "1,2",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Folder for the variants.")
+    ] = None,
+    register_as: Annotated[
+        str | None, typer.Option(help="Register the variant as a version of this model.")
+    ] = None,
+    no_register: Annotated[bool, typer.Option("--no-register", help="Do not register.")] = False,
+    trust_pickle: Annotated[
+        bool, typer.Option(help="Load pickle-format models (they can run code; trust the author).")
+    ] = False,
+    as_json: bool = JsonOption,
+) -> None:
+    """Optimize a model (ONNX, int8, pruning), check fidelity, time it, register the variant."""
+    batches, counts = _ints(batch_sizes, "--batch-sizes"), _ints(threads, "--threads")
+    dest = (output or _default_output(model_uri)).resolve()
+    if dest.exists() and any(dest.iterdir()):
+        raise InvalidParameter(f"{dest} is not empty; choose another --output.")
+    request = OptimizeRequest(
+        int8=int8,
+        calibration=calibration,
+        prune=prune,
+        target=target,
+        eval_data=eval_data,
+        thresholds=Thresholds(max_metric_drop, min_cosine),
+        batches=batches,
+        threads=counts,
+        trust_pickle=trust_pickle,
+    )
+    request.check()
+    api, source = None, None
+    with tempfile.TemporaryDirectory(prefix="shamal-optimize-") as tmp:
+        location = Path(model_uri)
+        if model_uri.startswith("models:/"):
+            api = client()
+            source, location = fetch_source(api, model_uri, Path(tmp))
+            request = replace(request, source_uri=source.uri)
+        elif register_as and not no_register:
+            request = replace(request, source_uri=model_uri)
+        report = _run(location, dest, request, quiet=as_json)
+    registered = None if no_register else _register(api, report, model_uri, register_as, source)
+    if as_json:
+        console.print_json(json.dumps({**report.to_json(), "registered": registered}))
+    else:
+        console.print(_table(report, batches, counts))
+        if registered:
+            console.print(f"registered models:/{registered['name']}/{registered['version']}")
+    if report.candidate.fidelity.blocked:
+        err_console.print(f"[red]{report.candidate.name} is BLOCKED[/]: not registered.")
+        raise typer.Exit(EXIT_BLOCKED)

