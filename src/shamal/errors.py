@@ -118,17 +118,35 @@ class NotImplementedFeature(ShamalError):
 
 
 class TooManyRequests(ShamalError):
-    """A rate limit or a bounded queue is full; retry later."""
+    """A rate limit or a bounded queue is full; retry later.
+
+    Attributes:
+        retry_after_s: seconds after which a retry may succeed (sent as ``Retry-After``), or
+            None when the server has no estimate.
+    """
 
     status = 429
     code = "REQUEST_LIMIT_EXCEEDED"
 
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
 
 class ServiceUnavailable(ShamalError):
-    """The service is starting, draining or a backend is unreachable."""
+    """The service is starting, draining or a backend is unreachable.
+
+    Attributes:
+        retry_after_s: seconds after which a retry may succeed (sent as ``Retry-After``), or
+            None when the server has no estimate.
+    """
 
     status = 503
     code = "TEMPORARILY_UNAVAILABLE"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class IntegrityCheckFailed(ShamalError):

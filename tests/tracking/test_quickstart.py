@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
-from shamal.cli._quickstart import run_quickstart
+from shamal.cli._quickstart import run_quickstart, stop_model_servers
 from shamal.client import ShamalClient
 from tests.live import LiveServer
 
@@ -32,11 +34,25 @@ def wait_for_job(api: ShamalClient, job_id: str, deadline_s: float = 180.0) -> d
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("SHAMAL_HOME", str(tmp_path / "home"))
     with LiveServer(tmp_path / "home") as server, ShamalClient(server.url, server.token) as api:
         out = io.StringIO()
-        run_quickstart(api, Console(file=out, width=200))
+        try:
+            run_quickstart(api, Console(file=out, width=2000))
+        finally:
+            stop_model_servers()
         text = out.getvalue()
         assert "registered quickstart-wine version 1 as @champion" in text
+        # The champion is served over OIP and answered both tritonclient and curl.
+        triton = re.search(r"tritonclient: wine sample 0 -> class (\d) \(true class (\d)\)", text)
+        assert triton is not None, text
+        assert triton.group(1) == triton.group(2) == "0"
+        curl = re.search(r"-> (\{.*\})", text)
+        assert curl is not None, text
+        answer = json.loads(curl.group(1))
+        assert answer["model_name"] == "wine"
+        assert answer["outputs"][0]["name"] == "label"
+        assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
         (job,) = api.list_jobs()
         assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
@@ -63,6 +79,9 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         listed = mlflow.artifacts.list_artifacts(artifact_uri=logged.artifact_location)
         assert {"MLmodel", "requirements.txt"} <= {f.path.rsplit("/", 1)[-1] for f in listed}
         # A second `make run` finds what the first made and carries on.
-        run_quickstart(api, Console(file=io.StringIO(), width=200))
+        try:
+            run_quickstart(api, Console(file=io.StringIO(), width=200))
+        finally:
+            stop_model_servers()
         again = client.get_model_version_by_alias("quickstart-wine", "champion")
         assert int(again.version) == 2

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import typer
 
-from shamal.cli import artifacts, audit, db, job, scheduler, sim, team, token, tracking, user
+from shamal.cli import (
+    artifacts,
+    audit,
+    db,
+    deploy,
+    job,
+    optimize,
+    scheduler,
+    serve,
+    sim,
+    team,
+    token,
+    tracking,
+    user,
+)
 from shamal.cli import tune as tune_cmd
 from shamal.cli.server import server
 
@@ -31,6 +45,10 @@ app.add_typer(job.cost, name="cost")
 app.add_typer(scheduler.app, name="scheduler")
 app.command("tune", context_settings=tune_cmd.CONTEXT)(tune_cmd.tune)
 app.add_typer(sim.app, name="sim")
+app.command("optimize")(optimize.optimize)
+app.command("serve")(serve.serve)
+app.command("deploy")(deploy.deploy)
+app.add_typer(deploy.deployments, name="deployments")
 
 
 def main() -> None:

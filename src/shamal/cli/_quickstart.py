@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
+import json
 import os
+import shlex
+import shutil
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.panel import Panel
 
@@ -98,6 +106,116 @@ def submit_a_training_job(client: ShamalClient) -> list[str]:
     ]
 
 
+SERVED_AS = "wine"
+#: The `shamal serve` children this process started; stopped at exit, or by the caller.
+MODEL_SERVERS: list[subprocess.Popen[bytes]] = []
+
+
+def stop_model_servers() -> None:
+    """Stop every `shamal serve` the quickstart started (SIGTERM: they drain, then exit)."""
+    while MODEL_SERVERS:
+        child = MODEL_SERVERS.pop()
+        child.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=30)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+atexit.register(stop_model_servers)
+
+
+def _port(preferred: int) -> int:
+    """``preferred`` when nothing listens there, else a free port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_model_server(client: ShamalClient, http_port: int, grpc_port: int) -> None:
+    """`shamal serve` for the champion, a child of this server that ends with it."""
+    argv = [
+        sys.executable,
+        "-m",
+        "shamal",
+        "serve",
+        "--model",
+        f"{SERVED_AS}=models:/quickstart-wine@champion",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
+    env = {**os.environ, "SHAMAL_URL": client.url, "SHAMAL_TOKEN": client.token or ""}
+    log_path = Path(os.environ.get("SHAMAL_HOME", Path.home() / ".shamal")) / "quickstart-serve.log"
+    with log_path.open("ab") as log:
+        child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    MODEL_SERVERS.append(child)
+    ready = f"http://127.0.0.1:{http_port}/v2/models/{SERVED_AS}/ready"
+    end = time.monotonic() + 180.0
+    while time.monotonic() < end:
+        if child.poll() is not None:
+            raise ServiceUnavailable(f"`shamal serve` exited; its log is {log_path}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(ready, timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)  # readiness poll, bounded by the deadline
+    stop_model_servers()
+    raise ServiceUnavailable(f"`shamal serve` did not become ready; its log is {log_path}")
+
+
+def serve_the_champion(client: ShamalClient) -> list[str]:
+    """Serve `quickstart-wine@champion` over OIP and ask it twice: tritonclient and curl."""
+    import numpy as np
+    from sklearn.datasets import load_wine
+
+    http_port, grpc_port = _port(8000), _port(8001)
+    _start_model_server(client, http_port, grpc_port)
+    x, y = load_wine(return_X_y=True)
+    row = x[:1].astype(np.float32)
+    steps = [
+        f"serving [bold]models:/quickstart-wine@champion[/] as [bold]{SERVED_AS}[/] over the "
+        f"Open Inference Protocol: REST 127.0.0.1:{http_port}, gRPC 127.0.0.1:{grpc_port}"
+    ]
+    try:
+        import tritonclient.http as triton_http
+    except ImportError:
+        steps.append("tritonclient is not installed: `pip install tritonclient[http]` to try it")
+    else:
+        triton = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
+        tensor = triton_http.InferInput("input", list(row.shape), "FP32")
+        tensor.set_data_from_numpy(row)
+        label = triton.infer(SERVED_AS, [tensor]).as_numpy("label")
+        triton.close()
+        steps.append(
+            f"tritonclient: wine sample 0 -> class {int(np.asarray(label).reshape(-1)[0])} "
+            f"(true class {int(y[0])})"
+        )
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "shape": [1, 13], "datatype": "FP32", "data": row[0].tolist()}
+            ],
+            "outputs": [{"name": "label"}],
+        }
+    )
+    url = f"http://127.0.0.1:{http_port}/v2/models/{SERVED_AS}/infer"
+    curl = ["curl", "-s", url, "-H", "Content-Type: application/json", "-d", body]
+    shown = shlex.join(curl)
+    if shutil.which("curl"):
+        done = subprocess.run(curl, capture_output=True, text=True, timeout=30, check=False)
+        answer = done.stdout.strip()
+    else:
+        answer = httpx.post(url, content=body, timeout=30).text
+    steps.append(f"curl: {shown}\n    -> {answer}")
+    return steps
+
+
 def run_quickstart(client: ShamalClient, console: Console) -> None:
     """Create a team, store an artifact, read it back and verify the audit chain."""
     steps: list[str] = []
@@ -115,6 +233,7 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     )
     steps.extend(track_a_model(client.url, client.token or ""))
     steps.extend(submit_a_training_job(client))
+    steps.extend(serve_the_champion(client))
     report = client.verify_audit()
     steps.append(
         f"audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"

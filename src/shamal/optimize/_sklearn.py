@@ -126,7 +126,8 @@ def _load_pickle(path: Path, fmt: str, trust_pickle: bool) -> Any:
 
     logger.warning("loading a trusted pickle: %s", path.name)
     with path.open("rb") as f:
-        return pickle.load(f)  # nosec B301 - the caller trusted this file explicitly
+        # The caller trusted this file explicitly (--trust-pickle / --trust NAME).
+        return pickle.load(f)  # nosec B301
 
 
 def load_sklearn_model(folder: Path, *, trust_pickle: bool = False) -> Any:

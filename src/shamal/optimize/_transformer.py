@@ -133,7 +133,8 @@ def load_transformer(folder: Path) -> TransformerSource:
     from transformers import AutoModel
 
     try:
-        model = AutoModel.from_pretrained(  # nosec B615 - a local folder, never the hub
+        # A local folder, never the hub (offline, no remote code).
+        model = AutoModel.from_pretrained(  # nosec B615
             str(folder), use_safetensors=True, trust_remote_code=False, local_files_only=True
         )
         tokenizer = Tokenizer.from_file(str(contained(folder, "tokenizer.json")))

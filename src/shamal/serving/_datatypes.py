@@ -140,6 +140,9 @@ def decode_bytes(buffer: bytes | memoryview, count: int) -> np.ndarray:
         InvalidParameter: a truncated element, or bytes left over.
     """
     view = memoryview(buffer)
+    if count * 4 > len(view):
+        # Checked before allocating: a huge declared shape must not cost memory.
+        raise InvalidParameter("BYTES data is shorter than its shape's length prefixes.")
     items = np.empty(count, dtype=object)
     offset = 0
     for index in range(count):

@@ -1,0 +1,154 @@
+"""`shamal serve`: an Open Inference Protocol model server (REST + optional gRPC)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+from typing import Annotated, Any
+
+import typer
+
+from shamal.cli._common import handle_errors
+from shamal.errors import InvalidParameter
+
+logger = logging.getLogger(__name__)
+
+_HELP_MODEL = (
+    "NAME=PATH_OR_URI, repeatable. PATH is a model folder (shamal-model.json), an .onnx file or "
+    "an MLflow model folder; URI is models:/NAME/VERSION, models:/NAME@ALIAS or "
+    "models:/NAME/latest. NAME:VERSION=... serves several versions of one name."
+)
+
+
+@handle_errors
+def serve(
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help=_HELP_MODEL)] = None,
+    http_port: Annotated[int, typer.Option(help="REST port (0 = any free port).")] = 8000,
+    grpc_port: Annotated[int | None, typer.Option(help="gRPC port; off when not given.")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    max_batch_size: Annotated[
+        int, typer.Option(help="Most rows per dynamic batch (0 turns batching off).")
+    ] = 32,
+    max_queue_delay_us: Annotated[
+        int, typer.Option(help="How long a request may wait for a fuller batch, in µs.")
+    ] = 0,
+    queue_size: Annotated[
+        int, typer.Option(help="Most requests waiting per model version; more get 429.")
+    ] = 256,
+    threads: Annotated[
+        int, typer.Option(help="Intra-op threads per model (0 = runtime default).")
+    ] = 0,
+    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    trust: Annotated[
+        list[str] | None,
+        typer.Option(help="Allow this model's pickled files (MLflow sklearn); repeatable."),
+    ] = None,
+    torch_factory: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=module:function building a torch model for NAME; repeatable."),
+    ] = None,
+    deployment: Annotated[
+        str | None, typer.Option(help="Serve a deployment's versions with its traffic split.")
+    ] = None,
+    max_request_bytes: Annotated[
+        int, typer.Option(help="Largest request body (and gRPC message) in bytes.")
+    ] = 64 * 1024 * 1024,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds to finish in-flight requests after SIGTERM.")
+    ] = 30.0,
+    reject_nonfinite: Annotated[
+        bool, typer.Option(help="Answer 400 to NaN/Inf in float inputs (allowed by default).")
+    ] = False,
+) -> None:
+    """Serve models over the Open Inference Protocol (KServe V2), REST and gRPC."""
+    from shamal.serving._backends import BackendOptions
+    from shamal.serving._core import CoreOptions, InferenceCore
+    from shamal.serving._repository import load_repository, parse_model_option
+    from shamal.serving._routing import LatestVersionRouter
+    from shamal.serving._server import ServerOptions, run_server
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _check_numbers(max_batch_size, max_queue_delay_us, queue_size, threads, max_request_bytes)
+    if device not in ("auto", "cpu", "cuda"):
+        raise InvalidParameter("--device takes auto, cpu or cuda.")
+    sources = [parse_model_option(option) for option in model or []]
+    router: Any = None
+    if deployment is not None:
+        router, extra = _deployment_sources(deployment)
+        sources += extra
+    if not sources:
+        raise InvalidParameter("Nothing to serve: give --model NAME=PATH (or --deployment NAME).")
+    options = BackendOptions(
+        threads=threads,
+        device=device,
+        default_max_batch_size=max_batch_size,
+        torch_factories=_factories(torch_factory or []),
+    )
+    repository = load_repository(sources, options, trusted=trust or [])
+    if router is None:
+        router = LatestVersionRouter(repository.version_map())
+    core = InferenceCore(
+        repository,
+        router,
+        options=CoreOptions(
+            max_queue_delay_s=max_queue_delay_us / 1e6,
+            queue_size=queue_size,
+            allow_nonfinite=not reject_nonfinite,
+            server_version=_version(),
+        ),
+    )
+    server = ServerOptions(host, http_port, grpc_port, max_request_bytes, drain_timeout)
+    on_stop = router.stop if deployment is not None else None
+    code = run_server(core, server, on_stop=on_stop)
+    repository.close()
+    raise typer.Exit(code)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("shamal")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def _check_numbers(batch: int, delay: int, queue: int, threads: int, body: int) -> None:
+    if batch < 0 or delay < 0 or threads < 0:
+        raise InvalidParameter("--max-batch-size, --max-queue-delay-us and --threads are >= 0.")
+    if queue < 1:
+        raise InvalidParameter("--queue-size must be at least 1.")
+    if body < 1024:
+        raise InvalidParameter("--max-request-bytes must be at least 1024.")
+
+
+def _factories(options: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for option in options:
+        name, sep, target = option.partition("=")
+        if not sep or not name or not target:
+            raise InvalidParameter(f"--torch-factory takes NAME=module:function, not {option!r}.")
+        found[name] = target
+    return found
+
+
+def _deployment_sources(name: str) -> tuple[Any, list[Any]]:
+    """The deployment's router (started) and one source per version it lists."""
+    if importlib.util.find_spec("shamal.serving._deployment") is None:
+        raise InvalidParameter(
+            "This build of Shamal cannot serve deployments yet; serve the versions with --model."
+        )
+    from shamal.client import ShamalClient
+    from shamal.serving._deployment import DeploymentRouter  # type: ignore[import-not-found,unused-ignore]
+    from shamal.serving._repository import ModelSource
+
+    router = DeploymentRouter(ShamalClient(), name, interval_s=5.0)
+    if not router.refresh():
+        raise InvalidParameter(
+            f"Cannot fetch deployment '{name}' from the control plane; check SHAMAL_URL, "
+            "SHAMAL_TOKEN and `shamal deploy list`."
+        )
+    router.start()
+    sources = [ModelSource(name, str(version), uri) for version, uri in router.model_uris().items()]
+    return router, sources

@@ -1,0 +1,93 @@
+"""``shamal serve --model NAME=models:/...`` downloads a registered version from a real platform
+server and serves it under the registry's version number."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shamal.client import ShamalClient
+from tests.live import LiveServer
+from tests.serving.conftest import ServerProcess
+from tests.serving.models import scale_model, write_manifest
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(tmp_path_factory.mktemp("platform")) as server:
+        yield server
+
+
+def _register(platform: LiveServer, folder: Path, name: str) -> int:
+    with ShamalClient(platform.url, platform.token) as client:
+        experiment = client.experiment_for_variants(None, "serving-tests")
+        run = client.create_run(experiment, "export", {})
+        source = client.upload_run_folder(run, folder, "model")
+        client.finish_run(run)
+        client.ensure_registered_model(name)
+        return client.create_model_version(name, source, run, {}).version
+
+
+def test_serves_a_registered_version(
+    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    folder = tmp_path / "scale"
+    scale_model(folder / "model.onnx", 5.0)
+    write_manifest(folder, fmt="onnx", path="model.onnx")
+    first = _register(platform, folder, "scaler")
+    second = _register(platform, folder, "scaler")
+    assert second == first + 1
+    env = {"SHAMAL_URL": platform.url, "SHAMAL_TOKEN": platform.token}
+    server = start_server(
+        "--model", f"scaler=models:/scaler/{first}",
+        "--model", "latest=models:/scaler/latest",
+        env=env,
+    )  # fmt: skip
+    meta = httpx.get(f"{server.url}/v2/models/scaler").json()
+    assert meta["versions"] == [str(first)]
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    answer = httpx.post(f"{server.url}/v2/models/scaler/infer", json=body).json()
+    assert answer["model_version"] == str(first)
+    assert answer["outputs"][0]["data"] == [5.0, 10.0]
+    latest = httpx.post(f"{server.url}/v2/models/latest/infer", json=body).json()
+    assert latest["model_version"] == str(second)
+
+
+def test_unknown_registered_model_stops_start_up(platform: LiveServer, tmp_path: Path) -> None:
+    env = {"SHAMAL_URL": platform.url, "SHAMAL_TOKEN": platform.token}
+    with pytest.raises(AssertionError, match="error:"):
+        ServerProcess(["--model", "ghost=models:/ghost/1"], env)
+
+
+def test_serves_a_deployment_with_a_shadow(
+    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    versions = []
+    for factor in (2.0, 3.0):
+        folder = tmp_path / f"scale{factor}"
+        scale_model(folder / "model.onnx", factor)
+        versions.append(_register(platform, folder, "shadowed"))
+    with ShamalClient(platform.url, platform.token) as client:
+        client.deploy(
+            "web",
+            {
+                "primary": [{"model": f"models:/shadowed/{versions[0]}"}],
+                "shadows": [{"model": f"models:/shadowed/{versions[1]}"}],
+            },
+        )
+    env = {"SHAMAL_URL": platform.url, "SHAMAL_TOKEN": platform.token}
+    server = start_server("--deployment", "web", env=env)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    for _ in range(3):
+        answer = httpx.post(f"{server.url}/v2/models/web/infer", json=body).json()
+        assert answer["model_version"] == str(versions[0])
+        assert answer["outputs"][0]["data"] == [2.0, 4.0]  # never the shadow's answer
+    shadow_batches = f'shamal_inference_batch_size_count{{model="web",version="{versions[1]}"}} 3.0'
+    deadline = time.monotonic() + 10
+    while shadow_batches not in httpx.get(f"{server.url}/metrics").text:
+        assert time.monotonic() < deadline, "the shadow version never ran"
+        time.sleep(0.02)

@@ -1,0 +1,274 @@
+"""OIP REST conformance of ``shamal serve``, judged by the stock ``tritonclient.http``.
+
+One real server process serves an identity model per datatype, a two-input/two-output FP32
+model, an iris classifier converted with skl2onnx, and two versions of a scale model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.serving.conftest import DATATYPES, STORE_MODELS, ServerProcess
+from tests.serving.models import iris_model
+
+
+@pytest.fixture(scope="module")
+def client(oip_server: ServerProcess) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(oip_server.host_port, network_timeout=30)
+
+
+def _sample(datatype: str, rows: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    if datatype == "BOOL":
+        return rng.integers(0, 2, size=(rows, 4)).astype(bool)
+    if datatype == "BYTES":
+        words = [b"", b"a", "\u00e9t\u00e9".encode(), b"x" * 300]
+        return np.array([[words[(r + c) % 4] for c in range(4)] for r in range(rows)], dtype=object)
+    dtype = triton.triton_to_np_dtype(datatype)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        edges = np.array([info.min, info.max, 0, 1], dtype=dtype)
+        return np.stack([edges] + [rng.integers(0, 100, size=4).astype(dtype)] * (rows - 1))
+    return (rng.standard_normal((rows, 4)) * 1000).astype(dtype)
+
+
+def test_health_and_server_metadata(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "shamal"
+    assert "binary_tensor_data" in meta["extensions"]
+
+
+def test_model_listing_and_readiness(
+    oip_server: ServerProcess, client: triton.InferenceServerClient
+) -> None:
+    listed = httpx.get(f"{oip_server.url}/v2/models").json()["models"]
+    assert sorted(listed) == sorted({name.split(":")[0] for name in STORE_MODELS})
+    assert client.is_model_ready("add_sub")
+    assert client.is_model_ready("scale", "2")
+    assert not client.is_model_ready("scale", "9")
+    assert not client.is_model_ready("nope")
+
+
+def test_model_metadata(client: triton.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("add_sub")
+    assert meta["name"] == "add_sub"
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert [t["name"] for t in meta["inputs"]] == ["INPUT0", "INPUT1"]
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}
+    assert [t["name"] for t in meta["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_model_metadata("nope")
+    assert caught.value.status() == "404"
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_identity_round_trip_every_datatype(
+    client: triton.InferenceServerClient, datatype: str, binary: bool
+) -> None:
+    data = _sample(datatype)
+    tensor = triton.InferInput("INPUT0", list(data.shape), datatype)
+    if datatype == "FP16" and not binary:
+        tensor.set_data_from_numpy(data, binary_data=False)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("identity_fp16", [tensor])
+        assert caught.value.status() == "400"
+        assert "binary" in caught.value.message()
+        return
+    tensor.set_data_from_numpy(data, binary_data=binary)
+    wanted = [triton.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+    result = client.infer(f"identity_{datatype.lower()}", [tensor], outputs=wanted)
+    got = result.as_numpy("OUTPUT0")
+    assert got.shape == data.shape
+    if datatype == "BYTES":
+        as_bytes = [[v if isinstance(v, bytes) else v.encode() for v in row] for row in got]
+        assert as_bytes == data.tolist()
+    else:
+        assert got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+    assert result.get_response()["model_version"] == "1"
+
+
+@pytest.mark.parametrize("binary_in", [True, False])
+def test_requested_outputs_and_defaults(
+    client: triton.InferenceServerClient, binary_in: bool
+) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.full((2, 4), 0.5, dtype=np.float32)
+    inputs = [
+        triton.InferInput("INPUT0", [2, 4], "FP32"),
+        triton.InferInput("INPUT1", [2, 4], "FP32"),
+    ]
+    inputs[0].set_data_from_numpy(a, binary_data=binary_in)
+    inputs[1].set_data_from_numpy(b, binary_data=binary_in)
+    only_diff = client.infer(
+        "add_sub", inputs, outputs=[triton.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    )
+    np.testing.assert_allclose(only_diff.as_numpy("OUTPUT1"), a - b)
+    assert only_diff.as_numpy("OUTPUT0") is None
+    everything = client.infer("add_sub", inputs, request_id="req-7")
+    np.testing.assert_allclose(everything.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_allclose(everything.as_numpy("OUTPUT1"), a - b)
+    assert everything.get_response()["id"] == "req-7"
+
+
+def test_unknown_output_and_input_are_400(client: triton.InferenceServerClient) -> None:
+    tensor = triton.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("identity_fp32", [tensor], outputs=[triton.InferRequestedOutput("NOPE")])
+    assert caught.value.status() == "400"
+    wrong = triton.InferInput("WRONG", [1, 4], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("identity_fp32", [wrong])
+    assert caught.value.status() == "400"
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("add_sub", [tensor])  # INPUT1 missing
+    assert caught.value.status() == "400"
+    assert "INPUT1" in caught.value.message()
+
+
+def test_sklearn_classifier_matches_scikit_learn(
+    client: triton.InferenceServerClient, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _, estimator, features = iris_model(tmp_path_factory.mktemp("iris-again"))
+    batch = features[::10]
+    tensor = triton.InferInput("float_input", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)
+    result = client.infer("iris", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("label"), estimator.predict(batch))
+    np.testing.assert_allclose(
+        result.as_numpy("probabilities"), estimator.predict_proba(batch), atol=1e-4
+    )
+
+
+def test_versions_latest_by_default(client: triton.InferenceServerClient) -> None:
+    x = np.array([[1.0, 2.0]], dtype=np.float32)
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(x)
+    assert client.infer("scale", [tensor], model_version="1").as_numpy("y").tolist() == [[2.0, 4.0]]
+    v2 = client.infer("scale", [tensor], model_version="2")
+    assert v2.as_numpy("y").tolist() == [[3.0, 6.0]]
+    latest = client.infer("scale", [tensor])
+    assert latest.as_numpy("y").tolist() == [[3.0, 6.0]]
+    assert latest.get_response()["model_version"] == "2"
+    assert client.get_model_metadata("scale", "1")["versions"] == ["1", "2"]
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("scale", [tensor], model_version="7")
+    assert caught.value.status() == "404"
+
+
+def test_json_nested_and_flat_data_and_id_echo(oip_server: ServerProcess) -> None:
+    url = f"{oip_server.url}/v2/models/add_sub/infer"
+    body = {
+        "id": "42",
+        "parameters": {"custom": 1.5, "whatever": "ignored"},
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [2, 4],
+                "data": [[1, 2, 3, 4], [5, 6, 7, 8]],
+            },
+            {
+                "name": "INPUT1",
+                "datatype": "FP32",
+                "shape": [2, 4],
+                "data": [1, 1, 1, 1, 1, 1, 1, 1],
+            },
+        ],
+        "outputs": [{"name": "OUTPUT0"}],
+    }
+    response = httpx.post(url, content=json.dumps(body))  # no content type: still JSON
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["id"] == "42"
+    assert answer["model_name"] == "add_sub"
+    assert answer["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [2, 4], "data": [2, 3, 4, 5, 6, 7, 8, 9]}
+    ]
+    assert "inference-header-content-length" not in response.headers
+
+
+def test_binary_data_output_precedence(oip_server: ServerProcess) -> None:
+    """``binary_data_output`` makes every output binary unless the output's own flag says no."""
+    url = f"{oip_server.url}/v2/models/add_sub/infer"
+    body = {
+        "parameters": {"binary_data_output": True},
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]},
+        ],
+        "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT1", "parameters": {"binary_data": False}}],
+    }
+    response = httpx.post(url, json=body)
+    assert response.status_code == 200
+    split = int(response.headers["inference-header-content-length"])
+    header = json.loads(response.content[:split])
+    first, second = header["outputs"]
+    assert first["parameters"] == {"binary_data_size": 16}
+    assert "data" not in first
+    assert second["data"] == [1, 2, 3, 4]
+    blob = response.content[split:]
+    assert np.frombuffer(blob, "<f4").tolist() == [1, 2, 3, 4]
+
+
+def test_gzip_request_body(client: triton.InferenceServerClient) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    tensor = triton.InferInput("INPUT0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("identity_fp32", [tensor], request_compression_algorithm="gzip")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+
+
+def test_errors_are_json_with_error_key(oip_server: ServerProcess) -> None:
+    missing = httpx.get(f"{oip_server.url}/v2/models/nope")
+    assert missing.status_code == 404
+    assert set(missing.json()) == {"error"}
+    unknown_route = httpx.get(f"{oip_server.url}/v3/whatever")
+    assert unknown_route.status_code == 404
+    assert "error" in unknown_route.json()
+    no_version = httpx.get(f"{oip_server.url}/v2/models/scale/versions/9/ready")
+    assert no_version.status_code == 404
+    assert "error" in no_version.json()
+    wrong_method = httpx.get(f"{oip_server.url}/v2/models/add_sub/infer")
+    assert wrong_method.status_code == 405
+    assert "error" in wrong_method.json()
+
+
+def test_metrics_count_requests_by_model_and_status(oip_server: ServerProcess) -> None:
+    url = f"{oip_server.url}/v2/models/identity_int32/infer"
+    good = {
+        "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]}]
+    }
+    bad = {
+        "inputs": [{"name": "INPUT0", "datatype": "INT64", "shape": [1, 4], "data": [1, 2, 3, 4]}]
+    }
+    assert httpx.post(url, json=good).status_code == 200
+    assert httpx.post(url, json=bad).status_code == 400
+    text = httpx.get(f"{oip_server.url}/metrics").text
+    ok_line = (
+        'shamal_inference_requests_total{model="identity_int32",protocol="rest",status="200",'
+        'version="1"}'
+    )
+    bad_line = ok_line.replace('"200"', '"400"')
+    assert _value(text, ok_line) >= 1
+    assert _value(text, bad_line) >= 1
+    assert "shamal_inference_request_duration_seconds_bucket" in text
+    assert 'shamal_inference_queue_depth{model="identity_int32",version="1"} 0.0' in text
+
+
+def _value(exposition: str, series: str) -> float:
+    for line in exposition.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not in the exposition")
