@@ -199,7 +199,7 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
     body = json.dumps(
         {
             "inputs": [
-                {"name": "input", "shape": [1, 13], "datatype": "FP32", "data": row[0].tolist()}
+                {"name": "input", "shape": [1, 13], "datatype": "FP32", "data": x[0].tolist()}
             ],
             "outputs": [{"name": "label"}],
         }
