@@ -11,6 +11,7 @@ import pytest
 
 from shamal.executors import REQUEUE_EXIT_CODE, Executor, ExitReason, Handle
 from shamal.scheduler._resources import Slot
+from tests import needs
 from tests.executors.conftest import Jobs, cpu_slot, python, wait_until
 
 TRAP_SIGTERM = """
@@ -188,6 +189,32 @@ def test_gang_environment_and_prefixed_logs(jobs: Jobs, monkeypatch: pytest.Monk
     assert len((rank0["CUDA_VISIBLE_DEVICES"] or "").split(",")) == 1
     assert rank0["CUDA_VISIBLE_DEVICES"] != ""
     assert rank1["CUDA_VISIBLE_DEVICES"] == ""
+
+
+GLOO_ALL_REDUCE = """
+    import torch
+    import torch.distributed as dist
+    from shamal.train import init_distributed, shutdown
+    info = init_distributed()
+    total = torch.tensor([float(info.rank + 1)])
+    dist.all_reduce(total)
+    print(f"ALLREDUCE rank={info.rank} world={info.world_size} sum={total.item():g}")
+    shutdown()
+"""
+
+
+def test_a_gang_joins_one_gloo_process_group(jobs: Jobs) -> None:
+    """Distributed training on either executor: the ranks rendezvous through the variables
+    the executor set (MASTER_ADDR/PORT, RANK, WORLD_SIZE) and all-reduce over gloo."""
+    needs.module("torch")
+    spec = jobs.spec(python(GLOO_ALL_REDUCE), slots=(cpu_slot(), cpu_slot()))
+    status = jobs.run(spec, timeout=120.0)
+    log = spec.log_path.read_text()
+    assert status.reason is ExitReason.SUCCEEDED, log[-3000:]
+    results = sorted(
+        line.split("ALLREDUCE ", 1)[1] for line in log.splitlines() if "ALLREDUCE " in line
+    )
+    assert results == ["rank=0 world=2 sum=3", "rank=1 world=2 sum=3"], log[-3000:]
 
 
 def test_single_worker_gets_no_gang_variables(jobs: Jobs) -> None:
