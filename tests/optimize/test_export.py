@@ -199,3 +199,26 @@ def test_fidelity_gate_blocks_on_cosine_and_on_metric_drop() -> None:
     assert (drop.metric, drop.original, drop.variant) == ("accuracy", 1.0, 0.98)
     assert drop.blocked
     assert not compare("classification", truth, truth, labels, gate, "test").blocked
+
+
+def test_int8_of_a_graph_with_only_ml_operators(tmp_path: Path, wine: tuple) -> None:
+    """skl2onnx writes a plain LogisticRegression with ai.onnx.ml operators only; the quantizer
+    needs the ai.onnx domain declared, and the variant must still compute the same classes."""
+    import mlflow.sklearn
+    from sklearn.linear_model import LogisticRegression
+
+    x_train, x_test, y_train, y_test = wine
+    model = LogisticRegression(max_iter=5000).fit(x_train, y_train)
+    mlflow.sklearn.save_model(model, str(tmp_path / "logreg"), pip_requirements=[])
+    np.savez(tmp_path / "eval.npz", input=x_test.astype(np.float32), y=y_test)
+    request = OptimizeRequest(
+        int8="dynamic", eval_data=tmp_path / "eval.npz", batches=(1,), threads=(1,), repeats=2
+    )
+    report = optimize_model(tmp_path / "logreg", tmp_path / "out", request)
+    int8 = report.candidate
+    assert int8.name.startswith("int8-dynamic")
+    assert int8.verdict == "OK"
+    (label, _) = ort.InferenceSession(str(int8.folder / "model.onnx")).run(
+        None, {"input": x_test.astype(np.float32)}
+    )
+    assert (label == model.predict(x_test.astype(np.float32))).mean() > 0.97

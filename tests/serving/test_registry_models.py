@@ -1,11 +1,13 @@
 """``shamal serve --model NAME=models:/...`` downloads a registered version from a real platform
-server and serves it under the registry's version number."""
+server and serves it under the registry's version number; ``--deployment NAME`` loads the
+deployment's versions (a refused canary is reported, a refused primary stops start-up)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from shamal.client import ShamalClient
 from tests.live import LiveServer
 from tests.serving.conftest import ServerProcess
-from tests.serving.models import scale_model, write_manifest
+from tests.serving.models import pickle_bomb, scale_model, write_manifest
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +93,54 @@ def test_serves_a_deployment_with_a_shadow(
     while shadow_batches not in httpx.get(f"{server.url}/metrics").text:
         assert time.monotonic() < deadline, "the shadow version never ran"
         time.sleep(0.02)
+
+
+def _deploy(platform: LiveServer, name: str, spec: dict[str, Any]) -> None:
+    with ShamalClient(platform.url, platform.token) as client:
+        client.deploy(name, spec)
+
+
+def test_deployment_without_a_loadable_primary_stops_start_up(
+    platform: LiveServer, tmp_path: Path
+) -> None:
+    sentinel = tmp_path / "pickle-ran"
+    pickle_bomb(tmp_path / "pickled" / "model.onnx", sentinel)
+    version = _register(platform, tmp_path / "pickled", "pickled")
+    _deploy(platform, "pickled-web", {"primary": [{"model": f"models:/pickled/{version}"}]})
+    env = {"SHAMAL_URL": platform.url, "SHAMAL_TOKEN": platform.token}
+    with pytest.raises(AssertionError, match="No primary version of deployment 'pickled-web'"):
+        ServerProcess(["--deployment", "pickled-web"], env)
+    assert not sentinel.exists()
+
+
+def test_canary_refused_at_start_up_is_reported_and_rolled_back(
+    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    folder = tmp_path / "good"
+    scale_model(folder / "model.onnx", 2.0)
+    good = _register(platform, folder, "mixed")
+    pickle_bomb(tmp_path / "bad" / "model.onnx", tmp_path / "pickle-ran")
+    bad = _register(platform, tmp_path / "bad", "mixed")
+    _deploy(
+        platform,
+        "mixed-web",
+        {
+            "primary": [{"model": f"models:/mixed/{good}"}],
+            "canary": {"model": f"models:/mixed/{bad}", "percent": 50},
+        },
+    )
+    env = {"SHAMAL_URL": platform.url, "SHAMAL_TOKEN": platform.token}
+    server = start_server("--deployment", "mixed-web", "--report-interval", "0.1", env=env)
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    answer = httpx.post(f"{server.url}/v2/models/mixed-web/infer", json=body).json()
+    assert answer["model_version"] == str(good)
+    deadline = time.monotonic() + 20
+    with ShamalClient(platform.url, platform.token) as client:
+        while client.get_deployment("mixed-web")["state"]["phase"] != "rolled_back":
+            assert time.monotonic() < deadline, "the refused canary was never rolled back"
+            time.sleep(0.02)
+        last = client.deployment_events("mixed-web")[-1]
+    assert last["reason"].startswith(f"canary v{bad} failed to load: Model 'mixed-web': ")
+    assert not (tmp_path / "pickle-ran").exists()
+    assert server.stop() == 0

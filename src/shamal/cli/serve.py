@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -49,8 +52,16 @@ def serve(
         typer.Option(help="NAME=module:function building a torch model for NAME; repeatable."),
     ] = None,
     deployment: Annotated[
-        str | None, typer.Option(help="Serve a deployment's versions with its traffic split.")
+        str | None,
+        typer.Option(
+            help="Serve a deployment's versions with its traffic split; versions it adds or "
+            "drops later are loaded and unloaded while serving."
+        ),
     ] = None,
+    report_interval: Annotated[
+        float,
+        typer.Option(help="Seconds between two reports to (and spec checks of) the control plane."),
+    ] = 5.0,
     max_request_bytes: Annotated[
         int, typer.Option(help="Largest request body (and gRPC message) in bytes.")
     ] = 64 * 1024 * 1024,
@@ -74,13 +85,14 @@ def serve(
     _check_numbers(max_batch_size, max_queue_delay_us, queue_size, threads, max_request_bytes)
     if device not in ("auto", "cpu", "cuda"):
         raise InvalidParameter("--device takes auto, cpu or cuda.")
+    if not report_interval >= 0.05:
+        raise InvalidParameter("--report-interval must be at least 0.05 seconds.")
     sources = [parse_model_option(option) for option in model or []]
+    if not sources and deployment is None:
+        raise InvalidParameter("Nothing to serve: give --model NAME=PATH (or --deployment NAME).")
     router: Any = None
     if deployment is not None:
-        router, extra = _deployment_sources(deployment)
-        sources += extra
-    if not sources:
-        raise InvalidParameter("Nothing to serve: give --model NAME=PATH (or --deployment NAME).")
+        router = _deployment_router(deployment, report_interval)
     options = BackendOptions(
         threads=threads,
         device=device,
@@ -100,8 +112,10 @@ def serve(
             server_version=_version(),
         ),
     )
+    on_stop = None
+    if deployment is not None:
+        on_stop = _follow_deployment(router, core, options, trust or [], drain_timeout)
     server = ServerOptions(host, http_port, grpc_port, max_request_bytes, drain_timeout)
-    on_stop = router.stop if deployment is not None else None
     code = run_server(core, server, on_stop=on_stop)
     repository.close()
     raise typer.Exit(code)
@@ -133,22 +147,71 @@ def _factories(options: list[str]) -> dict[str, str]:
     return found
 
 
-def _deployment_sources(name: str) -> tuple[Any, list[Any]]:
-    """The deployment's router (started) and one source per version it lists."""
+def _deployment_router(name: str, interval_s: float) -> Any:
+    """The deployment's router, with its spec fetched (not started yet)."""
     if importlib.util.find_spec("shamal.serving._deployment") is None:
         raise InvalidParameter(
             "This build of Shamal cannot serve deployments yet; serve the versions with --model."
         )
     from shamal.client import ShamalClient
     from shamal.serving._deployment import DeploymentRouter  # type: ignore[import-not-found,unused-ignore]
-    from shamal.serving._repository import ModelSource
 
-    router = DeploymentRouter(ShamalClient(), name, interval_s=5.0)
+    router = DeploymentRouter(ShamalClient(), name, interval_s=interval_s)
     if not router.refresh():
         raise InvalidParameter(
             f"Cannot fetch deployment '{name}' from the control plane; check SHAMAL_URL, "
             "SHAMAL_TOKEN and `shamal deploy list`."
         )
+    return router
+
+
+def _follow_deployment(
+    router: Any, core: Any, options: Any, trusted: list[str], grace_s: float
+) -> Callable[[], None]:
+    """Load the deployment's versions now, then follow its changes while serving.
+
+    The versions the spec lists are loaded before the server listens; one that fails is
+    reported to the control plane (a canary is then rolled back), but if no primary loads
+    there is nothing to serve and the server stops. Returns what stops the following.
+
+    Raises:
+        InvalidParameter: no primary version could be loaded.
+    """
+    from shamal.serving._repository import VersionLoader, discard_download, load_version
+
+    work = Path(tempfile.mkdtemp(prefix="shamal-serve-"))
+    allowed = set(trusted)
+
+    def load(source: Any) -> Any:
+        return load_version(source, options, trusted=source.name in allowed, work_dir=work)
+
+    class Host:
+        """The inference core, and the downloaded files of a version dropped with it."""
+
+        @staticmethod
+        def install(served: Any) -> None:
+            core.install(served)
+
+        @staticmethod
+        def retire(name: str, version: str, grace_s: float) -> None:
+            core.retire(name, version, grace_s)
+            discard_download(work, name, version)
+
+    loader = VersionLoader(router.name, Host(), load, grace_s=grace_s)
+    router.attach(loader)
+    loader.run_pending()
+    if router.serving is None:
+        failed = "; ".join(
+            f"v{version}: {status.reason}" for version, status in loader.statuses().items()
+        )
+        raise InvalidParameter(
+            f"No primary version of deployment '{router.name}' could be loaded ({failed})."
+        )
+    loader.start()
     router.start()
-    sources = [ModelSource(name, str(version), uri) for version, uri in router.model_uris().items()]
-    return router, sources
+
+    def stop() -> None:
+        router.stop()
+        loader.stop()
+
+    return stop

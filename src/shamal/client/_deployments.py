@@ -95,12 +95,24 @@ class DeploymentCalls(ClientCalls):
         return result
 
     def report_deployment(
-        self, name: str, revision: int, versions: Sequence[Mapping[str, Any]]
+        self,
+        name: str,
+        revision: int,
+        versions: Sequence[Mapping[str, Any]],
+        *,
+        loading: Sequence[str] = (),
+        failed: Sequence[Mapping[str, str]] = (),
     ) -> dict[str, Any]:
         """Send per-version statistics (``version``, ``ok``, ``errors``, ``latency_counts``)
-        gathered under ``revision``; the answer holds the controller's decision and the
-        deployment's revision after it."""
-        body = {"revision": revision, "versions": [dict(v) for v in versions]}
+        gathered under ``revision``, with the versions this server is still loading and those
+        it could not load (``version``, ``reason``); the answer holds the controller's decision
+        and the deployment's revision after it."""
+        body = {
+            "revision": revision,
+            "versions": [dict(v) for v in versions],
+            "loading": list(loading),
+            "failed": [dict(f) for f in failed],
+        }
         result: dict[str, Any] = self.request("POST", _path(name, "reports"), json=body)
         return result
 

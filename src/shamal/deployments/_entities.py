@@ -285,6 +285,20 @@ class VersionReport:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadStatus:
+    """What one serve process says about the versions it has not (yet) loaded.
+
+    Attributes:
+        loading: versions it is still loading (they get no traffic there yet).
+        failed: version -> why it could not be loaded (bad files, a refused pickle, a failed
+            download); such a version never gets traffic there.
+    """
+
+    loading: frozenset[str] = frozenset()
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ReportOutcome:
     """What a report led to: the controller's decision and the deployment's revision after it."""
 

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from shamal.deployments._entities import (
     Deployment,
+    LoadStatus,
     RolloutAction,
     RolloutDecision,
     RolloutPhase,
@@ -283,7 +284,10 @@ def initial_state(split: TrafficSplit, plan: RolloutPlan, now: datetime) -> Roll
 
 
 def decide_rollout(
-    deployment: Deployment, window: Mapping[str, VersionStats], now: datetime
+    deployment: Deployment,
+    window: Mapping[str, VersionStats],
+    now: datetime,
+    loads: LoadStatus | None = None,
 ) -> RolloutDecision:
     """The rollout controller: what to do with the canary, given its window's statistics.
 
@@ -291,12 +295,15 @@ def decide_rollout(
         deployment: the deployment as stored.
         window: statistics per version (as strings) since the current revision began.
         now: the current time (aware).
+        loads: what a serve process reported about versions it has not loaded (None: nothing).
 
     Returns:
-        ``rollback`` when the canary has at least ``slo.min_requests`` requests and its error
-        rate or p99 latency breaks the SLO; ``hold`` while it has fewer, or has been healthy
-        for less than ``plan.interval_s``; then ``step`` to the plan's next percentage, or
-        ``promote`` once it has passed the last step. ``hold`` when no rollout is progressing.
+        ``rollback`` when a serve process could not load the canary, or when the canary has
+        at least ``slo.min_requests`` requests and its error rate or p99 latency breaks the
+        SLO; ``hold`` while the canary is still loading, has fewer requests, or has been
+        healthy for less than ``plan.interval_s``; then ``step`` to the plan's next
+        percentage, or ``promote`` once it has passed the last step. ``hold`` when no rollout
+        is progressing.
     """
     canary = deployment.split.canary
     state = deployment.state
@@ -306,10 +313,13 @@ def decide_rollout(
     slo, plan = deployment.slo, deployment.plan
     held = RolloutDecision(RolloutAction.HOLD, "", state.canary_weight, state.step_index)
     who = f"canary v{canary.version}"
-    if stats.requests < slo.min_requests:
-        return replace(
+    early = _load_decision(who, canary.version_key, loads, held)
+    if early is None and stats.requests < slo.min_requests:
+        early = replace(
             held, reason=f"{who} has {stats.requests} of the {slo.min_requests} requests needed"
         )
+    if early is not None:
+        return early
     breach = slo_breach(who, stats, slo)
     if breach is not None:
         return RolloutDecision(RolloutAction.ROLLBACK, breach)
@@ -330,6 +340,20 @@ def decide_rollout(
         following,
         reached_steps(plan, following),
     )
+
+
+def _load_decision(
+    who: str, version: str, loads: LoadStatus | None, held: RolloutDecision
+) -> RolloutDecision | None:
+    """Roll back a canary a serve process could not load; hold one it is still loading."""
+    if loads is None:
+        return None
+    failure = loads.failed.get(version)
+    if failure is not None:
+        return RolloutDecision(RolloutAction.ROLLBACK, f"{who} failed to load: {failure}")
+    if version in loads.loading:
+        return replace(held, reason=f"{who} is still loading; it gets no traffic yet")
+    return None
 
 
 def slo_breach(who: str, stats: VersionStats, slo: Slo) -> str | None:

@@ -26,6 +26,7 @@ from shamal.deployments._entities import (
     Deployment,
     DeploymentEvent,
     DeploymentSpec,
+    LoadStatus,
     ReportOutcome,
     RolloutAction,
     RolloutDecision,
@@ -443,13 +444,20 @@ class DeploymentService:
 
     # ------------------------------------------------------------------ data plane
     def record_report(
-        self, principal: Principal, name: str, revision: int, versions: Sequence[VersionReport]
+        self,
+        principal: Principal,
+        name: str,
+        revision: int,
+        versions: Sequence[VersionReport],
+        loads: LoadStatus | None = None,
     ) -> ReportOutcome:
         """Add a serve process's statistics to the window, then run the rollout controller.
 
         Statistics gathered under another revision than the current one are not counted
-        (they describe another split). A decision other than ``hold`` is applied as an
-        audited change by the controller, in the same transaction.
+        (they describe another split), and neither is what ``loads`` says (a version that
+        failed under an older revision may load under this one). A canary the serve process
+        could not load is rolled back; one it is still loading is held. A decision other than
+        ``hold`` is applied as an audited change by the controller, in the same transaction.
         """
         _rules.check_deployment_name(name)
 
@@ -463,7 +471,8 @@ class DeploymentService:
                     if report.version in known and report.stats.requests > 0:
                         _store.add_stats(s, ref.id, revision, report.version, report.stats)
             window = _store.window_stats(s, ref.id, current.revision)
-            decision = _rules.decide_rollout(current, window, self._clock())
+            current_loads = loads if revision == current.revision else None
+            decision = _rules.decide_rollout(current, window, self._clock(), current_loads)
             if decision.action is RolloutAction.HOLD:
                 return ReportOutcome(current.revision, decision)
             stored = self._apply(s, principal.name, ref.id, current, decision)

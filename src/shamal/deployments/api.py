@@ -26,6 +26,7 @@ from shamal.deployments._entities import (
     Deployment,
     DeploymentEvent,
     DeploymentSpec,
+    LoadStatus,
     RolloutPlan,
     RouteRole,
     Sample,
@@ -66,6 +67,8 @@ ModelUriText = Annotated[
 VersionText = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}$")]
 _MAX_COUNT = 1_000_000_000
 _NO_NUL = r"^[^\x00]*$"
+#: Characters of a serve process's reason for a failed load that are kept.
+MAX_LOAD_REASON = 300
 
 
 class _Model(BaseModel):
@@ -281,11 +284,26 @@ class StatsIn(_Model):
         return VersionReport(self.version, stats)
 
 
+class LoadFailureIn(_Model):
+    """A version the serve process could not load, and why (the serve process's own words)."""
+
+    version: VersionText
+    reason: str = Field(max_length=MAX_LOAD_REASON, pattern=_NO_NUL)
+
+
 class ReportIn(_Model):
-    """A serve process's statistics, gathered under the deployment's ``revision``."""
+    """A serve process's statistics, gathered under the deployment's ``revision``, and the
+    versions of that revision it is still loading or could not load (a canary that failed to
+    load is rolled back; one still loading is not judged)."""
 
     revision: int = Field(ge=1, le=2**31 - 1)
     versions: list[StatsIn] = Field(max_length=64)
+    loading: list[VersionText] = Field(default=[], max_length=64)
+    failed: list[LoadFailureIn] = Field(default=[], max_length=64)
+
+    def loads(self) -> LoadStatus:
+        failed = {f.version: f.reason.strip() or "no reason given" for f in self.failed}
+        return LoadStatus(frozenset(self.loading), failed)
 
 
 class ReportOut(_Model):
@@ -485,7 +503,8 @@ def stats(name: Name, svc: Deployments, principal: CurrentPrincipal) -> list[Sta
 
 @router.post("/{name}/reports", summary="A serve process's statistics (runs the controller)")
 def report(name: Name, body: ReportIn, svc: Deployments, principal: DataPlane) -> ReportOut:
-    outcome = svc.record_report(principal, name, body.revision, [v.report() for v in body.versions])
+    reports = [v.report() for v in body.versions]
+    outcome = svc.record_report(principal, name, body.revision, reports, body.loads())
     return ReportOut(
         revision=outcome.revision,
         action=outcome.decision.action.value,

@@ -29,7 +29,12 @@ from shamal.optimize._pipeline import (
 from shamal.optimize._recipes import build_minilm_int8, export_sklearn
 from shamal.optimize._register import fetch_source, register_variant, variant_tags
 from shamal.optimize._safety import check_onnx_file, contained, load_onnx, sniff_format
-from shamal.optimize._sklearn import export_mlflow_sklearn, load_sklearn_model
+from shamal.optimize._sandbox import SandboxedModel, SandboxLimits
+from shamal.optimize._sklearn import (
+    convert_trusted_pickle,
+    export_mlflow_sklearn,
+    load_sklearn_model,
+)
 from shamal.optimize._sources import EvalSet, SourceModel, load_source
 from shamal.optimize._transformer import tokenize
 from shamal.optimize._variants import ENCODER_INT8, Int8Options
@@ -45,6 +50,8 @@ __all__ = [
     "OptimizeReport",
     "OptimizeRequest",
     "ProgressSink",
+    "SandboxLimits",
+    "SandboxedModel",
     "SourceModel",
     "TensorSpec",
     "Thresholds",
@@ -53,6 +60,7 @@ __all__ = [
     "build_minilm_int8",
     "check_onnx_file",
     "contained",
+    "convert_trusted_pickle",
     "export_mlflow_sklearn",
     "export_sklearn",
     "fetch_source",

@@ -28,6 +28,7 @@ from shamal.optimize._measure import (
     session,
     unverified,
 )
+from shamal.optimize._sandbox import SandboxLimits
 from shamal.optimize._sources import SourceModel, load_source
 from shamal.optimize._variants import (
     ENCODER_INT8,
@@ -75,6 +76,8 @@ class OptimizeRequest:
         target: ``cpu``, or ``gpu`` for an fp16 variant.
         int8_options: per-channel etc.; None = the default for the model kind.
         timed: measure latency (off for callers that only want the variant built).
+        trust_pickle: load a pickled sklearn model (only ever in the sandbox).
+        sandbox: the sandbox's limits for a trusted pickle; None = the defaults.
     """
 
     int8: str | None = None
@@ -91,6 +94,7 @@ class OptimizeRequest:
     source_uri: str | None = None
     repeats: int = 20
     timed: bool = True
+    sandbox: SandboxLimits | None = None
 
     def check(self) -> None:
         """Raises InvalidParameter for combinations that make no sense."""
@@ -287,6 +291,7 @@ def optimize_model(
         eval_data=request.eval_data,
         trust_pickle=request.trust_pickle,
         sequence_length=request.sequence_length,
+        sandbox=request.sandbox,
     )
     reference = source.reference(source.eval_set.feeds)
     fp32 = graph_optimize(source.graph)

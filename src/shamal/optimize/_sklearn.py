@@ -5,7 +5,11 @@ loadable without running code) or as ``pickle``/``cloudpickle`` (which runs what
 file names). skops files are loaded with an allow-list computed here: only classes (and numpy
 ufuncs) from ``sklearn``, ``numpy``, ``scipy.sparse`` and ``builtins`` are trusted; anything
 else, functions such as ``builtins.exec`` or ``numpy.load`` included, refuses the file.
-Pickles are refused unless the caller explicitly trusts the file.
+Pickles are refused unless the caller explicitly trusts the file, and even then they are
+unpickled only in a sandboxed child process (:mod:`shamal.optimize._sandbox`):
+:func:`export_mlflow_sklearn` and :func:`convert_trusted_pickle` never load one in the calling
+process. :func:`load_sklearn_model` with ``trust_pickle=True`` is the in-process primitive the
+sandbox's child runs; the control plane (serving, the optimizer) does not call it on pickles.
 """
 
 from __future__ import annotations
@@ -21,8 +25,18 @@ from shamal.errors import InvalidParameter
 from shamal.optimize._folder import write_model_folder
 from shamal.optimize._lazy import module
 from shamal.optimize._safety import contained, sniff_format
+from shamal.optimize._sandbox import SandboxedModel, SandboxLimits, convert_in_sandbox
 
-__all__ = ["export_mlflow_sklearn", "is_mlflow_sklearn", "load_sklearn_model", "sklearn_task"]
+__all__ = [
+    "INPUT_NAME",
+    "convert_trusted_pickle",
+    "export_mlflow_sklearn",
+    "is_mlflow_sklearn",
+    "is_pickled_sklearn",
+    "load_sklearn_model",
+    "sklearn_task",
+    "synthetic_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +44,7 @@ MLMODEL = "MLmodel"
 _MAX_MLMODEL_BYTES = 1024 * 1024
 _TRUSTED_PREFIXES = ("sklearn.", "numpy.", "scipy.sparse.", "builtins.")
 _PICKLE_FORMATS = ("pickle", "cloudpickle")
+INPUT_NAME = "input"
 
 
 def _mlmodel(folder: Path) -> dict[str, Any]:
@@ -113,7 +128,7 @@ def _load_skops(path: Path) -> Any:
         raise InvalidParameter("The skops file could not be loaded.") from None
 
 
-def _load_pickle(path: Path, fmt: str, trust_pickle: bool) -> Any:
+def _check_pickle(path: Path, fmt: str, trust_pickle: bool) -> None:
     if not trust_pickle:
         raise InvalidParameter(
             f"The model is stored as {fmt}, which can run arbitrary code when loaded; refused. "
@@ -122,16 +137,48 @@ def _load_pickle(path: Path, fmt: str, trust_pickle: bool) -> Any:
         )
     if sniff_format(path) != "pickle":
         raise InvalidParameter("The model file is not a pickle (by its bytes).")
+
+
+def _load_pickle(path: Path, fmt: str, trust_pickle: bool) -> Any:
+    _check_pickle(path, fmt, trust_pickle)
     import pickle
 
-    logger.warning("loading a trusted pickle: %s", path.name)
+    logger.warning("loading a trusted pickle in this process: %s", path.name)
     with path.open("rb") as f:
-        # The caller trusted this file explicitly (--trust-pickle / --trust NAME).
+        # The caller trusted this file explicitly; the control plane only gets here inside
+        # the sandbox's child process (shamal.optimize._sandbox_child).
         return pickle.load(f)  # nosec B301
 
 
+def _model_file(folder: Path) -> tuple[Path, str, str]:
+    """(model file inside ``folder``, serialization format, path as MLmodel gives it)."""
+    flavor = _mlmodel(folder)["flavors"].get("sklearn")
+    if not isinstance(flavor, dict):
+        raise InvalidParameter("The MLmodel file has no sklearn flavor.")
+    fmt = flavor.get("serialization_format", "pickle")
+    model_file = flavor.get("pickled_model")
+    if not isinstance(model_file, str) or not isinstance(fmt, str):
+        raise InvalidParameter("The sklearn flavor needs pickled_model and serialization_format.")
+    path = contained(folder, model_file)
+    if not path.is_file():
+        raise InvalidParameter("The sklearn flavor names a model file that does not exist.")
+    return path, fmt, model_file
+
+
+def is_pickled_sklearn(folder: Path) -> bool:
+    """Whether an MLflow sklearn folder declares a pickle or cloudpickle model file.
+
+    Raises:
+        InvalidParameter: the MLmodel file or its sklearn flavour is malformed.
+    """
+    return _model_file(Path(folder).resolve())[1] in _PICKLE_FORMATS
+
+
 def load_sklearn_model(folder: Path, *, trust_pickle: bool = False) -> Any:
-    """Load the estimator of an MLflow sklearn-flavour model folder.
+    """Load the estimator of an MLflow sklearn-flavour model folder **in this process**.
+
+    With ``trust_pickle=True`` a pickle is unpickled here, running its code in the caller: only
+    the sandbox's child does that; everything else uses :func:`convert_trusted_pickle`.
 
     Args:
         folder: the folder holding ``MLmodel``.
@@ -146,21 +193,45 @@ def load_sklearn_model(folder: Path, *, trust_pickle: bool = False) -> Any:
             not match its declared format.
     """
     folder = Path(folder).resolve()
-    flavor = _mlmodel(folder)["flavors"].get("sklearn")
-    if not isinstance(flavor, dict):
-        raise InvalidParameter("The MLmodel file has no sklearn flavor.")
-    fmt = flavor.get("serialization_format", "pickle")
-    model_file = flavor.get("pickled_model")
-    if not isinstance(model_file, str) or not isinstance(fmt, str):
-        raise InvalidParameter("The sklearn flavor needs pickled_model and serialization_format.")
-    path = contained(folder, model_file)
-    if not path.is_file():
-        raise InvalidParameter("The sklearn flavor names a model file that does not exist.")
+    path, fmt, _ = _model_file(folder)
     if fmt == "skops":
         return _load_skops(path)
     if fmt in _PICKLE_FORMATS:
         return _load_pickle(path, fmt, trust_pickle)
     raise InvalidParameter("Unknown sklearn serialization_format; expected skops or pickle.")
+
+
+def convert_trusted_pickle(
+    folder: Path,
+    *,
+    trust_pickle: bool,
+    inputs: np.ndarray | None = None,
+    synthetic_rows: int = 0,
+    limits: SandboxLimits | None = None,
+) -> SandboxedModel:
+    """Convert a pickled MLflow sklearn model to ONNX in the sandbox (and, when ``inputs`` or
+    ``synthetic_rows`` are given, compute its outputs there); see
+    :func:`shamal.optimize._sandbox.convert_in_sandbox`.
+
+    Raises:
+        InvalidParameter: not a pickled sklearn model, not trusted, not a pickle by its bytes,
+            a path outside the folder, or the sandbox failed.
+    """
+    folder = Path(folder).resolve()
+    path, fmt, relpath = _model_file(folder)
+    if fmt not in _PICKLE_FORMATS:
+        raise InvalidParameter("The model is not stored as a pickle.")
+    _check_pickle(path, fmt, trust_pickle)
+    logger.info("converting a trusted %s model in the sandbox: %s", fmt, path.name)
+    return convert_in_sandbox(
+        folder, path, relpath, inputs=inputs, synthetic_rows=synthetic_rows, limits=limits
+    )
+
+
+def synthetic_inputs(n_features: int, rows: int) -> np.ndarray:
+    """Held-out rows when none are given: N(0, 1), seed 0, FP32 [rows, n_features]."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((rows, n_features)).astype(np.float32)
 
 
 def sklearn_task(model: Any) -> str:
@@ -186,7 +257,7 @@ def sklearn_to_onnx(model: Any) -> Any:
     options = {id(model): {"zipmap": False}} if sklearn_task(model) == "classification" else None
     try:
         return convert_sklearn(
-            model, initial_types=[("input", float_tensor([None, n_features]))], options=options
+            model, initial_types=[(INPUT_NAME, float_tensor([None, n_features]))], options=options
         )
     except Exception as exc:  # skl2onnx raises many types for unsupported estimators
         logger.info("skl2onnx failed: %r", exc)
@@ -195,13 +266,24 @@ def sklearn_to_onnx(model: Any) -> Any:
         ) from None
 
 
-def export_mlflow_sklearn(folder: Path, dest: Path, *, trust_pickle: bool = False) -> Path:
+def export_mlflow_sklearn(
+    folder: Path, dest: Path, *, trust_pickle: bool = False, limits: SandboxLimits | None = None
+) -> Path:
     """Convert an MLflow sklearn model folder to a model folder (``model.onnx`` +
     ``shamal-model.json``) at ``dest``; returns ``dest``.
 
+    skops files are loaded here (allow-listed types only); trusted pickles only in the sandbox
+    (``limits`` are its limits).
+
     Raises:
-        InvalidParameter: see :func:`load_sklearn_model`; or no converter for the estimator.
+        InvalidParameter: see :func:`load_sklearn_model` and :func:`convert_trusted_pickle`;
+            or no converter for the estimator.
     """
-    model = load_sklearn_model(folder, trust_pickle=trust_pickle)
-    write_model_folder(dest, sklearn_to_onnx(model), task=sklearn_task(model))
-    return dest
+    folder = Path(folder).resolve()
+    if is_pickled_sklearn(folder):
+        made = convert_trusted_pickle(folder, trust_pickle=trust_pickle, limits=limits)
+        write_model_folder(Path(dest), made.graph, task=made.task)
+        return Path(dest)
+    model = load_sklearn_model(folder, trust_pickle=False)
+    write_model_folder(Path(dest), sklearn_to_onnx(model), task=sklearn_task(model))
+    return Path(dest)

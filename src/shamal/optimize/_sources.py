@@ -18,11 +18,16 @@ from shamal.optimize._folder import MANIFEST, MODEL_FILE, read_model_folder, spe
 from shamal.optimize._lazy import module
 from shamal.optimize._measure import load_arrays, run_batches, session
 from shamal.optimize._safety import check_onnx_file, contained, load_onnx
+from shamal.optimize._sandbox import SandboxLimits
 from shamal.optimize._sklearn import (
+    INPUT_NAME,
+    convert_trusted_pickle,
     is_mlflow_sklearn,
+    is_pickled_sklearn,
     load_sklearn_model,
     sklearn_task,
     sklearn_to_onnx,
+    synthetic_inputs,
 )
 from shamal.optimize._transformer import (
     INPUT_NAMES,
@@ -38,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
 SYNTHETIC_ROWS = 256
+SYNTHETIC_ORIGIN = "synthetic N(0,1)"
 PROBE_SENTENCES = 64
 
 
@@ -97,13 +103,51 @@ def _eval_for_features(
     example = _input_example(folder)
     if example is not None and example.shape[1] == n_features:
         return EvalSet({input_name: example}, None, "logged input example")
-    rng = np.random.default_rng(0)
-    synthetic = rng.standard_normal((SYNTHETIC_ROWS, n_features)).astype(np.float32)
-    return EvalSet({input_name: synthetic}, None, "synthetic N(0,1)")
+    synthetic = synthetic_inputs(n_features, SYNTHETIC_ROWS)
+    return EvalSet({input_name: synthetic}, None, SYNTHETIC_ORIGIN)
 
 
-def _sklearn_source(folder: Path, eval_data: Path | None, trust_pickle: bool) -> SourceModel:
-    estimator = load_sklearn_model(folder, trust_pickle=trust_pickle)
+def _pickled_sklearn_source(
+    folder: Path, eval_data: Path | None, trust_pickle: bool, limits: SandboxLimits | None
+) -> SourceModel:
+    """A trusted pickle: converted, and its outputs on the held-out rows computed, in the
+    sandbox; nothing is unpickled here. The reference answers only for those rows."""
+    if eval_data is not None:
+        feeds, labels = load_arrays(eval_data, [INPUT_NAME])
+        given: np.ndarray | None = feeds[INPUT_NAME].astype(np.float32)
+        origin, synthetic_rows = eval_data.name, 0
+    else:
+        given, labels = _input_example(folder), None
+        origin, synthetic_rows = "logged input example", SYNTHETIC_ROWS
+    made = convert_trusted_pickle(
+        folder,
+        trust_pickle=trust_pickle,
+        inputs=given,
+        synthetic_rows=synthetic_rows,
+        limits=limits,
+    )
+    if made.synthetic or given is None:
+        n_features = specs_of(made.graph)[0][0].shape[1]
+        given, origin = synthetic_inputs(n_features, SYNTHETIC_ROWS), SYNTHETIC_ORIGIN
+    evals = EvalSet({INPUT_NAME: given}, labels, origin)
+    computed = made.reference or {}
+
+    def reference(feeds: dict[str, np.ndarray]) -> Outputs:
+        if set(feeds) != {INPUT_NAME} or not np.array_equal(feeds[INPUT_NAME], given):
+            raise InvalidParameter(
+                "The sandboxed model's outputs are known only for its held-out rows."
+            )
+        return dict(computed)
+
+    return SourceModel("sklearn", made.graph, made.task, reference, evals)
+
+
+def _sklearn_source(
+    folder: Path, eval_data: Path | None, trust_pickle: bool, limits: SandboxLimits | None
+) -> SourceModel:
+    if is_pickled_sklearn(folder):
+        return _pickled_sklearn_source(folder, eval_data, trust_pickle, limits)
+    estimator = load_sklearn_model(folder)
     graph = sklearn_to_onnx(estimator)
     task = sklearn_task(estimator)
     inputs, outputs = specs_of(graph)
@@ -176,9 +220,13 @@ def load_source(
     eval_data: Path | None = None,
     trust_pickle: bool = False,
     sequence_length: int = 128,
+    sandbox: SandboxLimits | None = None,
 ) -> SourceModel:
     """Load a local model for optimizing: an ONNX file, a model folder (``shamal-model.json``),
     an MLflow sklearn folder, a Hugging Face transformer folder, or a folder with model.onnx.
+
+    A trusted pickled sklearn model is loaded only in the sandbox (limits ``sandbox``); its
+    reference outputs are computed there, for the held-out rows only.
 
     Raises:
         InvalidParameter: none of those, or a hostile file (see the loaders).
@@ -194,7 +242,7 @@ def load_source(
         path = contained(location, manifest.path)
         return _onnx_source(location, path, manifest.task, eval_data)
     if is_mlflow_sklearn(location):
-        return _sklearn_source(location, eval_data, trust_pickle)
+        return _sklearn_source(location, eval_data, trust_pickle, sandbox)
     if is_transformer_folder(location):
         return _transformer_source(location, sequence_length, eval_data)
     if (location / MODEL_FILE).is_file():

@@ -81,6 +81,30 @@ def _quiet_quantizer() -> Iterator[None]:
         root.removeFilter(advice)
 
 
+#: The ai.onnx opset declared for graphs that use only other domains before quantizing.
+_DEFAULT_OPSET = 17
+
+
+def _with_default_opset(model: Any) -> Any:
+    """``model`` with exactly one ai.onnx opset declared, as ONNX Runtime's quantizer demands.
+
+    skl2onnx graphs of plain linear models use ai.onnx.ml operators and may declare the ai.onnx
+    domain twice or not at all; the quantizer refuses both (it adds its quantize/dequantize
+    nodes in that domain)."""
+    import onnx
+
+    default = [e.version for e in model.opset_import if e.domain in ("", "ai.onnx")]
+    if len(default) == 1:
+        return model
+    declared = onnx.ModelProto()
+    declared.CopyFrom(model)
+    others = [e for e in model.opset_import if e.domain not in ("", "ai.onnx")]
+    del declared.opset_import[:]
+    declared.opset_import.extend(others)
+    declared.opset_import.append(onnx.helper.make_opsetid("", max(default, default=_DEFAULT_OPSET)))
+    return declared
+
+
 def _save_tmp(model: Any, folder: Path, name: str) -> Path:
     import onnx
 
@@ -112,7 +136,7 @@ def quantize_int8_dynamic(model: Any, options: Int8Options) -> Any:
     quantization = module("onnxruntime.quantization")
 
     with tempfile.TemporaryDirectory(prefix="shamal-q-") as tmp:
-        src = _save_tmp(model, Path(tmp), "in.onnx")
+        src = _save_tmp(_with_default_opset(model), Path(tmp), "in.onnx")
         dst = Path(tmp) / "out.onnx"
         with _quiet_quantizer():
             quantization.quantize_dynamic(
@@ -158,7 +182,7 @@ def quantize_int8_static(
     reader = type("Reader", (_Batches, quantization.CalibrationDataReader), {})
 
     with tempfile.TemporaryDirectory(prefix="shamal-q-") as tmp:
-        src = _save_tmp(model, Path(tmp), "in.onnx")
+        src = _save_tmp(_with_default_opset(model), Path(tmp), "in.onnx")
         dst = Path(tmp) / "out.onnx"
         with _quiet_quantizer():
             quantization.quantize_static(

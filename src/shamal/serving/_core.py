@@ -4,15 +4,23 @@ It validates a decoded request against the model's metadata (names, datatypes, r
 dims, batch limits, the NaN/Inf policy), picks the version through the traffic router, queues the
 request on that version's batcher, mirrors it to shadow versions off the response path, and
 keeps the metrics. It never coerces: an FP64 tensor sent to an FP32 input is a 400, not a cast.
+
+Versions may be installed and retired while it serves (:meth:`InferenceCore.install`,
+:meth:`InferenceCore.retire`, called from a loader thread): each version has a slot (batcher,
+worker thread, count of requests using it) created and removed on the event loop, and a retired
+version's slot lives until the requests that had already picked it are answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 EXTENSIONS = ("binary_tensor_data",)
 _MAX_TIMEOUT_S = 3600.0
+#: Longest wait for the event loop to start a new version's batcher.
+_INSTALL_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,9 +94,9 @@ class InferenceCore:
         self.router = router
         self.options = options or CoreOptions()
         self.metrics = metrics or ServerMetrics()
-        count = sum(1 for _ in repository.all())
-        self._executor = ThreadPoolExecutor(max(1, count), thread_name_prefix="shamal-model")
-        self._batchers: dict[tuple[str, str], Batcher] = {}
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock = threading.Lock()  # install() before start() vs start()
         self._draining = False
         self._stopped = False
         self._in_flight = 0
@@ -98,18 +108,93 @@ class InferenceCore:
         """Create and start one batcher per model version on the running loop."""
         self._idle = asyncio.Event()
         self._idle.set()
-        for served in self.repository.all():
-            policy = BatchPolicy(
-                max_batch_size=served.backend.max_batch_size,
-                max_queue_delay_s=self.options.max_queue_delay_s,
-                queue_size=self.options.queue_size,
+        with self._start_lock:
+            self._loop = asyncio.get_running_loop()
+            for served in self.repository.all():
+                self._open_slot(served)
+
+    def _open_slot(self, served: ServedModel) -> None:
+        """The version's batcher and worker thread, started on the running loop."""
+        policy = BatchPolicy(
+            max_batch_size=served.backend.max_batch_size,
+            max_queue_delay_s=self.options.max_queue_delay_s,
+            queue_size=self.options.queue_size,
+        )
+        labels = (served.name, served.version)
+        # One worker per version: a batcher runs one batch at a time.
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"shamal-model-{served.name}")
+        batcher = Batcher(
+            served.backend, policy, executor=executor, metrics=self.metrics, labels=labels
+        )
+        batcher.start()
+        self._slots[labels] = _Slot(batcher, executor)
+
+    # ------------------------------------------------------------------ versions while serving
+    def install(self, served: ServedModel) -> None:
+        """Serve a newly loaded version: its batcher starts on the event loop, then the
+        repository lists it. Call from any thread but the loop's; blocks until done.
+
+        Raises:
+            InvalidParameter: that version is already served.
+        """
+        with self._start_lock:
+            loop = self._loop
+            if loop is None:  # not serving yet: start() makes its batcher
+                self.repository.add(served)
+                return
+        asyncio.run_coroutine_threadsafe(self._install(served), loop).result(_INSTALL_TIMEOUT_S)
+
+    async def _install(self, served: ServedModel) -> None:
+        key = (served.name, served.version)
+        if key in self._slots:
+            raise InvalidParameter(f"Model '{served.name}' version {served.version} is served.")
+        self._open_slot(served)
+        try:
+            self.repository.add(served)
+        except BaseException:
+            await self._close_slot(key)
+            raise
+
+    def retire(self, name: str, version: str, grace_s: float) -> None:
+        """Stop serving a version: the repository drops it at once (new requests cannot pick
+        it), requests that already did are answered, then its batcher stops and its backend
+        closes. Waits at most ``grace_s`` for that; stragglers then finish in the background.
+        Call from any thread but the loop's."""
+        served = self.repository.withdraw(name, version)
+        loop = self._loop
+        if loop is None or self._stopped:
+            if served is not None:
+                served.backend.close()
+            return
+        done = asyncio.run_coroutine_threadsafe(self._retire((name, version), served), loop)
+        try:
+            done.result(grace_s)
+        except FutureTimeout:
+            logger.warning(
+                "Model %s version %s still has requests after %.0f s; it closes when they end",
+                name,
+                version,
+                grace_s,
             )
-            labels = (served.name, served.version)
-            batcher = Batcher(
-                served.backend, policy, executor=self._executor, metrics=self.metrics, labels=labels
-            )
-            batcher.start()
-            self._batchers[labels] = batcher
+
+    async def _retire(self, key: tuple[str, str], served: ServedModel | None) -> None:
+        slot = self._slots.get(key)
+        if slot is not None:
+            await slot.idle.wait()
+            await slot.batcher.wait_idle()
+            await self._close_slot(key)
+        if served is not None:
+            # Closing may block (a runtime freeing memory): off the loop.
+            await asyncio.get_running_loop().run_in_executor(None, served.backend.close)
+
+    async def _close_slot(self, key: tuple[str, str]) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is None:
+            return
+        await slot.batcher.stop()
+        slot.executor.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(KeyError):  # never seen a request: no gauge yet
+            self.metrics.queue_depth.remove(*key)
 
     def begin_drain(self) -> None:
         """Readiness answers false and new inference requests 503 from now on."""
@@ -132,8 +217,8 @@ class InferenceCore:
         async def settle() -> None:
             if self._idle is not None:
                 await self._idle.wait()
-            for batcher in self._batchers.values():
-                await batcher.wait_idle()
+            for slot in list(self._slots.values()):
+                await slot.batcher.wait_idle()
             if self._shadow_tasks:
                 await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
 
@@ -147,9 +232,8 @@ class InferenceCore:
     async def stop(self) -> None:
         """Stop the batchers and the worker threads (after :meth:`drain`)."""
         self._stopped = True
-        for batcher in self._batchers.values():
-            await batcher.stop()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for key in list(self._slots):
+            await self._close_slot(key)
 
     # ------------------------------------------------------------------ health and metadata
     def live(self) -> bool:
@@ -249,7 +333,10 @@ class InferenceCore:
         if request.model not in self.repository.models:
             raise NotFound(f"Model '{request.model}' is not served here.")
         choice = self.router.choose(request.model, request.headers)
-        served = self.repository.get(request.model, choice.version)
+        served = self.repository.models.get(request.model, {}).get(choice.version)
+        if served is None:  # retired between the router's choice and now: ask again
+            choice = self.router.choose(request.model, request.headers)
+            served = self.repository.get(request.model, choice.version)
         return served, choice.shadows
 
     def _served(self, model: str, version: str | None, headers: Mapping[str, str]) -> ServedModel:
@@ -265,8 +352,12 @@ class InferenceCore:
         inputs, rows = validate_inputs(served, request, self.options.allow_nonfinite)
         wanted = requested_outputs(served.metadata.outputs, request)
         deadline = request_deadline(request)
-        batcher = self._batchers[(served.name, served.version)]
-        results = await batcher.submit(inputs, rows, deadline)
+        slot = self._slots[(served.name, served.version)]
+        slot.enter()
+        try:
+            results = await slot.batcher.submit(inputs, rows, deadline)
+        finally:
+            slot.leave()
         for shadow in shadows:
             self._mirror(served.name, shadow, request)
         specs = {spec.name: spec for spec in served.metadata.outputs}
@@ -282,25 +373,23 @@ class InferenceCore:
 
     def _mirror(self, model: str, version: str, request: InferRequest) -> None:
         """Run ``request`` on shadow ``version`` in the background; its answer is dropped."""
-        batcher = self._batchers.get((model, version))
-        if batcher is None:
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._shadow(batcher, model, version, request)
-        )
+        slot = self._slots.get((model, version))
+        served = self.repository.models.get(model, {}).get(version)
+        if slot is None or served is None:
+            return  # not loaded (yet), or retired: nothing to mirror to
+        slot.enter()  # from now until the shadow call ends: a retire waits for it
+        task = asyncio.get_running_loop().create_task(self._shadow(slot, served, request))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    async def _shadow(
-        self, batcher: Batcher, model: str, version: str, request: InferRequest
-    ) -> None:
+    async def _shadow(self, slot: _Slot, served: ServedModel, request: InferRequest) -> None:
+        model, version = served.name, served.version
         started = time.perf_counter()
         ok = True
         try:
             # Checked against the shadow's own tensors: a shadow may differ from the primary.
-            served = self.repository.get(model, version)
             inputs, rows = validate_inputs(served, request, self.options.allow_nonfinite)
-            await batcher.submit(inputs, rows, None)
+            await slot.batcher.submit(inputs, rows, None)
         except InvalidParameter:
             ok = False  # the request fitted the primary: a mismatch is the shadow's failure
         except ShamalError as exc:
@@ -308,12 +397,36 @@ class InferenceCore:
         except Exception:
             logger.debug("Shadow version %s of %s failed", version, model, exc_info=True)
             ok = False
+        finally:
+            slot.leave()
         try:
             self.router.observe(
                 model, version, latency_s=time.perf_counter() - started, ok=ok, shadow=True
             )
         except Exception:
             logger.exception("The traffic router failed to record a shadow call")
+
+
+class _Slot:
+    """One served version's batcher and worker, and how many requests are using it."""
+
+    __slots__ = ("batcher", "executor", "idle", "users")
+
+    def __init__(self, batcher: Batcher, executor: ThreadPoolExecutor) -> None:
+        self.batcher = batcher
+        self.executor = executor
+        self.users = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.users += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self.idle.set()
 
 
 def validate_inputs(

@@ -8,6 +8,14 @@ counts calls per version in a window, keeps a sample of requests, and ships both
 background thread. The control plane runs the rollout controller on each report; a rollback or
 a step up is a new revision the router picks up on its next refresh (at once when a report's
 answer says the revision moved).
+
+With a :class:`VersionSource` attached (:meth:`DeploymentRouter.attach`), the router also keeps
+the serve process's loaded versions in step with the spec: it asks the loader for every version
+the spec lists, routes only to versions that are loaded (a canary's share goes to the primaries
+and a shadow is skipped until then; while no primary of a new spec is loaded, the split served
+before keeps serving), and tells the control plane which versions are still loading or failed
+to load, so the controller neither judges a canary that had no traffic nor keeps one that
+cannot load.
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,7 +46,8 @@ from shamal.deployments import (
     choose_route,
     latency_slot,
 )
-from shamal.errors import NotFound, ShamalError
+from shamal.errors import NotFound, ServiceUnavailable, ShamalError
+from shamal.serving._repository import MAX_REASON, LoadState, VersionStatus
 from shamal.serving._routing import RouteChoice
 
 logger = logging.getLogger(__name__)
@@ -49,6 +58,32 @@ SAMPLE_TEXT = 256
 #: Samples waiting to be shipped; older ones are dropped when the control plane is slow.
 SAMPLE_BUFFER = 200
 _PUSH_BATCH = 100
+_RETRY_AFTER_S = 5.0
+
+
+class VersionSource(Protocol):
+    """What the router needs of a loader (:class:`shamal.serving._repository.VersionLoader`)."""
+
+    def want(self, versions: Mapping[str, str], *, retry_failed: bool = False) -> None: ...
+
+    def statuses(self) -> dict[str, VersionStatus]: ...
+
+    def subscribe(self, listener: Callable[[], None]) -> None: ...
+
+
+def routable_split(
+    split: TrafficSplit, loaded: Set[int], fallback: TrafficSplit | None
+) -> TrafficSplit | None:
+    """The part of ``split`` that can take traffic now: its loaded primaries, and its canary
+    and shadows if loaded (an unloaded canary's share goes to the primaries). With no primary
+    loaded, ``fallback`` (what served before) serves on; None when there is none either."""
+    primaries = tuple(r for r in split.primaries if r.version in loaded)
+    if not primaries:
+        return fallback
+    others = tuple(
+        r for r in split.routes if r.role is not RouteRole.PRIMARY and r.version in loaded
+    )
+    return TrafficSplit(primaries + others)
 
 
 def deployment_from_json(body: Mapping[str, Any]) -> Deployment:
@@ -162,6 +197,8 @@ class DeploymentRouter:
         self._rng = rng or random.Random()  # noqa: S311 - routing and sampling, not secrets
         self._lock = threading.Lock()
         self._deployment: Deployment | None = None
+        self._serving: TrafficSplit | None = None
+        self._loader: VersionSource | None = None
         self._fetched_at: float | None = None
         self._windows: dict[str, _Window] = {}
         self._samples: deque[dict[str, Any]] = deque(maxlen=SAMPLE_BUFFER)
@@ -196,12 +233,48 @@ class DeploymentRouter:
             return False
         with self._lock:
             current = self._deployment
-            if current is None or fetched.revision != current.revision:
+            moved = current is None or fetched.revision != current.revision
+            if moved:
                 self._windows = {}
                 logger.info("deployment %r: revision %d", self.name, fetched.revision)
             self._deployment = fetched
             self._fetched_at = self._clock()
+        self._follow(retry_failed=moved)
         return True
+
+    def attach(self, loader: VersionSource) -> None:
+        """Load versions through ``loader`` from now on, and route only to loaded ones."""
+        with self._lock:
+            self._loader = loader
+            self._serving = None  # until now every version counted as loaded: none is
+        loader.subscribe(self._follow)
+        self._follow()
+
+    @property
+    def serving(self) -> TrafficSplit | None:
+        """The split requests are routed by: the spec's loaded part (None: nothing loaded)."""
+        return self._serving
+
+    def _follow(self, retry_failed: bool = False) -> None:
+        """Recompute the routable split, then ask the loader for every version the spec or
+        that split names (the rest is unloaded once no request uses it)."""
+        with self._lock:
+            deployment, loader = self._deployment, self._loader
+            if deployment is None:
+                return
+            if loader is None:
+                self._serving = deployment.split
+                return
+            loaded = {
+                int(v)
+                for v, status in loader.statuses().items()
+                if status.state is LoadState.LOADED and v.isdigit()
+            }
+            self._serving = routable_split(deployment.split, loaded, self._serving)
+            routes = deployment.split.routes + (self._serving.routes if self._serving else ())
+            # Under the lock, so two rounds cannot hand the loader their wishes out of order
+            # (the loader calls listeners outside its own lock: no lock-order inversion).
+            loader.want({r.version_key: r.concrete_uri for r in routes}, retry_failed=retry_failed)
 
     def versions(self) -> dict[str, list[str]]:
         """Model name (the deployment's) -> the versions a serve process must load."""
@@ -224,11 +297,16 @@ class DeploymentRouter:
         Raises:
             NotFound: another model, or no spec fetched yet.
         """
-        deployment = self._deployment
+        deployment, serving = self._deployment, self._serving
         if deployment is None or model not in (deployment.name, deployment.model_name):
             raise NotFound(f"Model '{model}' is not served here.")
+        if serving is None:
+            raise ServiceUnavailable(
+                f"No version of deployment '{self.name}' is loaded yet; retry shortly.",
+                retry_after_s=_RETRY_AFTER_S,
+            )
         key = headers.get(deployment.sticky_header) or None
-        choice = choose_route(deployment.split, key, draw=self._rng.random)
+        choice = choose_route(serving, key, draw=self._rng.random)
         return RouteChoice(choice.version, choice.shadows)
 
     def observe(
@@ -286,9 +364,13 @@ class DeploymentRouter:
             return None
         self._push_samples(samples)
         known = {r.version_key for r in deployment.split.routes}
-        reports = [w.as_report(v) for v, w in sorted(windows.items()) if v in known]
         try:
-            answer = self._client.report_deployment(self.name, deployment.revision, reports)
+            answer = self._client.report_deployment(
+                self.name,
+                deployment.revision,
+                [w.as_report(v) for v, w in sorted(windows.items()) if v in known],
+                **self._load_report(known),
+            )
         except ShamalError as exc:
             logger.warning("deployment %r: report failed (%s)", self.name, exc.code)
             return None
@@ -296,6 +378,23 @@ class DeploymentRouter:
             logger.info("deployment %r: %s", self.name, answer.get("reason", ""))
             self.refresh()
         return answer
+
+    def _load_report(self, known: Set[str]) -> dict[str, Any]:
+        """The spec's versions still loading here, and those that failed to load (and why)."""
+        loader = self._loader
+        if loader is None:
+            return {}
+        statuses = loader.statuses()
+        waiting = VersionStatus(LoadState.LOADING)  # asked for, not yet picked up
+        mine = sorted((v, statuses.get(v, waiting)) for v in known)
+        return {
+            "loading": [v for v, s in mine if s.state is LoadState.LOADING],
+            "failed": [
+                {"version": v, "reason": s.reason[:MAX_REASON] or "failed to load"}
+                for v, s in mine
+                if s.state is LoadState.FAILED
+            ],
+        }
 
     def _push_samples(self, samples: list[dict[str, Any]]) -> None:
         for start in range(0, len(samples), _PUSH_BATCH):

@@ -1,6 +1,9 @@
 """The model-server process: REST (uvicorn) and gRPC on one asyncio loop, and a graceful drain.
 
-Start-up loads every model first (a bad model stops the process before it listens), binds the
+Start-up loads every ``--model`` and the deployment's current versions first (a bad ``--model``
+or a deployment with no loadable primary stops the process before it listens; versions a
+deployment adds later load on a thread while the server runs, see
+:mod:`shamal.serving._repository`), binds the
 REST listener itself with ``IPPROTO_TCP`` so accepted connections keep ``TCP_NODELAY`` (a socket
 made with protocol 0 loses it and every keep-alive request pays ~44 ms of delayed ACK), then prints
 one line per listener (``Serving OIP REST on http://HOST:PORT``) for operators and tests.
