@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -194,3 +196,53 @@ def test_keep_alive_requests_are_fast(
     finally:
         connection.close()
     assert statistics.median(timings) < 0.02
+
+
+def test_a_model_keeps_its_own_batch_limit(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    """``--batching NAME=MAX`` caps that model's batches below the server-wide default."""
+    gate_dir = tmp_path / "gate"
+    gate_dir.mkdir()
+    server = start_server(
+        "--model", f"gated={gated_model(tmp_path / 'gated')}",
+        "--torch-factory", "gated=tests.serving.factories:gated",
+        "--max-batch-size", "32",
+        "--batching", "gated=3",
+        "--threads", "1",
+        env={GATE_ENV: str(gate_dir)},
+    )  # fmt: skip
+    gate = Gate(gate_dir)
+    url = f"{server.url}/v2/models/gated/infer"
+    try:
+        with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=30) as http:
+            first = pool.submit(http.post, url, json=_body())
+            _poll(lambda: gate.entered() == 1, "the first batch to start")
+            later = [pool.submit(http.post, url, json=_body()) for _ in range(5)]
+            _poll(lambda: _metric(server, _DEPTH) == 5, "five queued requests")
+            gate.open()
+            answers = [first.result(30), *(f.result(30) for f in later)]
+    finally:
+        gate.open()
+    assert [a.status_code for a in answers] == [200] * 6
+    rows = sorted(int(p.read_text()) for p in gate_dir.glob("entered-*"))
+    assert rows == [1, 2, 3]  # the five waiting rows went in batches of at most three
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("other=4", "not served here"),
+        ("gated=-1", "NAME=MAX_BATCH[:DELAY_US]"),
+        ("gated=4:x", "NAME=MAX_BATCH[:DELAY_US]"),
+    ],
+)
+def test_bad_batching_options_are_refused(tmp_path: Path, option: str, message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "shamal", "serve", "--http-port", "0",
+         "--model", f"gated={scale_model(tmp_path / 'm.onnx', 2.0)}", "--batching", option],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert message in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr

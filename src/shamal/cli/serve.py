@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,13 @@ def serve(
     max_queue_delay_us: Annotated[
         int, typer.Option(help="How long a request may wait for a fuller batch, in µs.")
     ] = 0,
+    batching: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=MAX_BATCH[:DELAY_US]: this model's own batch limit and queue delay, in "
+            "place of --max-batch-size and --max-queue-delay-us; repeatable."
+        ),
+    ] = None,
     queue_size: Annotated[
         int, typer.Option(help="Most requests waiting per model version; more get 429.")
     ] = 256,
@@ -88,6 +96,7 @@ def serve(
     if not report_interval >= 0.05:
         raise InvalidParameter("--report-interval must be at least 0.05 seconds.")
     sources = [parse_model_option(option) for option in model or []]
+    batch_limits, queue_delays = _batching(batching or [], {s.name for s in sources}, deployment)
     if not sources and deployment is None:
         raise InvalidParameter("Nothing to serve: give --model NAME=PATH (or --deployment NAME).")
     router: Any = None
@@ -98,6 +107,7 @@ def serve(
         device=device,
         default_max_batch_size=max_batch_size,
         torch_factories=_factories(torch_factory or []),
+        max_batch_sizes=batch_limits,
     )
     repository = load_repository(sources, options, trusted=trust or [])
     if router is None:
@@ -107,6 +117,7 @@ def serve(
         router,
         options=CoreOptions(
             max_queue_delay_s=max_queue_delay_us / 1e6,
+            queue_delays_s=queue_delays,
             queue_size=queue_size,
             allow_nonfinite=not reject_nonfinite,
             server_version=_version(),
@@ -135,6 +146,34 @@ def _check_numbers(batch: int, delay: int, queue: int, threads: int, body: int) 
         raise InvalidParameter("--queue-size must be at least 1.")
     if body < 1024:
         raise InvalidParameter("--max-request-bytes must be at least 1024.")
+
+
+_BATCHING = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})=(\d{1,6})(?::(\d{1,9}))?$")
+
+
+def _batching(
+    options: list[str], served: set[str], deployment: str | None
+) -> tuple[dict[str, int], dict[str, float]]:
+    """``--batching NAME=MAX_BATCH[:DELAY_US]`` options as (batch limits, delays in seconds)."""
+    limits: dict[str, int] = {}
+    delays: dict[str, float] = {}
+    known = served | ({deployment} if deployment else set())
+    for option in options:
+        match = _BATCHING.match(option)
+        if match is None:
+            raise InvalidParameter(
+                f"--batching takes NAME=MAX_BATCH[:DELAY_US], e.g. text=16:2000, not {option!r}."
+            )
+        name, limit, delay = match.groups()
+        if name not in known:
+            raise InvalidParameter(
+                f"--batching names {name!r}, which is not served here; served: "
+                f"{', '.join(sorted(known)) or 'nothing'}."
+            )
+        limits[name] = int(limit)
+        if delay is not None:
+            delays[name] = int(delay) / 1e6
+    return limits, delays
 
 
 def _factories(options: list[str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ import importlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -90,12 +90,19 @@ class BackendOptions:
         default_max_batch_size: batch limit for models whose first dim is variable and whose
             files do not say (0 turns batching off).
         torch_factories: served name -> ``module:function`` building the torch module.
+        max_batch_sizes: served name -> its own batch limit, in place of the default.
     """
 
     threads: int = 0
     device: str = "auto"
     default_max_batch_size: int = 32
     torch_factories: Mapping[str, str] | None = None
+    max_batch_sizes: Mapping[str, int] | None = None
+
+    def for_model(self, name: str) -> BackendOptions:
+        """These options with ``name``'s own batch limit, when it has one."""
+        limit = (self.max_batch_sizes or {}).get(name)
+        return self if limit is None else replace(self, default_max_batch_size=limit)
 
 
 def load_backend(name: str, files: ModelFiles, options: BackendOptions) -> Backend:
@@ -104,6 +111,7 @@ def load_backend(name: str, files: ModelFiles, options: BackendOptions) -> Backe
     Raises:
         InvalidParameter: the runtime refuses the model, or a torch model has no factory.
     """
+    options = options.for_model(name)
     if files.format == "torch":
         factory = (options.torch_factories or {}).get(name)
         if factory is None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ class CoreOptions:
 
     Attributes:
         max_queue_delay_s: batch gathering delay for every batching model.
+        queue_delays_s: served name -> its own gathering delay, in place of the default.
         queue_size: most waiting requests per model version.
         allow_nonfinite: accept NaN/Inf in float inputs (the default) or answer 400.
         server_version: reported by server metadata.
@@ -70,6 +71,7 @@ class CoreOptions:
     """
 
     max_queue_delay_s: float = 0.0
+    queue_delays_s: Mapping[str, float] = field(default_factory=dict)
     queue_size: int = 256
     allow_nonfinite: bool = True
     server_version: str = "0.1.0"
@@ -117,7 +119,9 @@ class InferenceCore:
         """The version's batcher and worker thread, started on the running loop."""
         policy = BatchPolicy(
             max_batch_size=served.backend.max_batch_size,
-            max_queue_delay_s=self.options.max_queue_delay_s,
+            max_queue_delay_s=self.options.queue_delays_s.get(
+                served.name, self.options.max_queue_delay_s
+            ),
             queue_size=self.options.queue_size,
         )
         labels = (served.name, served.version)
