@@ -116,16 +116,7 @@ class DeploymentService:
 
     def _team(self, principal: Principal, team: str | None) -> tuple[str, str | None]:
         """(team name, team id) a new deployment belongs to."""
-        if team is None:
-            if len(principal.roles) == 1:
-                team = next(iter(principal.roles))
-            elif principal.user.is_admin and not principal.roles:
-                return "", None
-            else:
-                names = ", ".join(sorted(principal.roles)) or "none"
-                raise InvalidParameter(f"say which team owns this deployment (yours: {names})")
-        found = self._security.authorize_team(principal, team, Role.MEMBER)
-        return found.name, found.id
+        return self._security.owning_team(principal, team, "owns this deployment")
 
     def _resolve(self, principal: Principal, wanted: WeightedUri, role: RouteRole) -> Route:
         """A route for ``wanted``: its URI resolved to a concrete version the caller may read."""

@@ -154,16 +154,7 @@ class JobService:
     # ------------------------------------------------------------------ submit
     def _team(self, principal: Principal, team: str | None) -> tuple[str, str | None]:
         """(team name, team id) the job belongs to."""
-        if team is None:
-            if len(principal.roles) == 1:
-                team = next(iter(principal.roles))
-            elif principal.user.is_admin and not principal.roles:
-                return "", None
-            else:
-                names = ", ".join(sorted(principal.roles)) or "none"
-                raise InvalidParameter(f"say which team runs this job with --team (yours: {names})")
-        found = self._security.authorize_team(principal, team, Role.MEMBER)
-        return found.name, found.id
+        return self._security.owning_team(principal, team, "runs this job with --team")
 
     def _priority(self, principal: Principal, team: str, name: str | None) -> tuple[str, int]:
         default = self._classes[self._settings.default_priority]

@@ -228,6 +228,31 @@ class SecurityService:
         with self._db.unit_of_work(write=False) as s:
             return _store.get_team(s, name)
 
+    def owning_team(
+        self, principal: Principal, team: str | None, what: str
+    ) -> tuple[str, str | None]:
+        """(name, id) of the team a new object belongs to: ``team`` when given (the principal
+        must be a member), else the principal's only team; an admin in no team creates
+        platform-wide objects (``("", None)``).
+
+        Args:
+            what: how the error names the choice, e.g. "owns this deployment".
+
+        Raises:
+            InvalidParameter: no team given and the principal has several (or none).
+            NotFound, PermissionDenied: as :meth:`authorize_team`.
+        """
+        if team is None:
+            if len(principal.roles) == 1:
+                team = next(iter(principal.roles))
+            elif principal.user.is_admin and not principal.roles:
+                return "", None
+            else:
+                names = ", ".join(sorted(principal.roles)) or "none"
+                raise InvalidParameter(f"say which team {what} (yours: {names})")
+        found = self.authorize_team(principal, team, Role.MEMBER)
+        return found.name, found.id
+
     def get_team(self, principal: Principal, name: str) -> TeamDetail:
         principal.require_team_role(name, Role.VIEWER)
         with self._db.unit_of_work(write=False) as s:
