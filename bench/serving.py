@@ -310,6 +310,10 @@ def minilm_part(args: argparse.Namespace, workdir: Path, say: Say) -> list[LoadR
     from shamal.optimize import build_minilm_int8  # the same code path as `shamal optimize`
 
     folder = build_minilm_int8(workdir / "minilm-int8")
+    if args.device == "cuda":
+        # On a GPU the fp32 export (written next to the int8 variant) is the one to serve:
+        # ONNX Runtime runs dynamic int8 on the CPU.
+        folder = folder.parent / "fp32"
     ids = np.full((1, 128), 1012, dtype=np.int64)
     ids[0, 0], ids[0, -1] = 101, 102
     body = json.dumps(
@@ -333,9 +337,11 @@ def minilm_part(args: argparse.Namespace, workdir: Path, say: Say) -> list[LoadR
     results: list[LoadResult] = []
     for case, batch in (("batch-on", "32"), ("batch-off", "1")):
         server = shamal_serve(
-            workdir, [f"minilm={folder}"], ["--max-batch-size", batch, "--threads", "2"]
+            workdir,
+            [f"minilm={folder}"],
+            ["--max-batch-size", batch, "--threads", "2", "--device", args.device],
         )
-        say(f"starting Shamal with MiniLM int8, max batch {batch}")
+        say(f"starting Shamal with MiniLM ({folder.name}) on {args.device}, max batch {batch}")
         server.start()
         try:
             url = f"{server.url}/v2/models/minilm/infer"
@@ -421,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per point")
     parser.add_argument("--concurrency", default="1,8,32", help="wrk connections, comma-separated")
     parser.add_argument("--only", default="sklearn,minilm", help="parts to run")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where `shamal serve` runs MiniLM (cuda: ONNX Runtime's CUDA provider)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     parser.add_argument("--keep", action="store_true", help="keep the work dir with server logs")
     args = parser.parse_args(argv)
