@@ -148,7 +148,8 @@ def optimize(
         str,
         typer.Argument(
             help="models:/NAME/VERSION (or @ALIAS, /latest), or a local MLflow sklearn folder, "
-            "ONNX model folder/file, or Hugging Face transformer folder."
+            "ONNX model folder/file, Hugging Face transformer folder, or torch model folder "
+            "(with --torch-factory)."
         ),
     ],
     int8: Annotated[
@@ -184,6 +185,13 @@ def optimize(
     trust_pickle: Annotated[
         bool, typer.Option(help="Load pickle-format models (they can run code; trust the author).")
     ] = False,
+    torch_factory: Annotated[
+        str | None,
+        typer.Option(
+            help="module:function (importable here) that builds the nn.Module of a torch model "
+            "folder; its safetensors weights are loaded into it."
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Optimize a model (ONNX, int8, pruning), check fidelity, time it, register the variant."""
@@ -201,6 +209,7 @@ def optimize(
         batches=batches,
         threads=counts,
         trust_pickle=trust_pickle,
+        torch_factory=torch_factory,
     )
     request.check()
     api, source = None, None

@@ -36,7 +36,7 @@ MLFLOW = "/api/2.0/mlflow"
 ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
 ARTIFACT_SCHEME = "mlflow-artifacts:/"
 #: Files that mark the folder holding a model, in the order they are looked for.
-MODEL_MARKERS = ("MLmodel", "model.onnx")
+MODEL_MARKERS = ("MLmodel", "model.onnx", "shamal-model.json")
 _MAX_FILES = 10_000
 _MAX_DEPTH = 32
 _CHUNK = 1024 * 1024

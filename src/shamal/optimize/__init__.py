@@ -5,7 +5,9 @@ Importing this package does not import torch, transformers or skl2onnx; each loa
 what it needs when called.
 
 The **model folder** it writes (and serving reads) holds ``model.onnx`` and
-``shamal-model.json``; see :mod:`shamal.optimize._folder` for the format.
+``shamal-model.json``; see :mod:`shamal.optimize._folder` for the format. It also reads a
+**torch model folder** (safetensors + a manifest of format torch) whose module is built by a
+factory the operator names; see :mod:`shamal.optimize._torch`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from shamal.optimize._sklearn import (
     load_sklearn_model,
 )
 from shamal.optimize._sources import EvalSet, SourceModel, load_source
+from shamal.optimize._torch import (
+    TorchSource,
+    export_torch,
+    is_torch_folder,
+    load_torch_model,
+    read_torch_manifest,
+)
 from shamal.optimize._transformer import tokenize
 from shamal.optimize._variants import ENCODER_INT8, Int8Options
 
@@ -54,6 +63,7 @@ __all__ = [
     "SandboxedModel",
     "SourceModel",
     "TensorSpec",
+    "TorchSource",
     "Thresholds",
     "Timing",
     "VariantReport",
@@ -63,12 +73,16 @@ __all__ = [
     "convert_trusted_pickle",
     "export_mlflow_sklearn",
     "export_sklearn",
+    "export_torch",
     "fetch_source",
+    "is_torch_folder",
     "load_onnx",
     "load_sklearn_model",
+    "load_torch_model",
     "load_source",
     "optimize_model",
     "read_model_folder",
+    "read_torch_manifest",
     "register_variant",
     "sniff_format",
     "tokenize",

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+LABEL_KEY = "argmax label"
 
 
 class ProgressSink(Protocol):
@@ -78,6 +79,7 @@ class OptimizeRequest:
         timed: measure latency (off for callers that only want the variant built).
         trust_pickle: load a pickled sklearn model (only ever in the sandbox).
         sandbox: the sandbox's limits for a trusted pickle; None = the defaults.
+        torch_factory: ``module:function`` building the module of a torch model folder.
     """
 
     int8: str | None = None
@@ -95,6 +97,7 @@ class OptimizeRequest:
     repeats: int = 20
     timed: bool = True
     sandbox: SandboxLimits | None = None
+    torch_factory: str | None = None
 
     def check(self) -> None:
         """Raises InvalidParameter for combinations that make no sense."""
@@ -158,7 +161,8 @@ class VariantReport:
 
 @dataclass(frozen=True)
 class OptimizeReport:
-    """Every variant built, the requested one last."""
+    """Every variant built, the requested one last (``kind``: sklearn, transformer, torch or
+    onnx)."""
 
     source: str
     kind: str
@@ -220,6 +224,19 @@ def _provider(name: str) -> tuple[str, str]:
     return "", f"not timed: {CUDA} is not available here (fp16 is a GPU variant)"
 
 
+def _with_labels(task: str, outputs: dict[str, Any]) -> dict[str, Any]:
+    """A classifier whose first output is class scores (float, ``[batch, classes]``, as a
+    PyTorch classifier returns) is judged on its labels: their argmax is put first, under
+    ``LABEL_KEY``, so the task metric compares labels while the distance covers the scores.
+    Other outputs are returned as they are."""
+    first = next(iter(outputs.values()), None)
+    if task != "classification" or first is None or first.dtype.kind != "f":
+        return outputs
+    if first.ndim != 2 or first.shape[1] < 2:
+        return outputs
+    return {LABEL_KEY: first.argmax(axis=1), **outputs}
+
+
 def _build(
     name: str,
     graph: Any,
@@ -231,7 +248,9 @@ def _build(
 ) -> tuple[Fidelity, tuple[Timing, ...], str, str]:
     origin = {"model_uri": request.source_uri, "variant": name} if request.source_uri else None
     folder = dest / name
-    write_model_folder(folder, graph, task=source.task, source=origin)
+    write_model_folder(
+        folder, graph, task=source.task, source=origin, max_batch_size=source.max_batch_size
+    )
     path = folder / MODEL_FILE
     evals = source.eval_set
     try:
@@ -246,7 +265,12 @@ def _build(
             "",
         )
     fidelity = compare(
-        source.task, reference, outputs, evals.labels, request.thresholds, evals.origin
+        source.task,
+        reference,
+        _with_labels(source.task, outputs),
+        evals.labels,
+        request.thresholds,
+        evals.origin,
     )
     progress.step(f"{name}: fidelity")
     provider, note = _provider(name)
@@ -292,8 +316,9 @@ def optimize_model(
         trust_pickle=request.trust_pickle,
         sequence_length=request.sequence_length,
         sandbox=request.sandbox,
+        torch_factory=request.torch_factory,
     )
-    reference = source.reference(source.eval_set.feeds)
+    reference = _with_labels(source.task, source.reference(source.eval_set.feeds))
     fp32 = graph_optimize(source.graph)
     name, graph, note = _candidate(source, request)
     plan = [("fp32", fp32, ""), (name, graph, note)]

@@ -1,6 +1,6 @@
 """What the optimizer starts from: a local folder (MLflow sklearn, ONNX model folder or file,
-Hugging Face transformer) turned into an fp32 ONNX graph, a reference to compare variants with,
-and held-out inputs to compare them on."""
+Hugging Face transformer, torch model folder built by an operator-named factory) turned into an
+fp32 ONNX graph, a reference to compare variants with, and held-out inputs to compare them on."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from shamal.optimize._sklearn import (
     sklearn_to_onnx,
     synthetic_inputs,
 )
+from shamal.optimize._torch import export_torch, is_torch_folder, load_torch_model
 from shamal.optimize._transformer import (
     INPUT_NAMES,
     is_transformer_folder,
@@ -61,12 +62,13 @@ class SourceModel:
     """A model ready to be optimized.
 
     Attributes:
-        kind: sklearn, transformer or onnx.
+        kind: sklearn, transformer, torch or onnx.
         graph: the fp32 ONNX graph (exported, or the source's own).
         task: classification, regression, embedding or other.
         reference: the original model's outputs for given inputs (sklearn estimator, PyTorch
             module, or the source ONNX graph).
         eval_set: the held-out inputs fidelity is checked on.
+        max_batch_size: what the variants' manifests declare (0 = the batch dim is free).
     """
 
     kind: str
@@ -74,6 +76,7 @@ class SourceModel:
     task: str
     reference: Callable[[dict[str, np.ndarray]], Outputs]
     eval_set: EvalSet
+    max_batch_size: int = 0
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -179,6 +182,22 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
     )
 
 
+def _torch_source(folder: Path, factory: str | None, eval_data: Path | None) -> SourceModel:
+    if factory is None:
+        raise InvalidParameter(
+            "This is a PyTorch model folder: name the code that builds its module with "
+            "--torch-factory module:function (importable here; the folder never names code)."
+        )
+    loaded = load_torch_model(folder, factory)
+    if eval_data is not None:
+        feeds, labels = load_arrays(eval_data, [s.name for s in loaded.inputs])
+        evals = EvalSet(loaded.conform(feeds), labels, eval_data.name)
+    else:
+        evals = EvalSet(loaded.generated(SYNTHETIC_ROWS), None, "generated from specs, seeded")
+    graph = export_torch(loaded)
+    return SourceModel("torch", graph, loaded.task, loaded.reference, evals, loaded.max_batch_size)
+
+
 def _synthetic_feeds(graph: Any) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     inputs, _ = specs_of(graph)
@@ -221,17 +240,27 @@ def load_source(
     trust_pickle: bool = False,
     sequence_length: int = 128,
     sandbox: SandboxLimits | None = None,
+    torch_factory: str | None = None,
 ) -> SourceModel:
-    """Load a local model for optimizing: an ONNX file, a model folder (``shamal-model.json``),
-    an MLflow sklearn folder, a Hugging Face transformer folder, or a folder with model.onnx.
+    """Load a local model for optimizing: an ONNX file, a model folder (``shamal-model.json``,
+    format onnx, or format torch built by ``torch_factory``), an MLflow sklearn folder, a
+    Hugging Face transformer folder, or a folder with model.onnx.
 
     A trusted pickled sklearn model is loaded only in the sandbox (limits ``sandbox``); its
     reference outputs are computed there, for the held-out rows only.
 
     Raises:
-        InvalidParameter: none of those, or a hostile file (see the loaders).
+        InvalidParameter: none of those, a torch folder without ``torch_factory`` (or a factory
+            given for another kind of model), or a hostile file (see the loaders).
     """
     location = Path(location).resolve()
+    if location.is_dir() and is_torch_folder(location):
+        return _torch_source(location, torch_factory, eval_data)
+    if torch_factory is not None:
+        raise InvalidParameter(
+            "--torch-factory is for PyTorch model folders (shamal-model.json with format "
+            "torch); this model is not one."
+        )
     if location.is_file():
         check_onnx_file(location, location.parent)
         return _onnx_source(location.parent, location, "other", eval_data)
