@@ -10,6 +10,7 @@ SQLite in the platform's file. Optuna never runs its Alembic there: the platform
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import optuna
@@ -71,7 +72,17 @@ def study_id_of_trial(storage: optuna.storages.RDBStorage, trial_id: int) -> int
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """A sampler by its name (see ``SAMPLERS``)."""
+    """A sampler by its name (see ``SAMPLERS``).
+
+    Optuna marks some samplers (QMC, GP) experimental and warns when one is built; the user
+    chose it by name, so the warning says nothing new (and must not become an error).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _build_sampler(name, seed)
+
+
+def _build_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
