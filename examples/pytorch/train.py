@@ -18,6 +18,7 @@ Checkpoints go to the platform's artifact store when the job has a team
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import logging
 import os
@@ -208,6 +209,11 @@ class Job:
         if self.tracker is not None:
             self.tracker.close()
         final = getattr(self.model, "module", self.model)
+        # Drop the DDP wrapper (and the stepper holding it) before leaving the process group:
+        # a reducer that outlives its group can hang the interpreter at exit.
+        self.model = final
+        del self.stepper
+        gc.collect()
         if self.args.save_weights and self.dist.is_main:
             from safetensors.torch import save_file
 

@@ -50,7 +50,13 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(tmp_path: Path) -> N
         }
         out_file = ["--save-weights", str(tmp_path / f"rank{rank}.st")]
         processes.append(start([*ARGS, "--checkpoint-dir", str(ckpt), *out_file], tmp_path, env))
-    outputs = [p.communicate(timeout=120)[0] for p in processes]
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in processes]
+    finally:
+        for process in processes:  # a hung rank must not outlive the test (nor its pipes)
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     assert [p.returncode for p in processes] == [0, 0], outputs
 
     one = load_file(str(tmp_path / "one.st"))

@@ -98,7 +98,9 @@ def shutdown() -> None:
     """Leave the process group if joined, after a barrier.
 
     The barrier keeps rank 0 (which hosts the rendezvous store) from tearing down
-    while another rank still talks to it; without it a rank can hang at exit.
+    while another rank still talks to it; without it a rank can hang at exit. Drop
+    DistributedDataParallel wrappers (and what holds them) before calling it: a reducer
+    that outlives its process group can also hang the interpreter at exit.
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
