@@ -20,16 +20,16 @@ from urllib.parse import quote
 import httpx
 
 from shamal import snapshot
+from shamal.client._calls import CHUNK, raise_for
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
-from shamal.errors import NotFound, ServiceUnavailable, error_for_code
+from shamal.errors import NotFound, ServiceUnavailable
 
 __all__ = ["DEFAULT_URL", "ModelCalls", "ModelRef", "ShamalClient", "default_token"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8600"
-_CHUNK = 1024 * 1024
 
 
 def default_token() -> str | None:
@@ -42,17 +42,6 @@ def default_token() -> str | None:
         return (home / "token").read_text().strip() or None
     except OSError:
         return None
-
-
-def _raise_for(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    try:
-        body = response.json()
-        code, message = str(body["error_code"]), str(body["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "INTERNAL_ERROR", f"HTTP {response.status_code} from the server"
-    raise error_for_code(code, message)
 
 
 class ShamalClient(ModelCalls, DeploymentCalls):
@@ -111,7 +100,7 @@ class ShamalClient(ModelCalls, DeploymentCalls):
                 f"cannot reach Shamal at {self.url} ({exc.__class__.__name__}); "
                 "is `shamal server` running, and is SHAMAL_URL right?"
             ) from exc
-        _raise_for(response)
+        raise_for(response)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
@@ -275,7 +264,7 @@ class ShamalClient(ModelCalls, DeploymentCalls):
         """Stream ``source`` to ``team``'s artifact ``path`` in 1 MiB chunks."""
 
         def chunks() -> Iterator[bytes]:
-            while block := source.read(_CHUNK):
+            while block := source.read(CHUNK):
                 if on_progress is not None:
                     on_progress(len(block))
                 yield block
@@ -296,9 +285,8 @@ class ShamalClient(ModelCalls, DeploymentCalls):
         try:
             with self._http.stream("GET", self._artifact_url(team, path)) as response:
                 if not response.is_success:
-                    response.read()
-                    _raise_for(response)
-                for block in response.iter_bytes(_CHUNK):
+                    raise_for(response)
+                for block in response.iter_bytes(CHUNK):
                     if on_progress is not None:
                         on_progress(len(block))
                     yield block
@@ -330,7 +318,7 @@ class ShamalClient(ModelCalls, DeploymentCalls):
                     self.request(
                         "PUT",
                         path,
-                        content=iter(lambda: source.read(_CHUNK), b""),
+                        content=iter(lambda: source.read(CHUNK), b""),
                         headers={"Content-Type": "application/octet-stream"},
                         timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
                     )
@@ -380,7 +368,7 @@ class ShamalClient(ModelCalls, DeploymentCalls):
             response = self._http.get(f"/api/v1/jobs/{quote(job_id, safe='')}/logs", params=params)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(f"cannot reach Shamal at {self.url}") from exc
-        _raise_for(response)
+        raise_for(response)
         next_offset = int(response.headers.get("X-Shamal-Next-Offset", offset))
         complete = response.headers.get("X-Shamal-Complete") == "true"
         number = int(response.headers.get("X-Shamal-Attempt", attempt or 0))

@@ -10,6 +10,25 @@ from typing import Any
 
 import httpx
 
+from shamal.errors import error_for_code
+
+#: Bytes per read or write when files stream to or from the server.
+CHUNK = 1024 * 1024
+
+
+def raise_for(response: httpx.Response) -> None:
+    """Raise the :class:`shamal.errors.ShamalError` a failed answer carries (its body is read
+    first when it was streamed); nothing for a success."""
+    if response.is_success:
+        return
+    response.read()
+    try:
+        body = response.json()
+        code, message = str(body["error_code"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "INTERNAL_ERROR", f"HTTP {response.status_code} from the server"
+    raise error_for_code(code, message)
+
 
 class ClientCalls:
     """Base of the call groups: they reach the server only through :meth:`request` and ``_http``."""

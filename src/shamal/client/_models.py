@@ -20,12 +20,11 @@ from urllib.parse import quote
 
 import httpx
 
-from shamal.client._calls import ClientCalls
+from shamal.client._calls import CHUNK, ClientCalls, raise_for
 from shamal.errors import (
     InvalidParameter,
     NotFound,
     ServiceUnavailable,
-    error_for_code,
 )
 
 __all__ = ["MODEL_MARKERS", "ModelCalls", "ModelRef"]
@@ -39,7 +38,6 @@ ARTIFACT_SCHEME = "mlflow-artifacts:/"
 MODEL_MARKERS = ("MLmodel", "model.onnx", "shamal-model.json")
 _MAX_FILES = 10_000
 _MAX_DEPTH = 32
-_CHUNK = 1024 * 1024
 _VERSION = re.compile(r"[1-9][0-9]{0,9}")
 
 
@@ -103,18 +101,6 @@ def _contained(root: Path, member: PurePosixPath) -> Path:
     if not target.is_relative_to(root):
         raise InvalidParameter("A listed file would land outside the destination; refused.")
     return target
-
-
-def _raise_streamed(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    response.read()
-    try:
-        body = response.json()
-        code, message = str(body["error_code"]), str(body["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "INTERNAL_ERROR", f"HTTP {response.status_code} from the server"
-    raise error_for_code(code, message)
 
 
 class ModelCalls(ClientCalls):
@@ -218,8 +204,8 @@ class ModelCalls(ClientCalls):
         url = f"{ARTIFACTS}/{quote(remote, safe='/')}"
         try:
             with self._http.stream("GET", url, timeout=httpx.Timeout(30.0, read=None)) as response:
-                _raise_streamed(response)
-                for block in response.iter_bytes(_CHUNK):
+                raise_for(response)
+                for block in response.iter_bytes(CHUNK):
                     out.write(block)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(
@@ -340,7 +326,7 @@ class ModelCalls(ClientCalls):
 
 
 def _chunks(source: IO[bytes]) -> Iterator[bytes]:
-    while block := source.read(_CHUNK):
+    while block := source.read(CHUNK):
         yield block
 
 
