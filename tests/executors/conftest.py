@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,17 +18,6 @@ import pytest
 from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec, get_executor
 from shamal.scheduler._resources import Placement, Slot
 from tests import needs
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 def python(code: str) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ import pytest
 from shamal.executors import REQUEUE_EXIT_CODE, Executor, ExitReason, Handle
 from shamal.scheduler._resources import Slot
 from tests import needs
-from tests.executors.conftest import Jobs, cpu_slot, python, wait_until
+from tests.executors.conftest import Jobs, cpu_slot, python
+from tests.polling import wait_until
 
 TRAP_SIGTERM = """
     import os, pathlib, signal, sys, time

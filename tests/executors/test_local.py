@@ -20,8 +20,9 @@ from shamal.executors import ExitReason, Handle, LaunchFailed, get_executor
 from shamal.executors._local import LocalExecutor
 from shamal.executors._procfs import ProcessIdentity
 from shamal.scheduler._resources import Slot
-from tests.executors.conftest import Jobs, cpu_slot, python, wait_until
+from tests.executors.conftest import Jobs, cpu_slot, python
 from tests.executors.test_contract import REPORT_ENV, reported_env
+from tests.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ from shamal.executors import Executor, ExitReason
 from shamal.executors._local import LocalExecutor
 from shamal.executors._procfs import ProcessIdentity
 from shamal.executors._ray import RayExecutor, _names
-from tests.executors.conftest import Jobs, cpu_slot, python, wait_until
+from tests.executors.conftest import Jobs, cpu_slot, python
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from tests.polling import wait_until
 from tests.serving.conftest import ServerProcess
 from tests.serving.models import GATE_ENV, gated_model, scale_model
 
@@ -34,15 +35,6 @@ def _body(rows: int = 1, **extra: object) -> dict[str, object]:
     }
     body.update(extra)
     return body
-
-
-def _poll(check: Callable[[], bool], what: str, timeout: float = module_timeout) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _metric(server: ServerProcess, series: str) -> float:
@@ -94,9 +86,9 @@ def test_waiting_requests_run_as_one_batch(gated: tuple[ServerProcess, Gate]) ->
     url = f"{server.url}/v2/models/gated/infer"
     with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=30) as http:
         first = pool.submit(http.post, url, json=_body())
-        _poll(lambda: gate.entered() == 1, "the first batch to start")
+        wait_until(lambda: gate.entered() == 1, "the first batch to start", module_timeout)
         later = [pool.submit(http.post, url, json=_body(rows=2)) for _ in range(4)]
-        _poll(lambda: _metric(server, _DEPTH) == 4, "four queued requests")
+        wait_until(lambda: _metric(server, _DEPTH) == 4, "four queued requests", module_timeout)
         gate.open()
         answers = [first.result(30), *(f.result(30) for f in later)]
     assert [a.status_code for a in answers] == [200] * 5
@@ -115,9 +107,9 @@ def test_full_queue_answers_429_with_retry_after(gated: tuple[ServerProcess, Gat
     url = f"{server.url}/v2/models/gated/infer"
     with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=30) as http:
         first = pool.submit(http.post, url, json=_body())
-        _poll(lambda: gate.entered() == 1, "the first batch to start")
+        wait_until(lambda: gate.entered() == 1, "the first batch to start", module_timeout)
         queued = [pool.submit(http.post, url, json=_body()) for _ in range(4)]
-        _poll(lambda: _metric(server, _DEPTH) == 4, "a full queue")
+        wait_until(lambda: _metric(server, _DEPTH) == 4, "a full queue", module_timeout)
         refused = http.post(url, json=_body())
         assert refused.status_code == 429
         assert int(refused.headers["retry-after"]) >= 1
@@ -136,7 +128,7 @@ def test_deadline_passed_in_queue_is_504(gated: tuple[ServerProcess, Gate]) -> N
     url = f"{server.url}/v2/models/gated/infer"
     with ThreadPoolExecutor(4) as pool, httpx.Client(timeout=30) as http:
         first = pool.submit(http.post, url, json=_body())
-        _poll(lambda: gate.entered() == 1, "the first batch to start")
+        wait_until(lambda: gate.entered() == 1, "the first batch to start", module_timeout)
         by_header = http.post(url, json=_body(), headers={"x-request-timeout-ms": "150"})
         assert by_header.status_code == 504
         assert "deadline" in by_header.json()["error"]
@@ -160,9 +152,9 @@ def test_sigterm_drains_in_flight_requests(gated: tuple[ServerProcess, Gate]) ->
     url = f"{server.url}/v2/models/gated/infer"
     with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=30) as http:
         in_flight: Future[httpx.Response] = pool.submit(http.post, url, json=_body())
-        _poll(lambda: gate.entered() == 1, "the request to start")
+        wait_until(lambda: gate.entered() == 1, "the request to start", module_timeout)
         server.signal()
-        _poll(
+        wait_until(
             lambda: httpx.get(f"{server.url}/v2/health/ready").status_code == 503,
             "readiness to turn 503",
         )
@@ -217,9 +209,9 @@ def test_a_model_keeps_its_own_batch_limit(
     try:
         with ThreadPoolExecutor(8) as pool, httpx.Client(timeout=30) as http:
             first = pool.submit(http.post, url, json=_body())
-            _poll(lambda: gate.entered() == 1, "the first batch to start")
+            wait_until(lambda: gate.entered() == 1, "the first batch to start", module_timeout)
             later = [pool.submit(http.post, url, json=_body()) for _ in range(5)]
-            _poll(lambda: _metric(server, _DEPTH) == 5, "five queued requests")
+            wait_until(lambda: _metric(server, _DEPTH) == 5, "five queued requests", module_timeout)
             gate.open()
             answers = [first.result(30), *(f.result(30) for f in later)]
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from sklearn.datasets import load_iris
 from tritonclient.utils import InferenceServerException
 
+from tests.polling import wait_until
 from tests.serving import models
 from tests.serving.conftest import ServerProcess
 from tests.serving.test_grpc_support import free_port, sample_array
@@ -162,13 +162,6 @@ def test_bad_requests_get_grpc_status_codes(client: grpcclient.InferenceServerCl
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ok)
 
 
-def _wait_for_file(path: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.01)
-
-
 def test_deadline_and_sigterm_drain_over_grpc(
     tmp_path: Path, start_server: Callable[..., ServerProcess]
 ) -> None:
@@ -197,17 +190,15 @@ def test_deadline_and_sigterm_drain_over_grpc(
             callback=lambda result, error: answers.put((result, error)),
             client_timeout=WAIT_S,
         )
-        _wait_for_file(gate / "entered-0")  # the request is inside the model now
+        entered = gate / "entered-0"  # the request is inside the model once this exists
+        wait_until(entered.exists, "the request to enter the model", WAIT_S)
         # A second request cannot finish before its gRPC deadline: the client gives up and the
         # server cancels it, which must not wedge the model or the drain below.
         with pytest.raises(InferenceServerException) as late:
             triton.infer("gated", [_input("x", x, "FP32")], client_timeout=0.5)
         assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         server.signal(signal.SIGTERM)
-        deadline = time.monotonic() + WAIT_S
-        while triton.is_server_ready():
-            assert time.monotonic() < deadline, "readiness never turned false"
-            time.sleep(0.01)
+        wait_until(lambda: not triton.is_server_ready(), "readiness to turn false", WAIT_S)
         with pytest.raises(InferenceServerException) as refused:
             triton.infer("gated", [_input("x", x, "FP32")])
         assert refused.value.status() == "StatusCode.UNAVAILABLE"

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from shamal.client import ShamalClient
 from tests.live import LiveServer
+from tests.polling import wait_until
 from tests.serving.conftest import ServerProcess
 from tests.serving.models import _save, pickle_bomb, scale_model
 
@@ -142,13 +143,6 @@ def _metric(server: ServerProcess, metric: str, **labels: str) -> float:
     return total
 
 
-def _poll(check: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    end = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting until {what}"
-        time.sleep(0.02)  # polling with a deadline
-
-
 def test_canary_added_while_serving_is_loaded_split_stepped_and_promoted(
     platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
 ) -> None:
@@ -196,9 +190,10 @@ def test_canary_added_while_serving_is_loaded_split_stepped_and_promoted(
     kinds = [(e["kind"], e["actor"]) for e in _events(platform, name)]
     assert kinds[-2:] == [("step", "rollout-controller"), ("promote", "rollout-controller")]
     assert _metric(server, "shamal_inference_requests_total", version=str(v2)) > 0
-    _poll(
+    wait_until(
         lambda: httpx.get(f"{server.url}/v2/models/{name}").json()["versions"] == [str(v2)],
         "version 1 was unloaded",
+        timeout=DEADLINE_S,
     )
     assert httpx.get(f"{server.url}/v2/models/{name}/versions/{v1}/ready").status_code == 404
     traffic.close()
@@ -225,7 +220,7 @@ def test_canary_failing_at_inference_is_rolled_back_and_v1_serves_on(
         answered = httpx.get(f"{server.url}/v2/models/{name}/versions/{v2}/ready")
         return answered.status_code == 404
 
-    _poll(canary_unloaded, "the rolled-back canary was unloaded")
+    wait_until(canary_unloaded, "the rolled-back canary was unloaded", timeout=DEADLINE_S)
     after = [traffic.send() for _ in range(60)]
     assert after == [(200, str(v1), [2.0, 4.0])] * 60
     failed = [a for a in traffic.answers if a[1] != 200]

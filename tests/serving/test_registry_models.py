@@ -4,7 +4,6 @@ deployment's versions (a refused canary is reported, a refused primary stops sta
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from shamal.client import ShamalClient
 from tests.live import LiveServer
+from tests.polling import wait_until
 from tests.serving.conftest import ServerProcess
 from tests.serving.models import pickle_bomb, scale_model, write_manifest
 
@@ -89,10 +89,11 @@ def test_serves_a_deployment_with_a_shadow(
         assert answer["model_version"] == str(versions[0])
         assert answer["outputs"][0]["data"] == [2.0, 4.0]  # never the shadow's answer
     shadow_batches = f'shamal_inference_batch_size_count{{model="web",version="{versions[1]}"}} 3.0'
-    deadline = time.monotonic() + 10
-    while shadow_batches not in httpx.get(f"{server.url}/metrics").text:
-        assert time.monotonic() < deadline, "the shadow version never ran"
-        time.sleep(0.02)
+    wait_until(
+        lambda: shadow_batches in httpx.get(f"{server.url}/metrics").text,
+        "the shadow version to run",
+        10,
+    )
 
 
 def _deploy(platform: LiveServer, name: str, spec: dict[str, Any]) -> None:
@@ -135,11 +136,11 @@ def test_canary_refused_at_start_up_is_reported_and_rolled_back(
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
     answer = httpx.post(f"{server.url}/v2/models/mixed-web/infer", json=body).json()
     assert answer["model_version"] == str(good)
-    deadline = time.monotonic() + 20
     with ShamalClient(platform.url, platform.token) as client:
-        while client.get_deployment("mixed-web")["state"]["phase"] != "rolled_back":
-            assert time.monotonic() < deadline, "the refused canary was never rolled back"
-            time.sleep(0.02)
+        wait_until(
+            lambda: client.get_deployment("mixed-web")["state"]["phase"] == "rolled_back",
+            "the refused canary to be rolled back",
+        )
         last = client.deployment_events("mixed-web")[-1]
     assert last["reason"].startswith(f"canary v{bad} failed to load: Model 'mixed-web': ")
     assert not (tmp_path / "pickle-ran").exists()
