@@ -148,7 +148,8 @@ def _check_numbers(batch: int, delay: int, queue: int, threads: int, body: int) 
         raise InvalidParameter("--max-request-bytes must be at least 1024.")
 
 
-_BATCHING = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]{0,127})=(\d{1,6})(?::(\d{1,9}))?$")
+# The name is checked against the served names, which --model already validated.
+_BATCHING = re.compile(r"^([^=]{1,128})=(\d{1,6})(?::(\d{1,9}))?$")
 
 
 def _batching(
