@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from shamal.cli import deploy as deploy_cmd
 from shamal.client import ShamalClient
+from shamal.errors import NotFound
 from shamal.serving._deployment import DeploymentRouter
 from tests.live import LiveServer
 
@@ -289,7 +290,7 @@ def _route_report_and_roll_back(admin: ShamalClient, mo: ShamalClient, name: str
     assert router.model_uris() == {"1": "models:/fraud/1", "2": "models:/fraud/2"}
     headers = {"x-shamal-route-key": "user-7"}
     assert router.choose(name, headers) == router.choose("fraud", headers)
-    with pytest.raises(Exception, match="not served here"):
+    with pytest.raises(NotFound, match="not served here"):
         router.choose("other", {})
     chosen = [router.choose(name, {"x-shamal-route-key": f"u{i}"}).version for i in range(400)]
     assert 40 <= chosen.count("2") <= 120  # 20% of 400, give or take
