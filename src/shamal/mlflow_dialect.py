@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
@@ -208,9 +209,14 @@ class ProtoJSONResponse(JSONResponse):
     """JSON with protobuf's spellings of NaN and the infinities, unset fields omitted."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(
-            _protobuf_safe(content), allow_nan=False, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        safe = _protobuf_safe(content)
+        try:
+            # Search pages hold 1,000 runs: orjson writes them several times faster.
+            return orjson.dumps(safe, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # what only ``json`` writes (an integer beyond 64 bits)
+            return json.dumps(
+                safe, allow_nan=False, separators=(",", ":"), ensure_ascii=False
+            ).encode("utf-8")
 
 
 class _EncodedJSONResponse(Response):

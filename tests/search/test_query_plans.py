@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from shamal.db import Database
 from shamal.db.models import LatestMetricRow, LoggedModelRow, MetricRow, RunRow
+from shamal.tracking import _store
 from shamal.tracking._filters import LOGGED_MODELS, RUNS, parse_filter, parse_order_by
 from shamal.tracking._search import logged_models_query, runs_query
 from tests.search._data import add_experiment, fetch, migrated
@@ -167,24 +168,31 @@ def test_run_searches_use_indexes(big_db: Database, capsys: pytest.CaptureFixtur
                 assert "Seq Scan on runs" not in plan, name
 
 
+@pytest.mark.parametrize("deep", [False, True], ids=["first page", "next page"])
 def test_metric_history_reads_the_primary_key(
-    big_db: Database, capsys: pytest.CaptureFixture[str]
+    big_db: Database, capsys: pytest.CaptureFixture[str], deep: bool
 ) -> None:
-    """(b) ``metrics`` of one run and key, in (step, timestamp) order."""
-    history = (
-        select(MetricRow)
-        .where(MetricRow.run_id == _run_id(4242), MetricRow.key == "loss")
-        .order_by(MetricRow.step, MetricRow.timestamp)
-    )
-    plan = _show(big_db, capsys, "(b) metric history of one run and key", history)
+    """(b) the store's own history statements: one run and key in the primary key's order,
+    the first page and a later one (keyset: after the last point of the page before)."""
+    statement = _store._history_query(after=deep)(big_db.dialect)
+    assert isinstance(statement, Select)
+    bound = statement.params(
+        run_id=_run_id(4242), key="loss", step=3, timestamp=0, value=0.0, nan=False
+    ).params(limit=25_000, offset=0)
+    title = f"(b) metric history of one run and key, {'a later' if deep else 'the first'} page"
+    plan = _show(big_db, capsys, title, bound)
     if big_db.dialect == "sqlite":
         assert "SCAN metrics" not in plan
         assert any(f"SEARCH metrics {w}" in plan for w in INDEX_WORDS)
         assert "TEMP B-TREE" not in plan  # the key's order serves ORDER BY
+        if deep:  # the page starts inside the index, not by walking the points before it
+            assert "(run_id=? AND key=? AND (step,timestamp,value,is_nan)>(?,?,?,?))" in plan
     else:
         assert "Index" in plan
         assert "Seq Scan on metrics" not in plan
         assert "Sort" not in plan  # the primary key's order serves ORDER BY
+        if deep:
+            assert 'ROW(step, "timestamp", value, is_nan) > ROW(' in plan
 
 
 def test_logged_model_metric_filter_plan(

@@ -100,6 +100,47 @@ def test_history_pages_hold_every_point_once_in_order(api: TestClient, run_id: s
     assert _history(api, run_id, "nothing") == []
 
 
+def test_history_pages_split_points_that_share_step_and_time(api: TestClient, run_id: str) -> None:
+    """Keyset pages: points equal in step and timestamp, NaN (stored as 0.0) beside a real
+    0.0, and the infinities, each come back exactly once whatever the page size."""
+    values = [0.0, "NaN", "-Infinity", "Infinity", -1.5, 2.5]
+    points = [
+        {"key": "k", "value": v, "timestamp": 9, "step": step} for step in (0, 1) for v in values
+    ]
+    assert _post(api, "runs/log-batch", {"run_id": run_id, "metrics": points}).is_success
+    whole = _history(api, run_id, "k")
+    assert len(whole) == len(points)
+    for page in (1, 2, 5):
+        assert _history(api, run_id, "k", page=page) == whole
+    spelled = sorted((p["step"], str(p["value"])) for p in whole)
+    assert spelled == sorted((p["step"], str(p["value"])) for p in points)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "not-a-token",
+        "A" * 34,  # right length, but not a point this server wrote: still only a start key
+        "eyJvZmZzZXQiOiAxMH0",  # an offset token of the searches
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAPh_AA",  # a NaN value
+        "%%%%",
+        "A" * 5000,
+    ],
+)
+def test_history_page_tokens_that_this_server_did_not_make(
+    api: TestClient, run_id: str, token: str
+) -> None:
+    params = {"run_id": run_id, "metric_key": "loss", "page_token": token}
+    answer = api.get("/api/2.0/mlflow/metrics/get-history", params=params)
+    if token == "A" * 34:  # decodes to a point: the page after it, here empty
+        assert answer.status_code == 200
+        assert answer.json() == {"metrics": []}
+    else:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert "page_token" in answer.json()["message"]
+
+
 def test_history_of_a_key_that_json_must_escape(api: TestClient, run_id: str) -> None:
     key = 'λ "quoted" \\ back/slash'
     points = [

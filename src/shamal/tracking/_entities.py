@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
 
 T = TypeVar("T")
 
@@ -41,6 +41,15 @@ class Metric(NamedTuple):
     model_id: str | None = None
     dataset_name: str | None = None
     dataset_digest: str | None = None
+
+
+HistoryRow: TypeAlias = tuple[int, int, float, Any]
+"""A stored point of one key: (step, timestamp, value, is_nan), as the driver gives it.
+
+A NaN is stored as 0.0 with ``is_nan`` set (0/1 on SQLite, a bool on PostgreSQL), and the
+infinities as themselves. Pages keep these tuples: a page is up to 25,000 points, and
+building an object per point costs more than the query.
+"""
 
 
 @dataclass(frozen=True, slots=True)

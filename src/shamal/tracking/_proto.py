@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from shamal.errors import InvalidParameter
 from shamal.mlflow_dialect import INT64_MAX, INT64_MIN, Fields, parse_double
@@ -13,6 +13,7 @@ from shamal.tracking._entities import (
     Dataset,
     DatasetInput,
     Experiment,
+    HistoryRow,
     LoggedModel,
     Metric,
     Run,
@@ -76,30 +77,34 @@ def metric_json(m: Metric) -> dict[str, Any]:
     }
 
 
-def history_page_json(points: Sequence[Metric], next_page_token: str | None) -> bytes:
+def special_value(value: float, nan: Any) -> str:
+    """Protobuf's JSON spelling of a stored NaN (flag set) or an infinity."""
+    if nan or value != value:
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def history_page_json(key: str, rows: Sequence[HistoryRow], next_page_token: str | None) -> bytes:
     """A page of a metric's history as the stock server answers it, as JSON text.
 
-    Each point carries what the stock server sends (key, value, timestamp, step; the run
-    is the request's), NaN and the infinities spelled as protobuf does. Written directly:
-    a page holds up to 25,000 points, and building dicts for ``json.dumps`` takes twice
-    as long. Numbers are written as ``json`` writes them (``repr`` of a float).
+    Each point carries what the stock server sends (key, value, timestamp, step; the run is
+    the request's). ``v - v`` is 0.0 for every finite value and NaN (truthy) for the
+    infinities, so one cheap test per point finds the values JSON has no number for. A page
+    holds up to 25,000 points: orjson writes it several times faster than ``json``.
     """
-    keys: dict[str, str] = {}
-    parts = []
-    for m in points:
-        key = keys.get(m.key)
-        if key is None:
-            key = keys[m.key] = json.dumps(m.key, ensure_ascii=False)
-        value = m.value
-        if math.isfinite(value):
-            shown = repr(value)
-        else:
-            shown = '"NaN"' if math.isnan(value) else ('"Infinity"' if value > 0 else '"-Infinity"')
-        parts.append(f'{{"key":{key},"value":{shown},"timestamp":{m.timestamp},"step":{m.step}}}')
-    body = '{"metrics":[' + ",".join(parts) + "]"
+    points = [
+        {
+            "key": key,
+            "value": special_value(v, nan) if nan or v - v else v,
+            "timestamp": t,
+            "step": step,
+        }
+        for step, t, v, nan in rows
+    ]
+    body: dict[str, Any] = {"metrics": points}
     if next_page_token:
-        body += ',"next_page_token":' + json.dumps(next_page_token)
-    return (body + "}").encode("utf-8")
+        body["next_page_token"] = next_page_token
+    return orjson.dumps(body)
 
 
 def _dataset_input_json(d: DatasetInput) -> dict[str, Any]:

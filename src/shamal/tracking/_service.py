@@ -28,6 +28,7 @@ from shamal.tracking._entities import (
     RUN_STATUSES,
     DatasetInput,
     Experiment,
+    HistoryRow,
     Metric,
     Page,
     Run,
@@ -41,7 +42,7 @@ from shamal.tracking._filters import (
     parse_order_by,
 )
 from shamal.tracking._model_service import LoggedModelService
-from shamal.tracking._paging import page_of
+from shamal.tracking._paging import decode_history_token, encode_history_token, page_of
 from shamal.tracking._search import experiments_query, runs_query
 
 logger = logging.getLogger(__name__)
@@ -398,15 +399,22 @@ class TrackingService:
         key: str,
         page_token: str | None,
         max_results: int | None,
-    ) -> Page[Metric]:
+    ) -> Page[HistoryRow]:
+        """One page of a metric's points in (step, timestamp, value) order, as stored rows
+        (:data:`HistoryRow`: NaN is value 0.0 with the flag set); the token is the last
+        point's, so every page is one index range however deep it starts.
+        """
         self.run_info(principal, run_id)
         limit = max_results or MAX_SEARCH["history"]
         if not 1 <= limit <= MAX_SEARCH["history"]:
             raise InvalidParameter(f"max_results must be between 1 and {MAX_SEARCH['history']}.")
-        offset = decode_page_token(page_token)
+        after = decode_history_token(page_token)
         with self._db.unit_of_work(write=False) as s:
-            items = _store.metric_history(s, run_id, key, offset, limit + 1)
-        return page_of(items, offset, limit)
+            rows = _store.metric_history(s, run_id, key, after, limit + 1)
+        if len(rows) > limit:
+            del rows[limit:]
+            return Page(rows, encode_history_token(rows[-1]))
+        return Page(rows)
 
     def metric_history_bulk(
         self,

@@ -6,7 +6,7 @@ import json
 import math
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Select, bindparam, delete, select, tuple_, update
@@ -31,6 +31,7 @@ from shamal.tracking._entities import (
     Dataset,
     DatasetInput,
     Experiment,
+    HistoryRow,
     Metric,
     Run,
     RunInfo,
@@ -420,29 +421,57 @@ def log_metrics(s: Session, run_id: str, metrics: Sequence[Metric]) -> None:
     _MOVE_LATEST.execute(connection, list(newest.values()))
 
 
-def _history_query(_dialect: str) -> ClauseElement:
-    return (
-        select(MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
-        .where(MetricRow.run_id == bindparam("run_id"), MetricRow.key == bindparam("key"))
-        .order_by(MetricRow.step, MetricRow.timestamp, MetricRow.value)
-        .limit(bindparam("limit"))
-        .offset(bindparam("offset"))
-    )
+_HISTORY_ORDER = (MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
 
 
-_HISTORY = PreparedStatement(_history_query, ["run_id", "key", "limit", "offset"])
+def _history_query(after: bool) -> Callable[[str], ClauseElement]:
+    def build(_dialect: str) -> ClauseElement:
+        query = select(*_HISTORY_ORDER).where(
+            MetricRow.run_id == bindparam("run_id"), MetricRow.key == bindparam("key")
+        )
+        if after:
+            # Keyset paging on the primary key's order: a page costs its own rows,
+            # wherever it starts (an OFFSET walks every point before it).
+            query = query.where(
+                tuple_(*_HISTORY_ORDER)
+                > tuple_(
+                    bindparam("step"), bindparam("timestamp"), bindparam("value"), bindparam("nan")
+                )
+            )
+        # The offset is always 0: SQLite's compiler adds one to any bound LIMIT.
+        return query.order_by(*_HISTORY_ORDER).limit(bindparam("limit")).offset(bindparam("offset"))
+
+    return build
 
 
-def metric_history(s: Session, run_id: str, key: str, offset: int, limit: int) -> list[Metric]:
-    """One page of a metric's points in (step, timestamp, value) order.
+_HISTORY_FIRST = PreparedStatement(
+    _history_query(after=False), ["run_id", "key", "limit", "offset"]
+)
+_HISTORY_AFTER = PreparedStatement(
+    _history_query(after=True),
+    ["run_id", "key", "step", "timestamp", "value", "nan", "limit", "offset"],
+)
 
-    Plain driver rows: a history can be millions of points, and SQLAlchemy's per-row
-    result processing costs several times the query. ``is_nan`` reads as 0/1 (SQLite)
-    or a bool (PostgreSQL), truthy either way.
+
+def metric_history(
+    s: Session, run_id: str, key: str, after: HistoryRow | None, limit: int
+) -> list[HistoryRow]:
+    """Up to ``limit`` points of a metric after the point ``after`` (from the first when
+    None), in (step, timestamp, value, is_nan) order: the primary key's, so the read is one
+    index range. Plain driver rows; see :data:`HistoryRow`.
     """
-    result = _HISTORY.execute(s.connection(), [(run_id, key, limit, offset)])
-    rows = cast("list[tuple[int, int, float, Any]]", result.all())
-    return [Metric(key, math.nan if nan else value, ts, step) for step, ts, value, nan in rows]
+    connection = s.connection()
+    if after is None:
+        result = _HISTORY_FIRST.execute(connection, [(run_id, key, limit, 0)])
+    else:
+        step, timestamp, value, nan = after
+        result = _HISTORY_AFTER.execute(
+            connection, [(run_id, key, step, timestamp, value, bool(nan), limit, 0)]
+        )
+    try:
+        return cast("list[HistoryRow]", result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def metric_history_bulk(

@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from shamal._api import ERROR_RESPONSES
 from shamal.security.api import CurrentPrincipal
-from shamal.tracking._entities import Experiment, Metric, Run
+from shamal.tracking._entities import Experiment, HistoryRow, Run
+from shamal.tracking._proto import special_value
 from shamal.tracking._service import TrackingService, view_type
 
 
@@ -55,11 +56,11 @@ class MetricPoint(BaseModel):
     special: str | None = None
 
     @classmethod
-    def of(cls, m: Metric) -> MetricPoint:
-        if math.isfinite(m.value):
-            return cls(step=m.step, timestamp=m.timestamp, value=m.value)
-        special = "NaN" if math.isnan(m.value) else ("Infinity" if m.value > 0 else "-Infinity")
-        return cls(step=m.step, timestamp=m.timestamp, value=None, special=special)
+    def of(cls, row: HistoryRow) -> MetricPoint:
+        step, timestamp, value, nan = row
+        if not nan and math.isfinite(value):
+            return cls(step=step, timestamp=timestamp, value=value)
+        return cls(step=step, timestamp=timestamp, value=None, special=special_value(value, nan))
 
 
 class RunOut(BaseModel):
@@ -88,7 +89,9 @@ class RunOut(BaseModel):
             end_time=i.end_time,
             lifecycle_stage=i.lifecycle_stage,
             params=dict(r.params),
-            metrics={m.key: MetricPoint.of(m) for m in r.metrics},
+            metrics={
+                m.key: MetricPoint.of((m.step, m.timestamp, m.value, False)) for m in r.metrics
+            },
             tags=dict(r.tags),
         )
 

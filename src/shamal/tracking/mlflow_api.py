@@ -271,12 +271,11 @@ def search_runs(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
 
 @mlflow.get("/metrics/get-history")
 def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> Response:
-    page = svc.metric_history(
-        p, _run_id(f), f.required("metric_key"), f.text("page_token"), f.integer("max_results")
-    )
+    key = f.required("metric_key")
+    page = svc.metric_history(p, _run_id(f), key, f.text("page_token"), f.integer("max_results"))
     # Each point as the stock server sends it (key, value, timestamp, step): the run is
     # the request's, and the client parses every field of up to 25,000 points a page.
-    return proto_json_encoded(_proto.history_page_json(page.items, page.next_page_token))
+    return proto_json_encoded(_proto.history_page_json(key, page.items, page.next_page_token))
 
 
 @mlflow.get("/metrics/get-history-bulk-interval")
