@@ -211,6 +211,48 @@ def test_self_escalation_is_impossible(api: TestClient, team_with_roles: dict[st
     assert who["teams"] == {"vision": "member"}
 
 
+def test_job_tokens_act_as_their_user_without_admin_or_account_power(
+    api: TestClient, platform: Platform, team_with_roles: dict[str, str]
+) -> None:
+    """What the scheduler hands a job attempt: the submitter's access, but no admin action
+    (even for an admin's job), no token, account or team management; revoked by name."""
+    admins = platform.security.issue_job_token("admin", "job-abc-1", timedelta(hours=1))
+    adas = platform.security.issue_job_token("ada", "job-abc-1", timedelta(hours=1))
+    assert (admins.token.scope, adas.token.scope) == ("job", "job")
+    who = api.get("/api/v1/whoami", headers=_as(api, admins.secret)).json()
+    assert (who["user"]["name"], who["user"]["is_admin"], who["scope"]) == ("admin", True, "job")
+    who = api.get("/api/v1/whoami", headers=_as(api, adas.secret)).json()
+    assert who["teams"] == {"vision": "admin"}  # team roles are the submitter's
+    refused = [
+        api.post("/api/v1/tokens", json={"name": "escape"}, headers=_as(api, adas.secret)),
+        api.post("/api/v1/users", json={"name": "x"}, headers=_as(api, admins.secret)),
+        api.post("/api/v1/teams", json={"name": "x"}, headers=_as(api, admins.secret)),
+        api.get("/api/v1/users", headers=_as(api, admins.secret)),
+        api.put(
+            "/api/v1/teams/vision/members/out",
+            json={"role": "viewer"},
+            headers=_as(api, adas.secret),
+        ),
+        api.delete("/api/v1/teams/vision/members/mia", headers=_as(api, adas.secret)),
+        api.delete(f"/api/v1/tokens/{adas.token.id}", headers=_as(api, adas.secret)),
+    ]
+    assert [r.status_code for r in refused] == [403] * len(refused), [r.text for r in refused]
+    assert "use your own token" in refused[0].json()["message"]
+    # Reads still work: the job acts as its user (an admin's job sees what its admin sees).
+    assert api.get("/api/v1/teams/vision", headers=_as(api, adas.secret)).status_code == 200
+    assert api.get("/api/v1/teams/vision", headers=_as(api, admins.secret)).status_code == 200
+    # An own token of the same name is not a job token: revoking by name leaves it alone.
+    own = _token_for(api, "ada", name="job-abc-1")
+    assert platform.security.revoke_job_tokens("ada", "job-abc-1") == 1
+    assert platform.security.revoke_job_tokens("ada", "job-abc-1") == 0  # idempotent
+    assert api.get("/api/v1/whoami", headers=_as(api, adas.secret)).status_code == 401
+    assert api.get("/api/v1/whoami", headers=_as(api, own)).status_code == 200
+    assert api.get("/api/v1/whoami", headers=_as(api, admins.secret)).status_code == 200
+    listed = {t["id"]: t for t in api.get("/api/v1/tokens", params={"all": True}).json()}
+    assert listed[adas.token.id]["scope"] == "job"
+    assert listed[adas.token.id]["revoked_at"] is not None
+
+
 def test_admin_cannot_lock_themselves_out(api: TestClient) -> None:
     r = api.post("/api/v1/users/admin/disable")
     assert r.status_code == 400

@@ -157,6 +157,11 @@ class SchedulerSettings(BaseModel):
     )
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    api_url: str | None = Field(
+        default=None,
+        description="the URL jobs reach the API at (default: the server's own address; "
+        "`shamal scheduler run` gives jobs no credentials without it)",
+    )
     tick_s: float = Field(default=1.0, gt=0, le=60)
     fair_share_half_life_h: float = Field(
         default=168.0, gt=0, description="past usage counts half after this many hours"

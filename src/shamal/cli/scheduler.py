@@ -29,6 +29,14 @@ def run(
         str | None,
         typer.Option("--name", help="This scheduler's name (default: configured, else host)."),
     ] = None,
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api-url",
+            help="The URL its jobs reach the API at, e.g. http://shamal:5000 (or "
+            "SHAMAL_SCHEDULER__API_URL); without it jobs get no platform token.",
+        ),
+    ] = None,
 ) -> None:
     """Schedule jobs until SIGINT/SIGTERM, without serving HTTP.
 
@@ -39,7 +47,7 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings()
     platform = start_platform(settings)
-    loop = build_loop(platform, name=name)
+    loop = build_loop(platform, name=name, api_url=api_url)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -60,7 +60,7 @@ def list_(
     rows = client().list_tokens(all_users=all_users)
     print_table(
         "Tokens",
-        ["id", "user", "name", "prefix", "expires_at", "revoked_at", "last_used_at"],
+        ["id", "user", "name", "scope", "prefix", "expires_at", "revoked_at", "last_used_at"],
         rows,
         as_json=as_json,
     )

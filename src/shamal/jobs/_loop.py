@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shamal import snapshot
 from shamal.artifacts import ArtifactService
@@ -107,6 +107,18 @@ class Tracked:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class AttemptCredentials(Protocol):
+    """What a job attempt is handed to reach the platform, and its withdrawal."""
+
+    def env(self, job: Job) -> Mapping[str, str]:
+        """Variables for the attempt's environment (a token of its own among them)."""
+        ...
+
+    def release(self, job: Job) -> None:
+        """The attempt ended: withdraw what :meth:`env` handed it."""
+        ...
+
+
 class SchedulerLoop:
     """The live scheduler of one process (see the module docstring).
 
@@ -119,7 +131,7 @@ class SchedulerLoop:
         parts: SchedulerParts,
         policy: Policy,
         *,
-        env: Callable[[Job], Mapping[str, str]] | None = None,
+        credentials: AttemptCredentials | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.name = parts.lifecycle.name
@@ -131,7 +143,7 @@ class SchedulerLoop:
         self._template = parts.cluster
         self._settings = settings = parts.settings
         self._jobs_dir = parts.jobs_dir
-        self._env = env
+        self._credentials = credentials
         self._clock = clock
         self._classes = {
             c.name: PriorityClass(c.name, c.value, c.preempts, c.preemptible)
@@ -185,6 +197,7 @@ class SchedulerLoop:
                 self._life.ended(
                     job, JobState.LOST, reason="its processes were gone after a scheduler restart"
                 )
+                self._release(job)
                 continue
             shipped = self._shipped_bytes(job)
             self.tracked[job.id] = Tracked(job, handle, log_path, shipped)
@@ -340,7 +353,7 @@ class SchedulerLoop:
                 attempt=job.attempt,
                 command=job.command,
                 workdir=workdir,
-                env={**job.env, **(self._env(job) if self._env else {})},
+                env={**job.env, **(self._credentials.env(job) if self._credentials else {})},
                 placement=placement,
                 time_limit_s=job.time_limit_s,
                 log_path=log_path,
@@ -350,6 +363,7 @@ class SchedulerLoop:
         except Exception as exc:
             logger.exception("could not start job %s", job.id)
             self._life.ended(job, JobState.FAILED, reason=f"could not start: {type(exc).__name__}")
+            self._release(job)
             return
         pool = self._template.nodes[placement.slots[0].node].pool
         attempt = Attempt(
@@ -370,8 +384,19 @@ class SchedulerLoop:
         running = self._life.started(job, json.loads(handle.to_json()), attempt)
         if running is None:  # cancelled between claim and launch
             self._executor.cancel(handle)
+            self._release(job)
             return
         self.tracked[job.id] = Tracked(running, handle, log_path)
+
+    def _release(self, job: Job) -> None:
+        """Withdraw an ended attempt's credentials; a failure is logged, never fatal (the
+        token expires on its own)."""
+        if self._credentials is None:
+            return
+        try:
+            self._credentials.release(job)
+        except Exception:
+            logger.exception("could not revoke the token of job %s attempt %d", job.id, job.attempt)
 
     # ------------------------------------------------------------------ reconcile
     def _reconcile(self) -> None:
@@ -386,6 +411,7 @@ class SchedulerLoop:
             ended = self._life.ended(
                 tracked.job, outcome, reason=reason, exit_code=status.exit_code
             )
+            self._release(tracked.job)
             if ended is not None and outcome is JobState.SUCCEEDED:
                 self.predictor.update(record_of(ended, ended.attained_s))
 

@@ -6,9 +6,14 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shamal.errors import NotFound, PermissionDenied
+
+TokenScope = Literal["full", "job"]
+"""``full``: an account's own token. ``job``: issued by the scheduler to one job attempt;
+it reads and writes as the submitter but takes no admin action, cannot manage tokens,
+accounts or teams, and is revoked when the attempt ends."""
 
 
 class Role(enum.IntEnum):
@@ -74,6 +79,7 @@ class ApiToken:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    scope: TokenScope = "full"
 
     def is_active(self, now: datetime) -> bool:
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
@@ -95,15 +101,26 @@ class Principal:
     token_id: str | None
     roles: Mapping[str, Role]
     team_ids: Mapping[str, str] = field(default_factory=dict)  # team name -> team id
+    scope: TokenScope = "full"  # the token's
 
     @property
     def name(self) -> str:
         return self.user.name
 
+    def require_own_token(self, what: str) -> None:
+        """Raises PermissionDenied for a job's token (scope ``job``): ``what`` (managing
+        tokens, accounts, teams) needs the person's or service's own token.
+        """
+        if self.scope != "full":
+            raise PermissionDenied(f"a job's token cannot {what}; use your own token")
+
     def require_admin(self) -> None:
-        """Raises PermissionDenied unless the principal is a platform admin."""
+        """Raises PermissionDenied unless the principal is a platform admin acting with
+        their own token (an admin's job reaches every team's objects, as its submitter
+        does, but takes no admin action)."""
         if not self.user.is_admin:
             raise PermissionDenied("this action needs the platform admin role")
+        self.require_own_token("take admin actions")
 
     def role_in_team_id(self, team_id: str) -> Role | None:
         for name, tid in self.team_ids.items():

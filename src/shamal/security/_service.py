@@ -24,6 +24,7 @@ from shamal.security._entities import (
     Principal,
     Role,
     Team,
+    TokenScope,
     User,
 )
 from shamal.security._tokens import display_prefix, hash_secret, looks_like_token, new_secret
@@ -111,7 +112,9 @@ class SecurityService:
             roles, team_ids = _store.roles_of(s, user.id)
         if token.last_used_at is None or now - token.last_used_at > _TOUCH_INTERVAL:
             self._db.run(lambda s: _store.touch_token(s, token.id, now))
-        principal = Principal(user=user, token_id=token.id, roles=roles, team_ids=team_ids)
+        principal = Principal(
+            user=user, token_id=token.id, roles=roles, team_ids=team_ids, scope=token.scope
+        )
         until = now + PRINCIPAL_CACHE_TTL
         if token.expires_at is not None:
             until = min(until, token.expires_at)
@@ -273,7 +276,9 @@ class SecurityService:
 
     def set_member(self, ctx: AuditContext, team: str, user: str, role: Role) -> Membership:
         """Add ``user`` to ``team`` or change their role. Needs team admin."""
-        ctx.require_principal().require_team_role(team, Role.ADMIN)
+        principal = ctx.require_principal()
+        principal.require_own_token("change team members")
+        principal.require_team_role(team, Role.ADMIN)
         ctx.target = f"team:{team}/user:{user}"
 
         def work(s: Session) -> Membership:
@@ -287,7 +292,9 @@ class SecurityService:
             self.forget_principals()
 
     def remove_member(self, ctx: AuditContext, team: str, user: str) -> None:
-        ctx.require_principal().require_team_role(team, Role.ADMIN)
+        principal = ctx.require_principal()
+        principal.require_own_token("change team members")
+        principal.require_team_role(team, Role.ADMIN)
         ctx.target = f"team:{team}/user:{user}"
 
         def work(s: Session) -> None:
@@ -312,6 +319,7 @@ class SecurityService:
         The secret is returned once and stored only as its SHA-256.
         """
         principal = ctx.require_principal()
+        principal.require_own_token("create tokens")
         check_name("token", name)
         owner = for_user or principal.name
         if owner != principal.name:
@@ -319,17 +327,44 @@ class SecurityService:
         return self._issue_token(ctx, owner, name, expires_in)
 
     def issue_job_token(self, user: str, name: str, expires_in: timedelta) -> IssuedToken:
-        """A short-lived token the scheduler hands a job, acting as its submitter.
+        """A short-lived token the scheduler hands a job attempt, acting as its submitter
+        with the ``job`` scope (reads and writes as the submitter, but no admin actions and
+        no token, account or team management).
 
-        Audited with the scheduler as actor. The job sees it only in its environment;
-        it expires on its own (the scheduler picks the lifetime from the time limit).
+        Audited with the scheduler as actor. The job sees it only in its environment; the
+        scheduler revokes it when the attempt ends (:meth:`revoke_job_tokens`), and it
+        expires on its own in any case (the lifetime follows the time limit).
         """
         check_name("token", name)
         ctx = AuditContext(action="token.create", actor="scheduler")
-        return self._issue_token(ctx, user, name, expires_in)
+        return self._issue_token(ctx, user, name, expires_in, scope="job")
+
+    def revoke_job_tokens(self, user: str, name: str) -> int:
+        """Revoke the job tokens ``name`` of ``user`` (an attempt ended); how many were active.
+
+        Audited with the scheduler as actor; idempotent.
+        """
+        ctx = AuditContext(action="token.revoke", actor="scheduler")
+        ctx.target = f"user:{user}/token:{name}"
+
+        def work(s: Session) -> int:
+            ids = _store.revoke_job_tokens(s, user, name, self._clock())
+            for token_id in ids:
+                self._audit.record(s, ctx, f"{ctx.target}/{token_id}")
+            return len(ids)
+
+        try:
+            return self._db.run(work)
+        finally:
+            self.forget_principals()
 
     def _issue_token(
-        self, ctx: AuditContext, owner: str, name: str, expires_in: timedelta | None
+        self,
+        ctx: AuditContext,
+        owner: str,
+        name: str,
+        expires_in: timedelta | None,
+        scope: TokenScope = "full",
     ) -> IssuedToken:
         if expires_in is not None and not timedelta(0) < expires_in <= MAX_TOKEN_LIFETIME:
             raise InvalidParameter("token lifetime must be between 1 second and 366 days")
@@ -343,7 +378,7 @@ class SecurityService:
                 raise InvalidParameter(f"user {owner!r} is disabled")
             expires_at = now + expires_in if expires_in is not None else None
             token = _store.insert_token(
-                s, user, name, hash_secret(secret), display_prefix(secret), now, expires_at
+                s, user, name, hash_secret(secret), display_prefix(secret), now, expires_at, scope
             )
             self._audit.record(s, ctx, f"{ctx.target}/{token.id}")
             return token
@@ -359,6 +394,7 @@ class SecurityService:
     def revoke_token(self, ctx: AuditContext, token_id: str) -> ApiToken:
         """Revoke one of the caller's tokens (admins: anybody's). Idempotent."""
         principal = ctx.require_principal()
+        principal.require_own_token("revoke tokens")
         ctx.target = f"token:{token_id}"
 
         def work(s: Session) -> ApiToken:

@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -27,6 +27,7 @@ from shamal.security._entities import (
     Membership,
     Role,
     Team,
+    TokenScope,
     User,
 )
 
@@ -178,6 +179,7 @@ def _token(row: ApiTokenRow, user_name: str) -> ApiToken:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
+        scope=cast("TokenScope", row.scope),
     )
 
 
@@ -189,6 +191,7 @@ def insert_token(
     prefix: str,
     now: datetime,
     expires_at: datetime | None,
+    scope: TokenScope = "full",
 ) -> ApiToken:
     row = ApiTokenRow(
         id=new_id(),
@@ -198,6 +201,7 @@ def insert_token(
         prefix=prefix,
         created_at=now,
         expires_at=expires_at,
+        scope=scope,
     )
     s.add(row)
     s.flush()
@@ -244,6 +248,25 @@ def revoke_token(s: Session, token_id: str, now: datetime) -> None:
         .where(ApiTokenRow.id == token_id, ApiTokenRow.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+
+
+def revoke_job_tokens(s: Session, user_name: str, name: str, now: datetime) -> list[str]:
+    """Revoke the active job-scoped tokens of ``user_name`` called ``name``; their ids."""
+    ids = list(
+        s.scalars(
+            select(ApiTokenRow.id)
+            .join(UserRow, UserRow.id == ApiTokenRow.user_id)
+            .where(
+                UserRow.name == user_name,
+                ApiTokenRow.name == name,
+                ApiTokenRow.scope == "job",
+                ApiTokenRow.revoked_at.is_(None),
+            )
+        )
+    )
+    if ids:
+        s.execute(update(ApiTokenRow).where(ApiTokenRow.id.in_(ids)).values(revoked_at=now))
+    return ids
 
 
 def touch_token(s: Session, token_id: str, now: datetime) -> None:

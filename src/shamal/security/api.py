@@ -191,6 +191,7 @@ class UserIn(_Model):
 class WhoAmI(_Model):
     user: UserOut
     teams: dict[str, RoleName]
+    scope: str = Field(default="full", description="the token's: full, or job (a job's own)")
 
 
 class TeamIn(_Model):
@@ -234,6 +235,9 @@ class TokenOut(_Model):
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    scope: str = Field(
+        default="full", description="full: an account's own; job: issued to one job attempt"
+    )
 
 
 class IssuedTokenOut(TokenOut):
@@ -269,7 +273,7 @@ Audit = Annotated[AuditLog, Depends(get_audit_log)]
 @router.get("/whoami", tags=["security"], summary="Who the token belongs to")
 def whoami(principal: CurrentPrincipal) -> WhoAmI:
     teams: dict[str, Any] = {t: r.label for t, r in principal.roles.items()}
-    return WhoAmI(user=UserOut.of(principal.user), teams=teams)
+    return WhoAmI(user=UserOut.of(principal.user), teams=teams, scope=principal.scope)
 
 
 @router.post(

@@ -15,7 +15,7 @@ from shamal.config import Settings, is_loopback_host
 from shamal.errors import InvalidParameter
 from shamal.server._app import create_app
 from shamal.server._platform import Platform, start_platform
-from shamal.server._scheduler import SchedulerThread, build_loop, job_env
+from shamal.server._scheduler import SchedulerThread, build_loop
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def serve(
     }
     scheduler = None
     if settings.scheduler.enabled:
-        scheduler = SchedulerThread(build_loop(platform, env=job_env(platform, base_url)))
+        scheduler = SchedulerThread(build_loop(platform, api_url=base_url))
     if on_ready is not None:
         on_ready(platform, base_url)
     try:

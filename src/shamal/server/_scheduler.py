@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from shamal.errors import InvalidParameter
@@ -24,12 +23,14 @@ def scheduler_name(platform: Platform) -> str:
 
 
 def build_loop(
-    platform: Platform,
-    *,
-    name: str | None = None,
-    env: Callable[[Job], Mapping[str, str]] | None = None,
+    platform: Platform, *, name: str | None = None, api_url: str | None = None
 ) -> SchedulerLoop:
-    """A scheduler loop over the platform's database, artifact store and cluster."""
+    """A scheduler loop over the platform's database, artifact store and cluster.
+
+    Args:
+        api_url: where jobs reach the API (``scheduler.api_url`` wins when set); with
+            neither, jobs get no platform credentials.
+    """
     settings = effective_settings(platform.settings.scheduler)
     options = {"address": settings.ray_address} if settings.executor == "ray" else {}
     parts = SchedulerParts(
@@ -45,7 +46,9 @@ def build_loop(
         policy = get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options)
     except ValueError as exc:
         raise InvalidParameter(f"scheduler settings: {exc}") from None
-    loop = SchedulerLoop(parts, policy, env=env)
+    url = settings.api_url or api_url
+    credentials = JobCredentials(platform, url) if url else None
+    loop = SchedulerLoop(parts, policy, credentials=credentials)
     loop.periodic.append((10.0, platform.tune.fail_stale_trials))
     # A canary whose traffic stopped still moves on (or back) after its interval.
     loop.periodic.append((10.0, platform.deployments.check_rollouts))
@@ -55,29 +58,43 @@ def build_loop(
 JOB_TOKEN_MAX = timedelta(days=7)
 
 
-def job_env(platform: Platform, base_url: str) -> Callable[[Job], dict[str, str]]:
-    """What every job is told about the platform that runs it.
+class JobCredentials:
+    """What every job attempt is told about the platform that runs it, and its token.
 
-    A job gets a token of its own, acting as the user who submitted it, so that its code
-    can log to tracking (``MLFLOW_TRACKING_*``) and call the API (``SHAMAL_URL``,
-    ``SHAMAL_TOKEN``; ``SHAMAL_TEAM`` is the job's team, empty for none). The token
-    expires an hour after the job's time limit (at most seven days after the start).
+    An attempt gets a token of its own (scope ``job``: acting as the user who submitted
+    the job, but taking no admin action and managing no tokens, accounts or teams), so
+    that its code can log to tracking (``MLFLOW_TRACKING_*``) and call the API
+    (``SHAMAL_URL``, ``SHAMAL_TOKEN``; ``SHAMAL_TEAM`` is the job's team, empty for none).
+    The loop calls :meth:`release` when the attempt ends, which revokes the token; it
+    would expire on its own an hour after the job's time limit (at most seven days after
+    the start) in any case.
+
+    Args:
+        api_url: the URL jobs reach the API at.
     """
 
-    def env(job: Job) -> dict[str, str]:
+    def __init__(self, platform: Platform, api_url: str) -> None:
+        self._security = platform.security
+        self._api_url = api_url
+
+    @staticmethod
+    def token_name(job: Job) -> str:
+        return f"job-{job.id[:12]}-{job.attempt}"
+
+    def env(self, job: Job) -> dict[str, str]:
         limit = timedelta(seconds=job.time_limit_s) if job.time_limit_s else JOB_TOKEN_MAX
         lifetime = min(limit + timedelta(hours=1), JOB_TOKEN_MAX)
-        name = f"job-{job.id[:12]}-{job.attempt}"
-        secret = platform.security.issue_job_token(job.user, name, lifetime).secret
+        secret = self._security.issue_job_token(job.user, self.token_name(job), lifetime).secret
         return {
-            "SHAMAL_URL": base_url,
+            "SHAMAL_URL": self._api_url,
             "SHAMAL_TOKEN": secret,
             "SHAMAL_TEAM": job.team,
-            "MLFLOW_TRACKING_URI": base_url,
+            "MLFLOW_TRACKING_URI": self._api_url,
             "MLFLOW_TRACKING_TOKEN": secret,
         }
 
-    return env
+    def release(self, job: Job) -> None:
+        self._security.revoke_job_tokens(job.user, self.token_name(job))
 
 
 class SchedulerThread:

@@ -58,3 +58,6 @@ class ApiTokenRow(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # "full": a person's or service's own token; "job": one the scheduler issued to a job
+    # attempt (no admin action, no token, account or team management; revoked when it ends).
+    scope: Mapped[str] = mapped_column(String(16), server_default="full")
