@@ -12,16 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from shamal.client import ShamalClient
 from tests.live import LiveServer
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +31,6 @@ FAST = {
     "SHAMAL_SCHEDULER__GRACE_S": "5",
 }
 SMALL = {"cpus": 0.5, "memory_mib": 64}
-
-
-def wait_for(
-    check: Callable[[], Any], what: str, deadline_s: float = 60.0, every_s: float = 0.1
-) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after the deadline."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(every_s)  # polling with a deadline, not synchronising on a sleep
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def state_is(api: ShamalClient, job_id: str, *states: str) -> Callable[[], Any]:
@@ -74,10 +62,21 @@ if mode == "ok":
 if mode == "fail":
     sys.exit(3)
 if mode == "whoami":
-    import urllib.request
-    auth = {"Authorization": "Bearer " + os.environ["SHAMAL_TOKEN"]}
+    import urllib.error, urllib.request
+    auth = {"Authorization": "Bearer " + os.environ["SHAMAL_TOKEN"],
+            "Content-Type": "application/json"}
     request = urllib.request.Request(os.environ["SHAMAL_URL"] + "/api/v1/whoami", headers=auth)
-    print("I am", json.load(urllib.request.urlopen(request))["user"]["name"])
+    me = json.load(urllib.request.urlopen(request))
+    print("I am", me["user"]["name"], "admin:", me["user"]["is_admin"], "scope:", me["scope"])
+    mint = urllib.request.Request(os.environ["SHAMAL_URL"] + "/api/v1/tokens", headers=auth,
+                                  data=b'{"name": "escape"}', method="POST")
+    try:
+        urllib.request.urlopen(mint)
+        print("minted a token of my own")
+    except urllib.error.HTTPError as refused:
+        print("minting refused:", refused.code)
+    with open(os.path.join(marks, "token"), "w") as f:
+        f.write(os.environ["SHAMAL_TOKEN"])
     sys.exit(0 if os.environ["MLFLOW_TRACKING_TOKEN"] == os.environ["SHAMAL_TOKEN"] else 4)
 if mode == "preemptible":
     if os.path.exists(resumed):
@@ -188,18 +187,26 @@ def test_a_job_whose_process_is_killed_fails_and_is_retried(
 
 
 def test_a_job_calls_the_platform_with_a_token_of_its_own(
-    api: ShamalClient, code: Path, marks: Path
+    api: ShamalClient, server: LiveServer, code: Path, marks: Path
 ) -> None:
+    """The submitter here is the admin: the job acts as that account but cannot mint
+    tokens or take admin actions, and its token is revoked once the attempt ends."""
     job_id = submit(api, code, marks, "whoami", time_limit_s=600)
     job = wait_for(state_is(api, job_id, "succeeded", "failed"), "the job to finish")
-    assert job["state"] == "succeeded", log_of(api, job_id)
-    assert "I am admin" in log_of(api, job_id)
+    log = log_of(api, job_id)
+    assert job["state"] == "succeeded", log
+    assert "I am admin admin: True scope: job" in log
+    assert "minting refused: 403" in log
     (token,) = [t for t in api.request("GET", "/api/v1/tokens") if t["name"].startswith("job-")]
-    assert token["name"] == f"job-{job_id[:12]}-1"
+    assert (token["name"], token["scope"]) == (f"job-{job_id[:12]}-1", "job")
     lifetime = datetime.fromisoformat(token["expires_at"]) - datetime.fromisoformat(
         token["created_at"]
     )
     assert timedelta(minutes=69) < lifetime <= timedelta(minutes=71)  # time limit + 1 h
+    assert token["revoked_at"] is not None  # the attempt ended
+    secret = (marks / "token").read_text()
+    answer = httpx.get(f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {secret}"})
+    assert answer.status_code == 401
 
 
 def test_failures_are_retried_up_to_the_limit(api: ShamalClient, code: Path, marks: Path) -> None:
@@ -319,7 +326,8 @@ def test_two_scheduler_processes_never_run_a_job_twice(
     live = LiveServer(home, env={**env, "SHAMAL_SCHEDULER__ENABLED": "false"}).start()
     schedulers = [
         subprocess.Popen(
-            [sys.executable, "-m", "shamal", "scheduler", "run", "--name", name],
+            [sys.executable, "-m", "shamal", "scheduler", "run", "--name", name]
+            + ["--api-url", live.url],
             env={**os.environ, "SHAMAL_HOME": str(home), **env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -329,11 +337,17 @@ def test_two_scheduler_processes_never_run_a_job_twice(
     ]
     try:
         with ShamalClient(live.url, live.token) as api:
-            ids = [submit(api, code, marks, "ok", cpus=1.0) for _ in range(8)]
-            for job_id in ids:
+            ids = [submit(api, code, marks, "ok", cpus=1.0) for _ in range(7)]
+            ids.append(submit(api, code, marks, "whoami", cpus=1.0))  # needs a token
+            finals = [
                 wait_for(state_is(api, job_id, "succeeded", "failed"), "every job", 120)
+                for job_id in ids
+            ]
             claimed = {api.get_job(job_id)["attempt"] for job_id in ids}
             runners = {e["actor"] for job_id in ids for e in api.job_events(job_id)[1:]}
+            whoami = log_of(api, ids[-1])
+        assert [j["state"] for j in finals] == ["succeeded"] * 8, whoami
+        assert "I am admin admin: True scope: job" in whoami
         assert claimed == {1}
         assert sorted(s["job"] for s in starts(marks)) == sorted(ids)  # each ran once
         assert runners <= {"scheduler:left", "scheduler:right"}

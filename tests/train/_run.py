@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "train.py"
@@ -36,6 +36,35 @@ def run(args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) ->
     process = start(args, cwd, env)
     out, _ = process.communicate(timeout=120)
     return process.returncode, out
+
+
+def run_two_ranks(
+    args: Callable[[int], Sequence[str]], cwd: Path, port: int
+) -> list[subprocess.CompletedProcess[str]]:
+    """Two ranks of the example with the torchrun-style env the local executor sets;
+    ``args(rank)`` is each rank's command line. A hung rank is killed, never leaked."""
+    processes = []
+    for rank in range(2):
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+        }
+        processes.append(start(args(rank), cwd, env))
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in processes]
+    finally:
+        for process in processes:  # a hung rank must not outlive the test (nor its pipes)
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, out)
+        for p, out in zip(processes, outputs, strict=True)
+    ]
 
 
 def final_sha(output: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests import needs
 from tests.live import free_port
-from tests.train._run import final_sha, run, start
+from tests.train._run import final_sha, run, run_two_ranks
 
 needs.module("torch")
 
@@ -36,28 +36,20 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(tmp_path: Path) -> N
     )
     assert code == 0, single
 
-    port = str(free_port())
     ckpt = tmp_path / "two"
-    processes = []
-    for rank in range(2):
-        env = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "WORLD_SIZE": "2",
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": "2",
-        }
-        out_file = ["--save-weights", str(tmp_path / f"rank{rank}.st")]
-        processes.append(start([*ARGS, "--checkpoint-dir", str(ckpt), *out_file], tmp_path, env))
-    try:
-        outputs = [p.communicate(timeout=120)[0] for p in processes]
-    finally:
-        for process in processes:  # a hung rank must not outlive the test (nor its pipes)
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    assert [p.returncode for p in processes] == [0, 0], outputs
+
+    def args(rank: int) -> list[str]:
+        return [
+            *ARGS,
+            "--checkpoint-dir",
+            str(ckpt),
+            "--save-weights",
+            str(tmp_path / f"rank{rank}.st"),
+        ]
+
+    ranks = run_two_ranks(args, tmp_path, free_port())
+    outputs = [r.stdout for r in ranks]
+    assert [r.returncode for r in ranks] == [0, 0], outputs
 
     one = load_file(str(tmp_path / "one.st"))
     two = load_file(str(tmp_path / "rank0.st"))

@@ -17,8 +17,9 @@ import pytest
 
 from shamal.client import ShamalClient
 from tests import needs
-from tests.jobs.test_scheduling import FAST, log_of, state_is, stop_all_jobs, wait_for
+from tests.jobs.test_scheduling import FAST, log_of, state_is, stop_all_jobs
 from tests.live import LiveServer
+from tests.polling import wait_for
 from tests.train._run import EXAMPLE, final_sha, run
 
 needs.module("torch")

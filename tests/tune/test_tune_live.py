@@ -20,8 +20,9 @@ from shamal.client import ShamalClient
 from shamal.errors import NotFound
 from shamal.tune import TuneClient
 from shamal.tune._driver import TuneDriver, TuneOptions
-from tests.jobs.test_scheduling import FAST, stop_all_jobs, wait_for
+from tests.jobs.test_scheduling import FAST, stop_all_jobs
 from tests.live import LiveServer
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
