@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
+from shamal.errors import InternalError, InvalidParameter, NotFound, ServiceUnavailable
 from shamal.serving._backends import BackendOptions
 from shamal.serving._core import CoreOptions, InferenceCore
 from shamal.serving._repository import ModelSource, load_repository
@@ -174,3 +175,36 @@ def test_a_shadow_that_does_not_fit_fails_alone(tmp_path: Path) -> None:
     assert response.outputs[0].data.tolist() == [[2.0, 4.0]]
     assert ("2", False, True) in router.observed
     assert ("1", True, False) in router.observed
+
+
+def test_a_call_is_counted_under_its_version_even_if_that_version_left_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback withdraws a canary while its last requests are still running: their
+    failures stay the canary's, in the metrics and in what the router hears."""
+    router = RecordingRouter()
+    core = _core(tmp_path, router=router)
+    entered, release = threading.Event(), threading.Event()
+
+    def failing_kernel(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        entered.set()
+        release.wait(10)
+        raise RuntimeError("index out of range")
+
+    monkeypatch.setattr(core.repository.get("scale", "2").backend, "run", failing_kernel)
+
+    async def work() -> None:
+        call = asyncio.create_task(core.infer(_request(_x([1.0, 2.0]), version="2")))
+        assert await asyncio.to_thread(entered.wait, 10)
+        assert core.repository.withdraw("scale", "2") is not None
+        release.set()
+        with pytest.raises(InternalError):
+            await call
+
+    _run(core, work)
+    failed = core.metrics.registry.get_sample_value(
+        "shamal_inference_requests_total",
+        {"model": "scale", "version": "2", "protocol": "grpc", "status": "500"},
+    )
+    assert failed == 1.0
+    assert ("2", False, False) in router.observed

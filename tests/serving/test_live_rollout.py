@@ -116,6 +116,20 @@ class Traffic:
         self.http.close()
 
 
+@pytest.fixture
+def open_traffic() -> Iterator[Callable[[ServerProcess, str], Traffic]]:
+    """Traffic to a served name; its connections close when the test ends, failed or not."""
+    opened: list[Traffic] = []
+
+    def open_(server: ServerProcess, name: str) -> Traffic:
+        opened.append(Traffic(server, name))
+        return opened[-1]
+
+    yield open_
+    for traffic in opened:
+        traffic.close()
+
+
 def _state(platform: LiveServer, name: str) -> dict[str, Any]:
     with _client(platform) as client:
         return client.get_deployment(name)
@@ -144,14 +158,17 @@ def _metric(server: ServerProcess, metric: str, **labels: str) -> float:
 
 
 def test_canary_added_while_serving_is_loaded_split_stepped_and_promoted(
-    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+    platform: LiveServer,
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    open_traffic: Callable[[ServerProcess, str], Traffic],
 ) -> None:
     name = "roll-a"
     v1, v2 = _scale(platform, tmp_path, name, 2.0), _scale(platform, tmp_path, name, 3.0)
     with _client(platform) as client:
         client.deploy(name, {"primary": [{"model": f"models:/{name}/{v1}"}], **FAST})
     server = _serve(platform, start_server, name)
-    traffic = Traffic(server, name)
+    traffic = open_traffic(server, name)
     assert traffic.send() == (200, str(v1), [2.0, 4.0])
     with _client(platform) as client:
         client.deploy(
@@ -196,19 +213,21 @@ def test_canary_added_while_serving_is_loaded_split_stepped_and_promoted(
         timeout=DEADLINE_S,
     )
     assert httpx.get(f"{server.url}/v2/models/{name}/versions/{v1}/ready").status_code == 404
-    traffic.close()
     assert server.stop() == 0
 
 
 def test_canary_failing_at_inference_is_rolled_back_and_v1_serves_on(
-    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+    platform: LiveServer,
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    open_traffic: Callable[[ServerProcess, str], Traffic],
 ) -> None:
     name = "roll-b"
     v1, v2 = _scale(platform, tmp_path, name, 2.0), _failing(platform, tmp_path, name)
     with _client(platform) as client:
         client.deploy(name, {"primary": [{"model": f"models:/{name}/{v1}"}], **FAST})
     server = _serve(platform, start_server, name)
-    traffic = Traffic(server, name)
+    traffic = open_traffic(server, name)
     with _client(platform) as client:
         client.set_canary(name, f"models:/{name}/{v2}", 50)
     traffic.until(_phase_is(platform, name, "rolled_back"), "the controller rolled back")
@@ -230,12 +249,14 @@ def test_canary_failing_at_inference_is_rolled_back_and_v1_serves_on(
     canary_500 = _metric(server, "shamal_inference_requests_total", version=str(v2), status="500")
     assert canary_500 == len(failed)
     assert {version for _, status, version, _ in traffic.answers if status == 200} == {str(v1)}
-    traffic.close()
     assert server.stop() == 0
 
 
 def test_canary_whose_files_are_refused_is_rolled_back_while_v1_serves(
-    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+    platform: LiveServer,
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    open_traffic: Callable[[ServerProcess, str], Traffic],
 ) -> None:
     name = "roll-c"
     v1 = _scale(platform, tmp_path, name, 2.0)
@@ -246,7 +267,7 @@ def test_canary_whose_files_are_refused_is_rolled_back_while_v1_serves(
     with _client(platform) as client:
         client.deploy(name, {"primary": [{"model": f"models:/{name}/{v1}"}], **FAST})
     server = _serve(platform, start_server, name)
-    traffic = Traffic(server, name)
+    traffic = open_traffic(server, name)
     with _client(platform) as client:
         client.set_canary(name, f"models:/{name}/{v2}", 50)
     traffic.until(_phase_is(platform, name, "rolled_back"), "the controller rolled back")
@@ -258,19 +279,21 @@ def test_canary_whose_files_are_refused_is_rolled_back_while_v1_serves(
     assert "pickle" in last["reason"]
     assert not sentinel.exists()
     assert httpx.get(f"{server.url}/v2/models/{name}").json()["versions"] == [str(v1)]
-    traffic.close()
     assert server.stop() == 0
 
 
 def test_shadow_added_while_serving_is_mirrored_and_never_answers(
-    platform: LiveServer, tmp_path: Path, start_server: Callable[..., ServerProcess]
+    platform: LiveServer,
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    open_traffic: Callable[[ServerProcess, str], Traffic],
 ) -> None:
     name = "roll-d"
     v1, v2 = _scale(platform, tmp_path, name, 2.0), _scale(platform, tmp_path, name, 3.0)
     with _client(platform) as client:
         client.deploy(name, {"primary": [{"model": f"models:/{name}/{v1}"}], **FAST})
     server = _serve(platform, start_server, name)
-    traffic = Traffic(server, name)
+    traffic = open_traffic(server, name)
     traffic.send()
     with _client(platform) as client:
         client.set_shadows(name, [{"model": f"models:/{name}/{v2}", "percent": 100}])
@@ -284,5 +307,4 @@ def test_shadow_added_while_serving_is_mirrored_and_never_answers(
     assert all(data == [2.0, 4.0] for _, _, _, data in traffic.answers)
     stats = _metric(server, "shamal_inference_requests_total", version=str(v2))
     assert stats == 0  # mirrored calls are never answered to a caller
-    traffic.close()
     assert server.stop() == 0

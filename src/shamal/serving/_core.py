@@ -279,7 +279,7 @@ class InferenceCore:
             InternalError: see :class:`InferenceService`.
         """
         started = time.perf_counter()
-        version = request.version or ""
+        version: str | None = None  # the version that took the request, once routed
         status = 500
         self._enter()
         try:
@@ -302,7 +302,10 @@ class InferenceCore:
         finally:
             self._leave()
             elapsed = time.perf_counter() - started
-            self.count(request.model, version, protocol, status, elapsed)
+            if version is None:  # refused before routing: the request's names are unchecked
+                self.count(request.model, request.version or "", protocol, status, elapsed)
+            else:  # counted under the version that answered, even one retired meanwhile
+                self._record(request.model, version, protocol, status, elapsed)
 
     def count(self, model: str, version: str, protocol: str, status: int, elapsed: float) -> None:
         """Record one finished call (front ends call it for requests they refused to decode)."""
@@ -311,6 +314,10 @@ class InferenceCore:
             model, version = "_unknown", ""  # never a label per hostile model name
         elif version not in versions:
             version = ""
+        self._record(model, version, protocol, status, elapsed)
+
+    def _record(self, model: str, version: str, protocol: str, status: int, elapsed: float) -> None:
+        """Count a call under labels already known to be served names."""
         self.metrics.requests.labels(model, version, protocol, str(status)).inc()
         if status == 200:
             self.metrics.latency.labels(model, version, protocol).observe(elapsed)
