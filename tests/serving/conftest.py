@@ -38,6 +38,7 @@ START_TIMEOUT_S = 60.0
 DATATYPES = list(models.ONNX_TYPES)
 #: Served names in ``oip_server``.
 STORE_MODELS = [f"identity_{d.lower()}" for d in DATATYPES] + ["add_sub", "iris", "scale"]
+STORE_MODELS += ["tokens", "text"]  # INT64 [batch, seq] and BYTES [batch, 1] identities
 
 
 class ServerProcess:
@@ -45,7 +46,8 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         ambient = {k: v for k, v in os.environ.items() if not k.startswith("SHAMAL_")}
-        environment = {**ambient, "PYTHONPATH": str(REPO), **(env or {})}
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        environment = {**ambient, "PYTHONPATH": path, **(env or {})}
         command = [sys.executable, "-m", "shamal", "serve", "--http-port", "0", *args]
         self.proc = subprocess.Popen(
             command,
@@ -140,6 +142,8 @@ def build_model_store(root: Path) -> dict[str, Path]:
     for datatype in DATATYPES:
         name = f"identity_{datatype.lower()}"
         paths[name] = models.identity_model(root / f"{name}.onnx", datatype)
+    paths["tokens"] = models.identity_model(root / "tokens.onnx", "INT64", "seq")
+    paths["text"] = models.identity_model(root / "text.onnx", "BYTES", 1)
     paths["add_sub"] = models.add_sub_model(root / "add_sub" / "model.onnx").parent
     paths["iris"], _, _ = models.iris_model(root / "iris")
     paths["scale:1"] = models.scale_model(root / "scale1" / "model.onnx", 2.0)

@@ -57,8 +57,9 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def identity_model(path: Path, datatype: str, width: int = 4) -> Path:
-    """An ONNX Identity on ``[-1, width]`` tensors of ``datatype`` at ``path`` (a .onnx file)."""
+def identity_model(path: Path, datatype: str, width: int | str = 4) -> Path:
+    """An ONNX Identity on ``[-1, width]`` tensors of ``datatype`` at ``path`` (a .onnx file);
+    a ``width`` that is a name makes that dimension variable too."""
     kind = ONNX_TYPES[datatype]
     graph = helper.make_graph(
         [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],

@@ -238,11 +238,35 @@ def test_binary_framing_lies_are_400(
     _assert_still_serving(oip_server)
 
 
-def test_raw_binary_request_is_501(oip_server: ServerProcess) -> None:
+@pytest.mark.parametrize(
+    ("case", "model", "body", "status", "says"),
+    [
+        ("a byte short of one row", "identity_fp32", b"\0" * 15, 400, "16"),
+        ("two rows: a raw request is batch 1", "identity_fp32", b"\0" * 32, 400, "16"),
+        ("empty body", "identity_fp32", b"", 400, "16"),
+        ("BOOL byte other than 0/1", "identity_bool", b"\0\1\2\0", 400, "BOOL"),
+        ("part of a variable-length row", "tokens", b"\0" * 12, 400, "whole number"),
+        ("no element of a variable-length row", "tokens", b"", 400, "whole number"),
+        ("two inputs", "add_sub", b"\0" * 16, 400, "binary_data_size"),
+        ("four BYTES elements", "identity_bytes", b"abcd", 400, "more than one element"),
+        ("no such model", "ghost", b"\0" * 16, 404, "ghost"),
+    ],
+)
+def test_raw_binary_requests_that_do_not_fit_the_input(
+    oip_server: ServerProcess, case: str, model: str, body: bytes, status: int, says: str
+) -> None:
+    response = _post(oip_server, model, body, **{"Inference-Header-Content-Length": "0"})
+    assert says in _error(response, status)
+    _assert_still_serving(oip_server)
+
+
+@pytest.mark.parametrize("declared", ["-0", "0x0", "0.0", "zero", "1" * 40])
+def test_raw_binary_header_lies_are_400(oip_server: ServerProcess, declared: str) -> None:
     response = _post(
-        oip_server, "identity_fp32", b"\0" * 16, **{"Inference-Header-Content-Length": "0"}
+        oip_server, "identity_fp32", b"\0" * 16, **{"Inference-Header-Content-Length": declared}
     )
-    _error(response, 501)
+    _error(response, 400)
+    _assert_still_serving(oip_server)
 
 
 @pytest.mark.parametrize(

@@ -222,6 +222,70 @@ def test_binary_data_output_precedence(oip_server: ServerProcess) -> None:
     assert np.frombuffer(blob, "<f4").tolist() == [1, 2, 3, 4]
 
 
+def _raw(server: ServerProcess, path: str, body: bytes) -> httpx.Response:
+    """A raw binary request: no JSON header, the body is the input's bytes."""
+    headers = {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"}
+    return httpx.post(f"{server.url}/v2/models/{path}/infer", content=body, headers=headers)
+
+
+def _raw_result(response: httpx.Response) -> triton.InferResult:
+    """The answer read by tritonclient's own response parser: every output is binary."""
+    assert response.status_code == 200, response.text
+    split = int(response.headers["inference-header-content-length"])
+    assert all("data" not in out for out in json.loads(response.content[:split])["outputs"])
+    return triton.InferResult.from_response_body(response.content, header_length=split)
+
+
+@pytest.mark.parametrize("datatype", [d for d in DATATYPES if d != "BYTES"])
+def test_raw_binary_request_is_one_row_of_the_single_input(
+    oip_server: ServerProcess, datatype: str
+) -> None:
+    row = _sample(datatype, rows=2)[1:]
+    result = _raw_result(_raw(oip_server, f"identity_{datatype.lower()}", row.tobytes()))
+    assert result.get_response()["model_name"] == f"identity_{datatype.lower()}"
+    answered = result.as_numpy("OUTPUT0")
+    assert answered.shape == (1, 4)
+    np.testing.assert_array_equal(answered, row)
+
+
+def test_raw_binary_request_infers_the_one_variable_dimension(oip_server: ServerProcess) -> None:
+    tokens = np.array([[101, 7592, -3, 2**40, 0, 102, 9]], dtype=np.int64)
+    answered = _raw_result(_raw(oip_server, "tokens", tokens.tobytes())).as_numpy("OUTPUT0")
+    assert answered.shape == (1, 7)
+    np.testing.assert_array_equal(answered, tokens)
+
+
+def test_raw_binary_bytes_input_is_the_whole_body(oip_server: ServerProcess) -> None:
+    text = "\u00e9t\u00e9 \u2713\n raw".encode()
+    answered = _raw_result(_raw(oip_server, "text", text)).as_numpy("OUTPUT0")
+    assert answered.shape == (1, 1)
+    assert answered[0, 0] == text
+
+
+def test_raw_binary_request_routes_to_versions(oip_server: ServerProcess) -> None:
+    x = np.array([[1.5, -2.0]], dtype=np.float32)
+    pinned = _raw_result(_raw(oip_server, "scale/versions/1", x.tobytes()))
+    assert pinned.get_response()["model_version"] == "1"
+    np.testing.assert_array_equal(pinned.as_numpy("y"), x * 2)
+    latest = _raw_result(_raw(oip_server, "scale", x.tobytes()))
+    assert latest.get_response()["model_version"] == "2"
+    np.testing.assert_array_equal(latest.as_numpy("y"), x * 3)
+
+
+def test_large_json_tensors_in_and_out(oip_server: ServerProcess) -> None:
+    """Bodies and answers past the off-loop size are decoded and encoded like small ones."""
+    tokens = np.random.default_rng(3).integers(-(2**62), 2**62, size=(1, 120_000))
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT64", "shape": [1, 120_000]}]}
+    body["inputs"][0]["data"] = tokens.ravel().tolist()
+    content = json.dumps(body).encode()
+    assert len(content) > 1024 * 1024
+    response = httpx.post(f"{oip_server.url}/v2/models/tokens/infer", content=content)
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["shape"] == [1, 120_000]
+    assert output["data"] == tokens.ravel().tolist()
+
+
 def test_gzip_request_body(client: triton.InferenceServerClient) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     tensor = triton.InferInput("INPUT0", [2, 4], "FP32")

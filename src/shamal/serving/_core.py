@@ -263,6 +263,25 @@ class InferenceCore:
     def model_metadata(self, model: str, version: str | None) -> ModelMetadata:
         return self._served(model, version, {}).metadata
 
+    def raw_input(
+        self, model: str, version: str | None, headers: Mapping[str, str]
+    ) -> tuple[TensorSpec, bool]:
+        """The one input a raw binary request fills, and whether its first dim is the batch.
+
+        Raises:
+            NotFound: no such model or version.
+            InvalidParameter: the model has more than one input.
+        """
+        served = self._served(model, version, headers)
+        inputs = served.metadata.inputs
+        if len(inputs) != 1:
+            raise InvalidParameter(
+                f"Model '{model}' has {len(inputs)} inputs; a raw binary request "
+                "(Inference-Header-Content-Length: 0) fills exactly one. Send a JSON header "
+                "with binary_data_size on each input."
+            )
+        return inputs[0], served.backend.max_batch_size > 0
+
     def model_names(self) -> list[str]:
         return sorted(self.repository.models)
 

@@ -12,6 +12,7 @@ Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models``,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -29,8 +30,14 @@ from shamal.errors import (
 )
 from shamal.serving._core import InferenceCore
 from shamal.serving._metrics import CONTENT_TYPE_LATEST
-from shamal.serving._rest_codec import decode_body, decode_request, encode_response
-from shamal.serving._types import ModelMetadata
+from shamal.serving._rest_codec import (
+    decode_body,
+    decode_raw_request,
+    decode_request,
+    encode_response,
+    is_raw,
+)
+from shamal.serving._types import InferRequest, InferResponse, ModelMetadata
 
 __all__ = ["RestApp"]
 
@@ -45,6 +52,9 @@ _JSON = b"application/json"
 _PICKLE_TYPES = {"application/vnd.bentoml+pickle", "application/python-pickle"}
 _PICKLE_TYPES |= {"application/x-python-pickle", "application/pickle"}
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: Bodies and answers past this size are decoded and encoded on a worker thread, so that one
+#: large JSON tensor does not hold up every other request on the event loop.
+OFF_LOOP_BYTES = 256 * 1024
 
 
 class _Disconnected(Exception):
@@ -158,23 +168,39 @@ class RestApp:
                 )
             body = await _read_body(receive, headers.get("content-length"), self.max_request_bytes)
             body = decode_body(body, headers.get("content-encoding"), self.max_request_bytes)
-            request = decode_request(
-                body,
-                headers.get("inference-header-content-length"),
-                model=model,
-                version=version,
-                headers=headers,
-            )
+            request = await self._decode(body, model, version, headers)
         except ShamalError as exc:
             self.core.count(model, version or "", "rest", exc.status, 0.0)
             raise
         response = await self.core.infer_via(request, "rest")
-        payload, json_length = encode_response(response, request)
+        if _answer_bytes(response) > OFF_LOOP_BYTES:
+            payload, json_length = await asyncio.to_thread(encode_response, response, request)
+        else:
+            payload, json_length = encode_response(response, request)
         if json_length is None:
             await _send(send, 200, payload, _JSON)
         else:
             extra = [(b"inference-header-content-length", str(json_length).encode())]
             await _send(send, 200, payload, b"application/octet-stream", extra)
+
+    async def _decode(
+        self, body: bytes, model: str, version: str | None, headers: dict[str, str]
+    ) -> InferRequest:
+        header_length = headers.get("inference-header-content-length")
+        if is_raw(header_length):
+            spec, batched = self.core.raw_input(model, version, headers)
+            return decode_raw_request(
+                body, spec, batched, model=model, version=version, headers=headers
+            )
+        if len(body) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(
+                decode_request, body, header_length, model=model, version=version, headers=headers
+            )
+        return decode_request(body, header_length, model=model, version=version, headers=headers)
+
+
+def _answer_bytes(response: InferResponse) -> int:
+    return sum(tensor.data.nbytes for tensor in response.outputs)
 
 
 def _model_path(rest: list[str]) -> tuple[str, str | None, str]:

@@ -10,6 +10,11 @@ JSON ``data`` may be nested in the tensor's shape or flat. Element types are che
 coerced: strings for numbers, floats for integers, out-of-range integers and booleans for
 numbers are 400s. FP16 cannot travel as JSON (400, use the binary extension).
 
+A raw binary request (``Inference-Header-Content-Length: 0``) is only the bytes of one input of
+a one-input model: :func:`decode_raw_request` takes the tensor's name, datatype and shape from
+the model (batch 1; one other variable dimension is inferred from the byte count; a BYTES input
+is one element holding the whole body) and asks for every output binary.
+
 Responses: an output goes binary when the caller asked for it (``binary_data`` on the output,
 else the request's ``binary_data_output``), and also when JSON cannot carry it exactly: FP16,
 float outputs holding NaN or Inf (JSON has no such numbers), BYTES that are not UTF-8.
@@ -26,9 +31,15 @@ import numpy as np
 
 from shamal.errors import InvalidParameter, NotImplementedFeature, PayloadTooLarge
 from shamal.serving._datatypes import DATATYPES, element_count, from_raw, numpy_dtype, to_raw
-from shamal.serving._types import InferInput, InferRequest, InferResponse, RequestedOutput
+from shamal.serving._types import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    TensorSpec,
+)
 
-__all__ = ["decode_body", "decode_request", "encode_response"]
+__all__ = ["decode_body", "decode_raw_request", "decode_request", "encode_response", "is_raw"]
 
 _MAX_TENSORS = 256
 _NO_JSON = {"FP16", "BF16"}
@@ -71,7 +82,7 @@ def decode_request(
 
     Raises:
         InvalidParameter: malformed JSON, schema violations, framing or element mismatches.
-        NotImplementedFeature: raw binary requests (header length 0) and shared memory.
+        NotImplementedFeature: shared memory, classification.
     """
     json_end = _json_end(body, header_length)
     try:
@@ -105,6 +116,83 @@ def decode_request(
     )
 
 
+def is_raw(header_length: str | None) -> bool:
+    """Whether ``Inference-Header-Content-Length`` announces a raw binary request (0)."""
+    if header_length is None:
+        return False
+    text = header_length.strip()
+    return text.isdigit() and len(text) <= 19 and int(text) == 0
+
+
+def decode_raw_request(
+    body: bytes,
+    spec: TensorSpec,
+    batched: bool,
+    *,
+    model: str,
+    version: str | None,
+    headers: Mapping[str, str],
+) -> InferRequest:
+    """A raw binary request: ``body`` is the bytes of the model's one input ``spec``
+    (``batched``: its first dimension is the batch, set to 1). Every output comes back binary.
+
+    Raises:
+        InvalidParameter: the bytes do not make a tensor of that input.
+    """
+    label = f"Raw binary request to input {spec.name[:64]!r}"
+    shape = list(spec.shape)
+    if batched and shape and shape[0] == -1:
+        shape[0] = 1
+    if spec.datatype == "BYTES":
+        if any(dim not in (1, -1) for dim in shape):
+            raise InvalidParameter(
+                f"{label}: a BYTES input of shape {list(spec.shape)} takes more than one "
+                "element; send a JSON header with binary_data_size."
+            )
+        data = np.empty(1, dtype=object)
+        data[0] = bytes(body)
+        shape = [1] * len(shape)
+        return _raw_request(spec, data.reshape(tuple(shape)), model, version, headers)
+    variable = [axis for axis, dim in enumerate(shape) if dim < 0]
+    if len(variable) > 1:
+        raise InvalidParameter(
+            f"{label}: shape {list(spec.shape)} has more than one variable dimension, so the "
+            "byte count cannot fix it; send a JSON header with the shape and binary_data_size."
+        )
+    itemsize = numpy_dtype(spec.datatype).itemsize
+    if variable:
+        known = itemsize * element_count([dim for dim in shape if dim >= 0])
+        if known == 0 or not body or len(body) % known:
+            raise InvalidParameter(
+                f"{label}: {len(body)} bytes are not a whole number of {spec.datatype} rows "
+                f"of shape {list(spec.shape)}."
+            )
+        shape[variable[0]] = len(body) // known
+    try:
+        data = from_raw(body, spec.datatype, shape)
+    except InvalidParameter as exc:
+        raise InvalidParameter(f"{label}: {exc.message}") from None
+    return _raw_request(spec, data, model, version, headers)
+
+
+def _raw_request(
+    spec: TensorSpec,
+    data: np.ndarray,
+    model: str,
+    version: str | None,
+    headers: Mapping[str, str],
+) -> InferRequest:
+    return InferRequest(
+        model=model,
+        version=version,
+        id=None,
+        inputs=[InferInput(spec.name, spec.datatype, tuple(data.shape), data, {})],
+        outputs=[],
+        parameters={"binary_data_output": True},
+        headers=headers,
+    )
+
+
 def _json_end(body: bytes, header_length: str | None) -> int:
     if header_length is None:
         return len(body)
@@ -113,10 +201,7 @@ def _json_end(body: bytes, header_length: str | None) -> int:
         raise InvalidParameter("Inference-Header-Content-Length must be a non-negative integer.")
     length = int(text)
     if length == 0:
-        raise NotImplementedFeature(
-            "Raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
-            "send a JSON header with binary_data_size on the input."
-        )
+        raise InvalidParameter("A raw binary request has no JSON header: decode_raw_request.")
     if length > len(body):
         raise InvalidParameter(
             f"Inference-Header-Content-Length is {length} but the body has {len(body)} bytes."
