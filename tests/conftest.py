@@ -8,6 +8,7 @@ that needs PostgreSQL fails when it is down, with CI=true or without.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -49,6 +50,15 @@ def _pg_connect() -> psycopg.Connection[tuple[object, ...]]:
 
 def _pg_url(dbname: str) -> str:
     return make_url(PG_ADMIN_URL).set(database=dbname).render_as_string(hide_password=False)
+
+
+@pytest.fixture(autouse=True)
+def _finalize_what_the_test_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that starts servers, collect garbage: a socket or client it left open
+    warns now (an error), charged to that test, not to whichever test the collector hits."""
+    yield
+    if request.node.get_closest_marker("slow") is not None:
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)

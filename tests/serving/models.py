@@ -134,6 +134,7 @@ def iris_model(folder: Path) -> tuple[Path, Any, np.ndarray]:
             {"name": "label", "datatype": "INT64", "shape": [-1]},
             {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]},
         ],
+        labels={"probabilities": [str(name) for name in load_iris().target_names]},
     )
     return folder, estimator, features
 

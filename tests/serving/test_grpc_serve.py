@@ -126,6 +126,22 @@ def test_scikit_learn_classifier(client: grpcclient.InferenceServerClient) -> No
     assert (labels == target).mean() > 0.9
 
 
+def test_classification_extension_over_grpc(client: grpcclient.InferenceServerClient) -> None:
+    features = load_iris().data.astype(np.float32)[::25]
+    wanted = [
+        grpcclient.InferRequestedOutput("probabilities", class_count=1),
+        grpcclient.InferRequestedOutput("label"),
+    ]
+    result = client.infer("iris", [_input("float_input", features, "FP32")], outputs=wanted)
+    top = result.as_numpy("probabilities")
+    assert top.shape == (len(features), 1)
+    names = load_iris().target_names
+    predicted = result.as_numpy("label")
+    assert [entry.decode().split(":")[1:] for entry in top[:, 0]] == [
+        [str(label), str(names[label])] for label in predicted
+    ]
+
+
 def test_bad_requests_get_grpc_status_codes(client: grpcclient.InferenceServerClient) -> None:
     ok = np.ones((1, 4), dtype=np.float32)
     huge = _input("INPUT0", ok, "FP32")

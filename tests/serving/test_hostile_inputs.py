@@ -260,6 +260,33 @@ def test_raw_binary_requests_that_do_not_fit_the_input(
     _assert_still_serving(oip_server)
 
 
+@pytest.mark.parametrize(
+    ("model", "output", "count"),
+    [
+        ("iris", "probabilities", 0),
+        ("iris", "probabilities", -3),
+        ("iris", "probabilities", "2"),
+        ("iris", "probabilities", True),
+        ("iris", "probabilities", 2.0),
+        ("identity_bytes", "OUTPUT0", 1),
+        ("identity_bool", "OUTPUT0", 1),
+    ],
+)
+def test_classification_counts_and_outputs_that_cannot_be_ranked_are_400(
+    oip_server: ServerProcess, model: str, output: str, count: object
+) -> None:
+    request = {
+        "inputs": [{"name": "float_input", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}],
+        "outputs": [{"name": output, "parameters": {"classification": count}}],
+    }
+    if model != "iris":
+        datatype = model.removeprefix("identity_").upper()
+        data = ["a"] * 4 if datatype == "BYTES" else [True] * 4
+        request["inputs"] = _fp32([1, 4], data, datatype=datatype)["inputs"]
+    assert "classif" in _error(_post(oip_server, model, request), 400)
+    _assert_still_serving(oip_server)
+
+
 @pytest.mark.parametrize("declared", ["-0", "0x0", "0.0", "zero", "1" * 40])
 def test_raw_binary_header_lies_are_400(oip_server: ServerProcess, declared: str) -> None:
     response = _post(

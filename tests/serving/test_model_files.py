@@ -114,6 +114,34 @@ def test_manifest_naming_code_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("labels", "words"),
+    [
+        (["a", "b"], ("labels",)),
+        ({"OUTPUT0": "a,b"}, ("labels",)),
+        ({"OUTPUT0": ["a", 7]}, ("labels",)),
+        ({"OUTPUT0": ["x" * 5000]}, ("labels",)),
+        ({"OUTPUT0": ["a"] * 400_000}, ("too large",)),
+        ({"nope": ["a"]}, ("labels", "'nope'", "not outputs")),
+    ],
+)
+def test_manifest_labels_that_do_not_fit_are_refused(
+    tmp_path: Path, labels: object, words: tuple[str, ...]
+) -> None:
+    folder = tmp_path / "folder"
+    identity_model(folder / "model.onnx", "FP32")
+    write_manifest(folder, fmt="onnx", path="model.onnx", labels=labels)
+    _refused(folder, tmp_path, *words)
+
+
+def test_manifest_labels_reach_the_served_model(tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    identity_model(folder / "model.onnx", "FP32")
+    write_manifest(folder, fmt="onnx", path="model.onnx", labels={"OUTPUT0": ["a", "b"]})
+    served = _load(folder, tmp_path).get("m", "1")
+    assert served.labels == {"OUTPUT0": ("a", "b")}
+
+
+@pytest.mark.parametrize(
     "location", ["../outside.bin", "/etc/passwd", "..", "sub/../../outside.bin"]
 )
 def test_onnx_external_data_outside_the_folder_is_refused(tmp_path: Path, location: str) -> None:

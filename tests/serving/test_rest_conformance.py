@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from sklearn.datasets import load_iris
 from tritonclient.utils import InferenceServerException
 
 from tests.serving.conftest import DATATYPES, STORE_MODELS, ServerProcess
@@ -149,6 +150,41 @@ def test_sklearn_classifier_matches_scikit_learn(
     np.testing.assert_allclose(
         result.as_numpy("probabilities"), estimator.predict_proba(batch), atol=1e-4
     )
+
+
+def test_classification_extension_gives_top_classes_with_labels(
+    oip_server: ServerProcess,
+    client: triton.InferenceServerClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    _, estimator, features = iris_model(tmp_path_factory.mktemp("iris-classes"))
+    batch = features[[0, 60, 120, 75]]
+    tensor = triton.InferInput("float_input", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)
+    wanted = [
+        triton.InferRequestedOutput("probabilities", class_count=2),
+        triton.InferRequestedOutput("label", binary_data=False),
+    ]
+    result = client.infer("iris", [tensor], outputs=wanted)
+    top = result.as_numpy("probabilities")
+    assert top.shape == (4, 2)
+    names = load_iris().target_names
+    for row, proba in zip(top, estimator.predict_proba(batch), strict=True):
+        value, index, label = zip(*(entry.decode().split(":") for entry in row), strict=True)
+        expected = np.argsort(-proba, kind="stable")[:2]
+        assert [int(i) for i in index] == expected.tolist()
+        assert list(label) == [names[i] for i in expected]
+        np.testing.assert_allclose([float(v) for v in value], proba[expected], atol=1e-4)
+    np.testing.assert_array_equal(result.as_numpy("label"), estimator.predict(batch))
+    # JSON answers carry the same strings; a count past the classes gives every class.
+    body = {
+        "inputs": [{"name": "float_input", "datatype": "FP32", "shape": [1, 4]}],
+        "outputs": [{"name": "probabilities", "parameters": {"classification": 9}}],
+    }
+    body["inputs"][0]["data"] = features[0].tolist()
+    answer = httpx.post(f"{oip_server.url}/v2/models/iris/infer", json=body).json()["outputs"][0]
+    assert (answer["datatype"], answer["shape"]) == ("BYTES", [1, 3])
+    assert [entry.rsplit(":", 1)[1] for entry in answer["data"]][0] == "setosa"
 
 
 def test_versions_latest_by_default(client: triton.InferenceServerClient) -> None:

@@ -34,6 +34,7 @@ from shamal.errors import (
     ShamalError,
 )
 from shamal.serving._batching import Batcher, BatchPolicy
+from shamal.serving._classification import check_classifiable, top_classes
 from shamal.serving._datatypes import numpy_dtype
 from shamal.serving._metrics import ServerMetrics
 from shamal.serving._repository import ModelRepository, ServedModel
@@ -391,10 +392,16 @@ class InferenceCore:
         for shadow in shadows:
             self._mirror(served.name, shadow, request)
         specs = {spec.name: spec for spec in served.metadata.outputs}
-        outputs = [
-            OutputTensor(name, specs[name].datatype, tuple(results[name].shape), results[name])
-            for name in wanted
-        ]
+        counts = {wanted.name: wanted.class_count for wanted in request.outputs}
+        outputs = []
+        for name in wanted:
+            data, datatype = results[name], specs[name].datatype
+            if counts.get(name):
+                batched = served.backend.max_batch_size > 0
+                labels = served.labels.get(name, ())
+                data = top_classes(data, counts[name], batched=batched, labels=labels)
+                datatype = "BYTES"
+            outputs.append(OutputTensor(name, datatype, tuple(data.shape), data))
         try:
             self.router.sample(served.name, served.version, inputs, results)
         except Exception:  # a monitor's failure never fails the caller
@@ -536,13 +543,15 @@ def requested_outputs(outputs: tuple[TensorSpec, ...], request: InferRequest) ->
     """
     if not request.outputs:
         return [spec.name for spec in outputs]
-    known = {spec.name for spec in outputs}
+    known = {spec.name: spec for spec in outputs}
     names: list[str] = []
     for wanted in request.outputs:
         if wanted.name not in known:
             raise InvalidParameter(
                 f"The model has no output {wanted.name[:64]!r}; it returns {sorted(known)}."
             )
+        if wanted.class_count:
+            check_classifiable(wanted.name, known[wanted.name].datatype)
         if wanted.name in names:
             raise InvalidParameter(f"Output {wanted.name!r} is requested twice.")
         names.append(wanted.name)

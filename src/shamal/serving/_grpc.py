@@ -42,6 +42,7 @@ from shamal.errors import (
     ServiceUnavailable,
     ShamalError,
 )
+from shamal.serving._classification import class_count
 from shamal.serving._datatypes import MAX_RANK, element_count, from_raw, numpy_dtype, to_raw
 from shamal.serving._proto import grpc_predict_v2_pb2 as pb
 from shamal.serving._proto import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -449,7 +450,8 @@ def _decode_outputs(requested: Sequence[Any]) -> list[RequestedOutput]:
                 "Shared-memory outputs are not supported; outputs come back in the response."
             )
         # gRPC answers every output raw (raw_output_contents), the analogue of REST binary.
-        outputs.append(RequestedOutput(name=tensor.name, binary=True, parameters=parameters))
+        count = class_count(parameters, tensor.name)
+        outputs.append(RequestedOutput(tensor.name, True, parameters, count))
     return outputs
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "shamal-model.json"
 _MANIFEST_KEYS = {"schema", "format", "path", "max_batch_size", "task", "inputs", "outputs"}
-_MANIFEST_KEYS |= {"source"}
+_MANIFEST_KEYS |= {"source", "labels"}
+_MAX_LABEL_CHARS = 1024  # (the manifest's own size cap bounds how many)
 _MAX_MANIFEST_BYTES = 1 << 20
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 _MAX_MLMODEL_BYTES = 1 << 20
@@ -53,6 +55,8 @@ class ModelFiles:
         max_batch_size: from the manifest, or None to decide from the graph.
         inputs: declared inputs (manifest), or None to read them from the graph.
         outputs: declared outputs (manifest), or None to read them from the graph.
+        labels: output name -> its class names by index (manifest ``labels``), for the
+            classification extension.
     """
 
     format: str
@@ -61,6 +65,7 @@ class ModelFiles:
     max_batch_size: int | None = None
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def contained(folder: Path, relpath: object) -> Path:
@@ -226,9 +231,10 @@ def _from_manifest(folder: Path, name: str) -> ModelFiles:
         raise InvalidParameter(f"Model '{name}': max_batch_size must be a non-negative integer.")
     inputs = _specs(raw.get("inputs"), "inputs", name)
     outputs = _specs(raw.get("outputs"), "outputs", name)
+    labels = _labels(raw.get("labels"), name)
     if fmt == "onnx":
         checked = _single_file(target, folder.resolve(), name)
-        return ModelFiles("onnx", checked.path, checked.root, max_batch, inputs, outputs)
+        return ModelFiles("onnx", checked.path, checked.root, max_batch, inputs, outputs, labels)
     if sniff(target) != "safetensors":
         raise InvalidParameter(
             f"Model '{name}': format 'torch' needs safetensors weights; {target.name} is not "
@@ -236,7 +242,27 @@ def _from_manifest(folder: Path, name: str) -> ModelFiles:
         )
     if not inputs or not outputs:
         raise InvalidParameter(f"Model '{name}': a torch model's {MANIFEST} must list its tensors.")
-    return ModelFiles("torch", target, folder.resolve(), max_batch, inputs, outputs)
+    return ModelFiles("torch", target, folder.resolve(), max_batch, inputs, outputs, labels)
+
+
+def _labels(raw: object, name: str) -> dict[str, tuple[str, ...]]:
+    """The manifest's ``labels``: ``{"output name": ["class 0", "class 1", ...]}``."""
+    if raw is None:
+        return {}
+    problem = InvalidParameter(
+        f"Model '{name}': {MANIFEST} labels must map output names to lists of class names "
+        f"(strings of at most {_MAX_LABEL_CHARS} characters)."
+    )
+    if not isinstance(raw, dict):
+        raise problem
+    found: dict[str, tuple[str, ...]] = {}
+    for output, names in raw.items():
+        if not isinstance(names, list):
+            raise problem
+        if not all(isinstance(n, str) and len(n) <= _MAX_LABEL_CHARS for n in names):
+            raise problem
+        found[output] = tuple(names)
+    return found
 
 
 def _read_json(path: Path, name: str) -> Any:

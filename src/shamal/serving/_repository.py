@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
@@ -77,6 +77,8 @@ class ServedModel:
     backend: Backend
     metadata: ModelMetadata
     ready: bool = True
+    #: Output name -> class names by index (the classification extension's labels).
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class ModelRepository:
@@ -209,8 +211,8 @@ def load_repository(
     for source in sources:
         path, registry_version = _local_path(source, work)
         version = source.version or registry_version or "1"
-        backend = _backend(source.name, path, options, source.name in trusted_names, work)
-        repository.add(_served(source.name, version, backend))
+        backend, labels = _backend(source.name, path, options, source.name in trusted_names, work)
+        repository.add(_served(source.name, version, backend, labels))
         logger.info("Loaded model %s version %s (%s)", source.name, version, backend.platform)
     return repository
 
@@ -229,23 +231,36 @@ def load_version(
     """
     path, registry_version = _local_path(source, work_dir)
     version = source.version or registry_version or "1"
-    backend = _backend(source.name, path, options, trusted, work_dir)
+    backend, labels = _backend(source.name, path, options, trusted, work_dir)
     _warm_up(source.name, version, backend)
     logger.info("Loaded model %s version %s (%s)", source.name, version, backend.platform)
-    return _served(source.name, version, backend)
+    return _served(source.name, version, backend, labels)
 
 
-def _backend(name: str, path: Path, options: BackendOptions, trusted: bool, work: Path) -> Backend:
+def _backend(
+    name: str, path: Path, options: BackendOptions, trusted: bool, work: Path
+) -> tuple[Backend, Mapping[str, tuple[str, ...]]]:
+    """The loaded backend and the class names its manifest gives its outputs."""
     try:
         files = read_model_files(path, name=name, trusted=trusted, work_dir=work)
-        return load_backend(name, files, options)
+        backend = load_backend(name, files, options)
     except InvalidParameter as exc:
         if exc.message.startswith(f"Model '{name}'"):
             raise
         raise InvalidParameter(f"Model '{name}': {exc.message}") from None
+    unknown = set(files.labels) - {spec.name for spec in backend.outputs}
+    if unknown:
+        backend.close()
+        raise InvalidParameter(
+            f"Model '{name}': its manifest gives labels to {sorted(unknown)[:8]}, which are "
+            "not outputs of the model."
+        )
+    return backend, files.labels
 
 
-def _served(name: str, version: str, backend: Backend) -> ServedModel:
+def _served(
+    name: str, version: str, backend: Backend, labels: Mapping[str, tuple[str, ...]]
+) -> ServedModel:
     metadata = ModelMetadata(
         name=name,
         versions=(version,),
@@ -253,7 +268,7 @@ def _served(name: str, version: str, backend: Backend) -> ServedModel:
         inputs=backend.inputs,
         outputs=backend.outputs,
     )
-    return ServedModel(name, version, backend, metadata)
+    return ServedModel(name, version, backend, metadata, labels=labels)
 
 
 def _warm_up(name: str, version: str, backend: Backend) -> None:

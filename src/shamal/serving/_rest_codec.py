@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from shamal.errors import InvalidParameter, NotImplementedFeature, PayloadTooLarge
+from shamal.serving._classification import class_count
 from shamal.serving._datatypes import DATATYPES, element_count, from_raw, numpy_dtype, to_raw
 from shamal.serving._types import (
     InferInput,
@@ -82,7 +83,7 @@ def decode_request(
 
     Raises:
         InvalidParameter: malformed JSON, schema violations, framing or element mismatches.
-        NotImplementedFeature: shared memory, classification.
+        NotImplementedFeature: shared memory.
     """
     json_end = _json_end(body, header_length)
     try:
@@ -384,10 +385,9 @@ def _outputs(raw: object, default_binary: bool) -> list[RequestedOutput]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidParameter("Each requested output must be an object with a 'name'.")
         parameters = _parameters(item.get("parameters"), f"output {item['name'][:64]!r}")
-        if parameters.get("classification"):
-            raise NotImplementedFeature("The classification extension is not supported.")
         binary = parameters.get("binary_data", default_binary)
-        found.append(RequestedOutput(item["name"], binary is True, parameters))
+        count = class_count(parameters, item["name"])
+        found.append(RequestedOutput(item["name"], binary is True, parameters, count))
     return found
 
 

@@ -67,6 +67,8 @@ class RequestedOutput:
     name: str
     binary: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: The classification extension: return the top ``class_count`` classes, not the values.
+    class_count: int = 0
 
 
 @dataclass
