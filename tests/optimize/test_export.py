@@ -57,8 +57,10 @@ def test_sklearn_export_writes_the_model_folder_format(
             {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]},
         ],
         "source": None,
+        "labels": {"probabilities": ["0", "1", "2"]},  # the estimator's classes_, by index
     }
     assert read_model_folder(dest).task == "classification"
+    assert read_model_folder(dest).labels == {"probabilities": ["0", "1", "2"]}
     x = wine[1].astype(np.float32)
     label, proba = ort.InferenceSession(str(dest / "model.onnx")).run(None, {"input": x})
     assert (label == wine_mlp.predict(x)).all()  # type: ignore[attr-defined]

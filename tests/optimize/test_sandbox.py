@@ -10,6 +10,7 @@ code, so the conversion succeeds and the test can check what the code could and 
 
 from __future__ import annotations
 
+import copy
 import json
 import operator
 import os
@@ -32,6 +33,7 @@ from shamal.optimize import (
     export_mlflow_sklearn,
     load_source,
     optimize_model,
+    read_model_folder,
 )
 from shamal.optimize._sandbox import SANDBOX_USER_ENV
 
@@ -119,6 +121,17 @@ def test_trusted_pickle_converts_outside_this_process(
     dest = export_mlflow_sklearn(folder, tmp_path / "out", trust_pickle=True, limits=FAST)
     np.testing.assert_array_equal(_onnx_labels(dest, x_test), wine_mlp.predict(x_test))  # type: ignore[attr-defined]
     assert int(record.read_text()) != os.getpid()
+    classes = [str(c) for c in wine_mlp.classes_]  # type: ignore[attr-defined]
+    assert read_model_folder(dest).labels == {"probabilities": classes}
+
+
+def test_class_names_from_the_sandbox_are_checked(
+    tmp_path: Path, iris_tree: tuple[object, np.ndarray]
+) -> None:
+    estimator = copy.deepcopy(iris_tree[0])
+    estimator.classes_ = np.array(["x" * 5000, "b", "c"])  # type: ignore[attr-defined]
+    with pytest.raises(InvalidParameter, match="labels"):
+        convert_trusted_pickle(_folder(tmp_path, estimator), trust_pickle=True, limits=FAST)
 
 
 def test_served_predictions_match_the_estimator(

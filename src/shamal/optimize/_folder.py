@@ -6,9 +6,12 @@ A model folder holds ``model.onnx`` and ``shamal-model.json``::
      "task": "classification",
      "inputs":  [{"name": "input", "datatype": "FP32", "shape": [-1, 4]}],
      "outputs": [{"name": "label", "datatype": "INT64", "shape": [-1]}],
-     "source": {"model_uri": "models:/wine/1", "variant": "int8-dynamic-per-channel"}}
+     "source": {"model_uri": "models:/wine/1", "variant": "int8-dynamic-per-channel"},
+     "labels": {"probabilities": ["class_0", "class_1", "class_2"]}}
 
-Datatypes are Open Inference Protocol names; ``-1`` marks a variable dimension. The ONNX file
+Datatypes are Open Inference Protocol names; ``-1`` marks a variable dimension. ``labels``
+(optional) names the classes of a classifier's score output, by index, for the classification
+extension of ``shamal serve``. The ONNX file
 never uses external data (every tensor is inside ``model.onnx``).
 """
 
@@ -97,6 +100,7 @@ class ModelFolder:
         task: what the outputs mean (classification, regression, embedding, other).
         max_batch_size: 0 when the batch dimension is free, else the largest batch allowed.
         source: ``{"model_uri": ..., "variant": ...}`` of what it was made from, or None.
+        labels: output name -> class names by index (classifiers), or empty.
     """
 
     inputs: tuple[TensorSpec, ...]
@@ -105,6 +109,7 @@ class ModelFolder:
     max_batch_size: int = 0
     source: dict[str, str] | None = field(default=None)
     path: str = MODEL_FILE
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,7 +121,25 @@ class ModelFolder:
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
             "source": dict(self.source) if self.source is not None else None,
+            **({"labels": self.labels} if self.labels else {}),
         }
+
+
+def checked_labels(raw: object) -> dict[str, list[str]]:
+    """``labels`` as written in a manifest (or returned by the sandboxed loader): an object of
+    output name -> list of class names.
+
+    Raises:
+        InvalidParameter: any other shape.
+    """
+    if raw is None:
+        return {}
+    if isinstance(raw, dict) and all(
+        isinstance(names, list) and all(isinstance(n, str) and len(n) <= 1024 for n in names)
+        for names in raw.values()
+    ):
+        return {str(output): list(names) for output, names in raw.items()}
+    raise InvalidParameter(f"{MANIFEST}: labels must map output names to lists of class names.")
 
 
 def _dims(value_info: Any) -> tuple[int, ...]:
@@ -147,14 +170,18 @@ def write_model_folder(
     task: str,
     source: dict[str, str] | None = None,
     max_batch_size: int = 0,
+    labels: dict[str, list[str]] | None = None,
 ) -> ModelFolder:
-    """Write ``model.onnx`` (no external data) and ``shamal-model.json`` into ``dest``."""
+    """Write ``model.onnx`` (no external data) and ``shamal-model.json`` into ``dest``;
+    ``labels`` for outputs the graph does not have are left out."""
     import onnx
 
     if task not in TASKS:
         raise InvalidParameter(f"task must be one of {', '.join(TASKS)}.")
     inputs, outputs = specs_of(model)
-    manifest = ModelFolder(inputs, outputs, task, max_batch_size, source)
+    names = {spec.name for spec in outputs}
+    kept = {output: classes for output, classes in (labels or {}).items() if output in names}
+    manifest = ModelFolder(inputs, outputs, task, max_batch_size, source, labels=kept)
     dest.mkdir(parents=True, exist_ok=True)
     if model.ByteSize() >= 2**31 - 1:
         raise InvalidParameter("The model is over 2 GiB; single-file ONNX cannot hold it.")
@@ -194,4 +221,5 @@ def read_model_folder(folder: Path) -> ModelFolder:
         max_batch_size=max_batch,
         source=source,
         path=raw["path"],
+        labels=checked_labels(raw.get("labels")),
     )

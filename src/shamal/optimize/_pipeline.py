@@ -249,7 +249,12 @@ def _build(
     origin = {"model_uri": request.source_uri, "variant": name} if request.source_uri else None
     folder = dest / name
     write_model_folder(
-        folder, graph, task=source.task, source=origin, max_batch_size=source.max_batch_size
+        folder,
+        graph,
+        task=source.task,
+        source=origin,
+        max_batch_size=source.max_batch_size,
+        labels=source.labels,
     )
     path = folder / MODEL_FILE
     evals = source.eval_set

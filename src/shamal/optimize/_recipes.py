@@ -13,7 +13,7 @@ from shamal.errors import InvalidParameter
 from shamal.optimize._folder import write_model_folder
 from shamal.optimize._lazy import module
 from shamal.optimize._pipeline import OptimizeRequest, optimize_model
-from shamal.optimize._sklearn import sklearn_task, sklearn_to_onnx
+from shamal.optimize._sklearn import sklearn_labels, sklearn_task, sklearn_to_onnx
 
 __all__ = ["build_minilm_int8", "export_sklearn"]
 
@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 def export_sklearn(model: Any, sample: np.ndarray, dest: Path) -> Path:
     """A fitted in-memory estimator as a model folder at ``dest``; ``sample`` (a few input
     rows) is checked to give the estimator's own predictions through ONNX Runtime."""
-    write_model_folder(dest, sklearn_to_onnx(model), task=sklearn_task(model))
+    graph = sklearn_to_onnx(model)
+    write_model_folder(dest, graph, task=sklearn_task(model), labels=sklearn_labels(model, graph))
     ort = module("onnxruntime")
     sess = ort.InferenceSession(str(dest / "model.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"input": np.asarray(sample, dtype=np.float32)})[0]

@@ -45,14 +45,14 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shamal.errors import InvalidParameter
-from shamal.optimize._folder import specs_of
+from shamal.optimize._folder import checked_labels, specs_of
 from shamal.optimize._safety import load_onnx
 
 __all__ = ["SANDBOX_USER_ENV", "SandboxLimits", "SandboxedModel", "convert_in_sandbox"]
@@ -126,6 +126,8 @@ class SandboxedModel:
             rather than for the inputs given.
         network_isolated: the loader ran in a network namespace of its own.
         uid: the user id the loader ran as.
+        labels: the classifier's class names for its score output (untrusted text, checked
+            for shape only).
     """
 
     graph: Any
@@ -134,6 +136,7 @@ class SandboxedModel:
     synthetic: bool
     network_isolated: bool
     uid: int
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
 
 @functools.cache
@@ -429,7 +432,10 @@ def _collect(
             raise InvalidParameter("The sandboxed loader returned unusable reference outputs.")
         names = [o.name for o in specs_of(graph)[1]]
         reference = _load_reference(out / _REFERENCE, names, rows, limits.file_size)
-    return SandboxedModel(graph, task, reference, synthetic, run.network_isolated, run.uid)
+    labels = checked_labels(result.get("labels"))
+    return SandboxedModel(
+        graph, task, reference, synthetic, run.network_isolated, run.uid, labels=labels
+    )
 
 
 def _argv(

@@ -148,14 +148,19 @@ def _convert(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import onnx
 
-    from shamal.optimize._sklearn import load_sklearn_model, sklearn_task, sklearn_to_onnx
+    from shamal.optimize._sklearn import (
+        load_sklearn_model,
+        sklearn_labels,
+        sklearn_task,
+        sklearn_to_onnx,
+    )
 
     # The parent trusted this file explicitly; this process is the sandbox it runs in.
     model = load_sklearn_model(args.model, trust_pickle=True)
     graph = sklearn_to_onnx(model)
     task = sklearn_task(model)
     onnx.save_model(graph, str(args.out / ONNX_OUT), save_as_external_data=False)
-    result: dict[str, Any] = {"task": task}
+    result: dict[str, Any] = {"task": task, "labels": sklearn_labels(model, graph)}
     if args.inputs is not None or args.synthetic_rows > 0:
         x, used = _inputs(args, int(model.n_features_in_))
         np.savez(args.out / REFERENCE_OUT, **_reference(model, graph, task, x))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shamal.errors import InvalidParameter
-from shamal.optimize._folder import write_model_folder
+from shamal.optimize._folder import specs_of, write_model_folder
 from shamal.optimize._lazy import module
 from shamal.optimize._safety import contained, sniff_format
 from shamal.optimize._sandbox import SandboxedModel, SandboxLimits, convert_in_sandbox
@@ -245,6 +245,15 @@ def sklearn_task(model: Any) -> str:
     return "other"
 
 
+def sklearn_labels(model: Any, graph: Any) -> dict[str, list[str]]:
+    """A classifier's class names for its score output (the graph's second output)."""
+    classes = getattr(model, "classes_", None)
+    outputs = specs_of(graph)[1]
+    if sklearn_task(model) != "classification" or classes is None or len(outputs) < 2:
+        return {}
+    return {outputs[1].name: [str(c) for c in np.asarray(classes).ravel().tolist()]}
+
+
 def sklearn_to_onnx(model: Any) -> Any:
     """An ONNX graph of a fitted estimator: input ``input`` FP32 [N, n_features]; classifiers
     give ``label`` and ``probabilities`` as plain tensors (no ZipMap)."""
@@ -282,8 +291,10 @@ def export_mlflow_sklearn(
     folder = Path(folder).resolve()
     if is_pickled_sklearn(folder):
         made = convert_trusted_pickle(folder, trust_pickle=trust_pickle, limits=limits)
-        write_model_folder(Path(dest), made.graph, task=made.task)
+        write_model_folder(Path(dest), made.graph, task=made.task, labels=made.labels)
         return Path(dest)
     model = load_sklearn_model(folder, trust_pickle=False)
-    write_model_folder(Path(dest), sklearn_to_onnx(model), task=sklearn_task(model))
+    graph = sklearn_to_onnx(model)
+    labels = sklearn_labels(model, graph)
+    write_model_folder(Path(dest), graph, task=sklearn_task(model), labels=labels)
     return Path(dest)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from shamal.optimize._sklearn import (
     is_mlflow_sklearn,
     is_pickled_sklearn,
     load_sklearn_model,
+    sklearn_labels,
     sklearn_task,
     sklearn_to_onnx,
     synthetic_inputs,
@@ -69,6 +70,7 @@ class SourceModel:
             module, or the source ONNX graph).
         eval_set: the held-out inputs fidelity is checked on.
         max_batch_size: what the variants' manifests declare (0 = the batch dim is free).
+        labels: class names by output, carried into the variants' manifests.
     """
 
     kind: str
@@ -77,6 +79,7 @@ class SourceModel:
     reference: Callable[[dict[str, np.ndarray]], Outputs]
     eval_set: EvalSet
     max_batch_size: int = 0
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -142,7 +145,7 @@ def _pickled_sklearn_source(
             )
         return dict(computed)
 
-    return SourceModel("sklearn", made.graph, made.task, reference, evals)
+    return SourceModel("sklearn", made.graph, made.task, reference, evals, labels=made.labels)
 
 
 def _sklearn_source(
@@ -164,7 +167,8 @@ def _sklearn_source(
 
     n_features = int(estimator.n_features_in_)
     evals = _eval_for_features(folder, n_features, eval_data, inputs[0].name)
-    return SourceModel("sklearn", graph, task, reference, evals)
+    labels = sklearn_labels(estimator, graph)
+    return SourceModel("sklearn", graph, task, reference, evals, labels=labels)
 
 
 def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | None) -> SourceModel:
@@ -217,7 +221,13 @@ def _synthetic_feeds(graph: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _onnx_source(folder: Path, path: Path, task: str, eval_data: Path | None) -> SourceModel:
+def _onnx_source(
+    folder: Path,
+    path: Path,
+    task: str,
+    eval_data: Path | None,
+    class_names: dict[str, list[str]] | None = None,
+) -> SourceModel:
     graph = load_onnx(path, folder)
     inputs, _ = specs_of(graph)
     sess = session(path, 2)
@@ -230,7 +240,7 @@ def _onnx_source(folder: Path, path: Path, task: str, eval_data: Path | None) ->
         evals = EvalSet(feeds, labels, eval_data.name)
     else:
         evals = EvalSet(_synthetic_feeds(graph), None, "synthetic")
-    return SourceModel("onnx", graph, task, reference, evals)
+    return SourceModel("onnx", graph, task, reference, evals, labels=class_names or {})
 
 
 def load_source(
@@ -269,7 +279,7 @@ def load_source(
     if (location / MANIFEST).is_file():
         manifest = read_model_folder(location)
         path = contained(location, manifest.path)
-        return _onnx_source(location, path, manifest.task, eval_data)
+        return _onnx_source(location, path, manifest.task, eval_data, manifest.labels)
     if is_mlflow_sklearn(location):
         return _sklearn_source(location, eval_data, trust_pickle, sandbox)
     if is_transformer_folder(location):
