@@ -250,6 +250,8 @@ def test_mlflow_sklearn_skops_is_converted_and_served(tmp_path: Path) -> None:
     (spec,) = backend.inputs
     out = backend.run({spec.name: features[:5]})
     np.testing.assert_array_equal(out["label"], estimator.predict(features[:5]))
+    # The classification extension names the classes by the estimator's own classes_.
+    assert repository.get("m", "1").labels == {"probabilities": ("0", "1", "2")}
 
 
 def test_cli_refusal_is_one_clear_line_and_exit_1(tmp_path: Path, sentinel: Path) -> None:
