@@ -6,6 +6,7 @@ model, an iris classifier converted with skl2onnx, and two versions of a scale m
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -296,6 +297,17 @@ def test_raw_binary_bytes_input_is_the_whole_body(oip_server: ServerProcess) -> 
     answered = _raw_result(_raw(oip_server, "text", text)).as_numpy("OUTPUT0")
     assert answered.shape == (1, 1)
     assert answered[0, 0] == text
+
+
+def test_raw_binary_request_may_be_gzipped(oip_server: ServerProcess) -> None:
+    row = np.array([[0.5, -1.0, 3.25, 8.0]], dtype=np.float32)
+    headers = {"Inference-Header-Content-Length": "0", "Content-Encoding": "gzip"}
+    response = httpx.post(
+        f"{oip_server.url}/v2/models/identity_fp32/infer",
+        content=gzip.compress(row.tobytes()),
+        headers=headers,
+    )
+    np.testing.assert_array_equal(_raw_result(response).as_numpy("OUTPUT0"), row)
 
 
 def test_raw_binary_request_routes_to_versions(oip_server: ServerProcess) -> None:
