@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -90,18 +90,28 @@ def parse_wrk(output: str) -> tuple[float, float, float, int]:
     return rps, p50, p99, errors
 
 
-def run_wrk(url: str, body: bytes, concurrency: int, duration_s: float, workdir: Path) -> str:
-    """One wrk run: POST ``body`` as JSON to ``url`` over ``concurrency`` keep-alive connections."""
-    body_file = workdir / "body.json"
+JSON_HEADERS = {"Content-Type": "application/json"}
+#: A raw binary request: the body is the one input's bytes (Shamal; MLServer has no such thing).
+RAW_HEADERS = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": "0"}
+
+
+def run_wrk(
+    url: str,
+    body: bytes,
+    concurrency: int,
+    duration_s: float,
+    workdir: Path,
+    headers: dict[str, str] | None = None,
+) -> str:
+    """One wrk run: POST ``body`` (JSON unless ``headers`` say otherwise) to ``url`` over
+    ``concurrency`` keep-alive connections."""
+    body_file = workdir / "body.bin"
     body_file.write_bytes(body)
     script = workdir / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\n'
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'local f = io.open("{body_file}", "rb")\n'
-        'wrk.body = f:read("*a")\n'
-        "f:close()\n"
-    )
+    lines = ['wrk.method = "POST"']
+    lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in (headers or JSON_HEADERS).items()]
+    lines += [f'local f = io.open("{body_file}", "rb")', 'wrk.body = f:read("*a")', "f:close()"]
+    script.write_text("\n".join(lines) + "\n")
     argv = [
         "wrk",
         "-t1",
@@ -116,11 +126,19 @@ def run_wrk(url: str, body: bytes, concurrency: int, duration_s: float, workdir:
     return done.stdout
 
 
+@dataclass(frozen=True)
+class Target:
+    """What wrk sends: one request body, to one URL, with these headers."""
+
+    url: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON_HEADERS))
+
+
 def measure(
     server: str,
     case: str,
-    url: str,
-    body: bytes,
+    target: Target,
     levels: Sequence[int],
     args: argparse.Namespace,
     workdir: Path,
@@ -128,8 +146,9 @@ def measure(
 ) -> list[LoadResult]:
     results = []
     for concurrency in levels:
-        run_wrk(url, body, concurrency, min(3.0, args.duration), workdir)  # warm-up
-        out = run_wrk(url, body, concurrency, args.duration, workdir)
+        warm_up_s = min(3.0, args.duration)
+        run_wrk(target.url, target.body, concurrency, warm_up_s, workdir, target.headers)
+        out = run_wrk(target.url, target.body, concurrency, args.duration, workdir, target.headers)
         rps, p50, p99, errors = parse_wrk(out)
         say(
             f"  {server:8} {case:10} c={concurrency:<3} {rps:10,.0f} req/s  p50 {p50:7.2f} ms  "
@@ -300,7 +319,20 @@ def sklearn_part(args: argparse.Namespace, workdir: Path, say: Say) -> list[Load
             ).json()
             if _first_output(answer) != expected:
                 raise RuntimeError(f"{name} predicted {answer}, sklearn says {expected}")
-            results += measure(name, "iris", url, body, levels, args, workdir, say)
+            results += measure(name, "iris", Target(url, body), levels, args, workdir, say)
+            if name == "Shamal":
+                raw = row.astype("<f4").tobytes()
+                answer_raw = httpx.post(url, content=raw, headers=RAW_HEADERS, timeout=30)
+                split = int(answer_raw.headers["inference-header-content-length"])
+                header = json.loads(answer_raw.content[:split])
+                label_bytes = answer_raw.content[split : split + 8]  # label comes first, INT64
+                if (
+                    header["outputs"][0]["name"] != "label"
+                    or int(np.frombuffer(label_bytes, "<i8")[0]) != expected
+                ):
+                    raise RuntimeError(f"Shamal raw binary answered {header}")
+                raw_target = Target(url, raw, RAW_HEADERS)
+                results += measure(name, "iris-raw", raw_target, levels, args, workdir, say)
         finally:
             server.stop()
     return results
@@ -347,7 +379,7 @@ def minilm_part(args: argparse.Namespace, workdir: Path, say: Say) -> list[LoadR
             url = f"{server.url}/v2/models/minilm/infer"
             check = httpx.post(url, content=body, timeout=60)
             check.raise_for_status()
-            results += measure("Shamal", case, url, body, [32], args, workdir, say)
+            results += measure("Shamal", case, Target(url, body), [32], args, workdir, say)
         finally:
             server.stop()
     return results
@@ -397,6 +429,21 @@ def report(results: list[LoadResult], load: tuple[float, float, float], total_s:
             f"{peer.p99_ms:.2f} ms",
             ">= 2x, p99 <=",
             "PASS" if ok else "FAIL",
+        )
+    for c in sorted({r.concurrency for r in results if r.case == "iris-raw"}):
+        raw, peer = by.get(("Shamal", "iris-raw", c)), by.get(("MLServer", "iris", c))
+        if raw is None or peer is None:
+            continue
+        table.add_row(
+            "  same, raw binary body (peer: JSON)",
+            str(c),
+            f"{raw.rps:,.0f}",
+            f"{peer.rps:,.0f}",
+            f"{raw.rps / peer.rps if peer.rps else float('inf'):.1f}x",
+            f"{raw.p99_ms:.2f} ms",
+            f"{peer.p99_ms:.2f} ms",
+            "-",
+            "-",
         )
     on, off = by.get(("Shamal", "batch-on", 32)), by.get(("Shamal", "batch-off", 32))
     batching = on.rps / off.rps if on and off and off.rps else float("nan")
