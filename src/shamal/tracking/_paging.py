@@ -30,6 +30,15 @@ def page_of(items: list[T], offset: int, limit: int) -> Page[T]:
     return Page(items[:limit], encode_page_token(offset + limit) if more else None)
 
 
+def history_page(rows: list[HistoryRow], limit: int) -> Page[HistoryRow]:
+    """``rows`` was fetched with ``limit + 1`` points: one more means there is a next page,
+    which starts after the last point kept."""
+    if len(rows) <= limit:
+        return Page(rows)
+    del rows[limit:]
+    return Page(rows, encode_history_token(rows[-1]))
+
+
 def encode_history_token(point: HistoryRow) -> str:
     """The token for the page after ``point`` (step, timestamp, value, is_nan)."""
     step, timestamp, value, nan = point

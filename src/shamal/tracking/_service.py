@@ -42,7 +42,7 @@ from shamal.tracking._filters import (
     parse_order_by,
 )
 from shamal.tracking._model_service import LoggedModelService
-from shamal.tracking._paging import decode_history_token, encode_history_token, page_of
+from shamal.tracking._paging import decode_history_token, history_page, page_of
 from shamal.tracking._search import experiments_query, runs_query
 
 logger = logging.getLogger(__name__)
@@ -411,10 +411,7 @@ class TrackingService:
         after = decode_history_token(page_token)
         with self._db.unit_of_work(write=False) as s:
             rows = _store.metric_history(s, run_id, key, after, limit + 1)
-        if len(rows) > limit:
-            del rows[limit:]
-            return Page(rows, encode_history_token(rows[-1]))
-        return Page(rows)
+        return history_page(rows, limit)
 
     def metric_history_bulk(
         self,

@@ -438,7 +438,8 @@ def _history_query(after: bool) -> Callable[[str], ClauseElement]:
                     bindparam("step"), bindparam("timestamp"), bindparam("value"), bindparam("nan")
                 )
             )
-        # The offset is always 0: SQLite's compiler adds one to any bound LIMIT.
+        # SQLite's compiler gives a bound LIMIT an OFFSET parameter of its own; binding that
+        # OFFSET here (always 0) keeps one parameter list on both dialects.
         return query.order_by(*_HISTORY_ORDER).limit(bindparam("limit")).offset(bindparam("offset"))
 
     return build
