@@ -169,7 +169,11 @@ def test_onnx_external_data_inside_the_folder_loads(tmp_path: Path) -> None:
 def test_not_an_onnx_graph_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x12\x34 this is not protobuf \xff" * 10)
-    _refused(junk, tmp_path, "not a valid ONNX graph")
+    _refused(junk, tmp_path, "not an ONNX file", "first bytes")
+    junk.write_bytes(b"\x08\x07 starts like a graph, then is not protobuf \xff" * 10)
+    _refused(junk, tmp_path, "not a valid ONNX file")
+    junk.write_text("name: a model card, not a model\n")
+    _refused(junk, tmp_path, "not an ONNX file", "text")
     _refused(tmp_path / "missing.onnx", tmp_path, "does not exist")
 
 

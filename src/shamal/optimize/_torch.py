@@ -23,7 +23,6 @@ model server's torch backend expects. Every ``-1`` dimension becomes a dynamic O
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import re
@@ -37,8 +36,14 @@ from typing import Any
 import numpy as np
 
 from shamal.errors import InvalidParameter
-from shamal.optimize._folder import MANIFEST, TASKS, TensorSpec, specs_of
-from shamal.optimize._safety import contained, sniff_format
+from shamal.modelfolder import (
+    MANIFEST,
+    TensorSpec,
+    read_manifest,
+    read_manifest_json,
+    sniff_format,
+)
+from shamal.optimize._folder import specs_of
 
 __all__ = [
     "TorchManifest",
@@ -54,10 +59,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OPSET = 17
-_MANIFEST_KEYS = frozenset(
-    {"schema", "format", "path", "max_batch_size", "task", "inputs", "outputs", "source"}
-)
-_MAX_MANIFEST_BYTES = 1 << 20
 _MAX_FILES = 10_000
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NUMPY_OF_OIP: dict[str, str] = {
@@ -98,40 +99,27 @@ class TorchManifest:
     max_batch_size: int
 
 
-def _read_manifest_json(folder: Path) -> Any:
-    path = folder / MANIFEST
-    try:
-        if path.stat().st_size > _MAX_MANIFEST_BYTES:
-            raise InvalidParameter(f"{MANIFEST} is too large.")
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        raise InvalidParameter(f"{MANIFEST} is missing or is not JSON.") from None
-
-
 def is_torch_folder(folder: Path) -> bool:
     """Whether ``folder`` has a manifest that says ``"format": "torch"`` (nothing else is
     checked here; :func:`read_torch_manifest` validates it)."""
     if not (folder / MANIFEST).is_file():
         return False
     try:
-        raw = _read_manifest_json(folder)
+        raw = read_manifest_json(folder)
     except InvalidParameter:
         return False
     return isinstance(raw, dict) and raw.get("format") == "torch"
 
 
-def _tensors(raw: object, key: str) -> tuple[TensorSpec, ...]:
-    if not isinstance(raw, list) or not raw or len(raw) > 256:
+def _torch_tensors(specs: tuple[TensorSpec, ...], key: str) -> tuple[TensorSpec, ...]:
+    if not specs:
         raise InvalidParameter(f"{MANIFEST}: a torch model must list its {key}.")
-    specs = tuple(TensorSpec.from_json(item) for item in raw)
     for spec in specs:
         if spec.datatype not in _NUMPY_OF_OIP:
             raise InvalidParameter(
                 f"{MANIFEST}: tensor {spec.name!r} is {spec.datatype}; torch models take "
                 f"{', '.join(sorted(_NUMPY_OF_OIP))}."
             )
-    if len({s.name for s in specs}) != len(specs):
-        raise InvalidParameter(f"{MANIFEST}: two {key} share a name.")
     return specs
 
 
@@ -139,32 +127,23 @@ def read_torch_manifest(folder: Path) -> TorchManifest:
     """Validate a torch folder's manifest and the weights file it names.
 
     Raises:
-        InvalidParameter: unknown keys, a bad schema, format, task or tensor list, a path that
-            leaves the folder, or weights that are not safetensors by their bytes.
+        InvalidParameter: what :func:`~shamal.modelfolder.read_manifest` refuses, a format
+            other than torch, tensors missing or of a type torch lacks, or weights that are not
+            safetensors by their bytes.
     """
-    raw = _read_manifest_json(folder)
-    if not isinstance(raw, dict) or raw.get("schema") != 1 or raw.get("format") != "torch":
-        raise InvalidParameter(f"{MANIFEST}: expected schema 1, format torch.")
-    unknown = set(raw) - _MANIFEST_KEYS
-    if unknown:
-        raise InvalidParameter(f"{MANIFEST} has unknown keys {sorted(unknown)[:8]}.")
-    path, task = raw.get("path"), raw.get("task", "other")
-    if not isinstance(path, str) or task not in TASKS:
-        raise InvalidParameter(f"{MANIFEST}: path is required and task is one of {TASKS}.")
-    max_batch = raw.get("max_batch_size", 0)
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
-        raise InvalidParameter(f"{MANIFEST}: max_batch_size must be an int >= 0.")
-    weights = contained(folder, path)
-    if not weights.is_file():
-        raise InvalidParameter(f"{MANIFEST} names weights that are missing.")
+    manifest = read_manifest(folder)
+    if manifest.format != "torch":
+        raise InvalidParameter(f"{MANIFEST}: expected format torch, not {manifest.format}.")
+    weights = (folder / manifest.path).resolve()
     kind = sniff_format(weights)
     if kind != "safetensors":
         raise InvalidParameter(
             f"A torch model's weights must be safetensors; {weights.name} looks like {kind} "
             "(pickled torch files are refused)."
         )
-    inputs, outputs = _tensors(raw.get("inputs"), "inputs"), _tensors(raw.get("outputs"), "outputs")
-    return TorchManifest(weights, inputs, outputs, str(task), max_batch)
+    inputs = _torch_tensors(manifest.inputs, "inputs")
+    outputs = _torch_tensors(manifest.outputs, "outputs")
+    return TorchManifest(weights, inputs, outputs, manifest.task, manifest.max_batch_size)
 
 
 def refuse_pickles(folder: Path) -> None:

@@ -8,39 +8,33 @@ Everything here treats files as hostile (hostile-inputs.md §4): formats are tol
 bytes, never by their names; pickles are refused unless the operator trusts the model; every path a
 manifest names must stay inside its folder; an ONNX graph whose tensors point at external data
 outside the folder is refused before any runtime opens it. Nothing here imports code named by a
-file.
+file. The manifest and the checks are :mod:`shamal.modelfolder`'s, shared with the optimizer.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from shamal.errors import InvalidParameter
-from shamal.serving._datatypes import DATATYPES, MAX_RANK
+from shamal.modelfolder import (
+    MANIFEST,
+    MODEL_FILE,
+    check_onnx_file,
+    contained,
+    read_manifest,
+    sniff_format,
+)
 from shamal.serving._types import TensorSpec
 
-__all__ = [
-    "MANIFEST",
-    "ModelFiles",
-    "contained",
-    "read_model_files",
-    "sniff",
-]
+__all__ = ["ModelFiles", "read_model_files"]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "shamal-model.json"
-_MANIFEST_KEYS = {"schema", "format", "path", "max_batch_size", "task", "inputs", "outputs"}
-_MANIFEST_KEYS |= {"source", "labels"}
-_MAX_LABEL_CHARS = 1024  # (the manifest's own size cap bounds how many)
-_MAX_MANIFEST_BYTES = 1 << 20
-_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 _MAX_MLMODEL_BYTES = 1 << 20
 
 
@@ -68,58 +62,13 @@ class ModelFiles:
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def contained(folder: Path, relpath: object) -> Path:
-    """``folder / relpath`` resolved, refused unless it stays inside ``folder``.
-
-    Absolute paths, drive letters, backslashes, NUL and ``..`` segments are refused outright; the
-    resolved path (symlinks followed) must then be inside the resolved folder.
-
-    Raises:
-        InvalidParameter: the path is unsafe or leaves the folder.
-    """
-    refusal = InvalidParameter("A model file path must be relative and stay inside its folder.")
-    if not isinstance(relpath, str) or not relpath or len(relpath) > 1024:
-        raise refusal
-    if any(c in relpath for c in ("\x00", "\\", ":")) or relpath.startswith("/"):
-        raise refusal
-    if any(part == ".." for part in PurePosixPath(relpath).parts):
-        raise refusal
-    root = folder.resolve()
-    target = (root / relpath).resolve()
-    if not target.is_relative_to(root):
-        raise refusal
-    return target
-
-
-def sniff(path: Path) -> str:
-    """What a file is by its first bytes.
-
-    Returns one of ``pickle``, ``zip`` (a torch or joblib archive: pickles inside), ``safetensors``,
-    ``onnx`` (a protobuf that may be an ONNX graph; :func:`_check_onnx` decides), ``empty``.
-    """
-    with path.open("rb") as f:
-        head = f.read(16)
-    size = path.stat().st_size
-    if not head:
-        return "empty"
-    if head[0] == 0x80 and len(head) > 1 and 2 <= head[1] <= 5:
-        return "pickle"
-    if head[:1] in (b"(", b"]", b"}", b"c") and _looks_like_old_pickle(path):
-        return "pickle"
-    if head[:4] == b"PK\x03\x04":
-        return "zip"
-    if len(head) >= 9:
-        (header_len,) = struct.unpack_from("<Q", head)
-        if head[8:9] == b"{" and 0 < header_len <= min(size - 8, _MAX_SAFETENSORS_HEADER):
-            return "safetensors"
-    return "onnx"
-
-
-def _looks_like_old_pickle(path: Path) -> bool:
-    """Protocol 0/1 pickles start with an opcode and end with STOP (``.``)."""
-    with path.open("rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) == b"."
+@contextmanager
+def _named(name: str) -> Iterator[None]:
+    """Refusals from the shared checks, said of the served model by name."""
+    try:
+        yield
+    except InvalidParameter as exc:
+        raise InvalidParameter(f"Model '{name}': {exc.message}") from None
 
 
 def read_model_files(path: Path, *, name: str, trusted: bool, work_dir: Path) -> ModelFiles:
@@ -138,172 +87,59 @@ def read_model_files(path: Path, *, name: str, trusted: bool, work_dir: Path) ->
     if not path.exists():
         raise InvalidParameter(f"Model '{name}': {path} does not exist.")
     if path.is_file():
+        path = path.resolve()  # the operator named this file: its folder is where it lives
         return _single_file(path, path.parent, name)
     if (path / MANIFEST).is_file():
         return _from_manifest(path, name)
     if (path / "MLmodel").is_file():
         return _from_mlflow(path, name=name, trusted=trusted, work_dir=work_dir)
-    if (path / "model.onnx").is_file():
-        return _single_file(contained(path, "model.onnx"), path, name)
+    if (path / MODEL_FILE).is_file():
+        with _named(name):
+            target = contained(path, MODEL_FILE)
+        return _single_file(target, path, name)
     raise InvalidParameter(
         f"Model '{name}': {path} holds no model.onnx, {MANIFEST} or MLflow MLmodel file."
     )
 
 
 def _single_file(path: Path, root: Path, name: str) -> ModelFiles:
-    kind = sniff(path)
-    if kind in ("pickle", "zip"):
+    if sniff_format(path) == "safetensors":
         raise InvalidParameter(
-            f"Model '{name}': {path.name} is a pickle (or an archive of pickles), which can run "
-            "code when loaded; export the model to ONNX or safetensors instead."
-        )
-    if kind != "onnx":
-        raise InvalidParameter(
-            f"Model '{name}': {path.name} is not an ONNX graph ({kind}); a safetensors file "
+            f"Model '{name}': {path.name} is safetensors, not an ONNX graph; a torch model "
             f"needs a {MANIFEST} with format 'torch' and a --torch-factory."
         )
-    _check_onnx(path, root, name)
-    return ModelFiles(format="onnx", path=path, root=root)
-
-
-def _check_onnx(path: Path, root: Path, name: str) -> None:
-    """Parse the graph (no external data) and check every external-data location.
-
-    Raises:
-        InvalidParameter: not an ONNX graph, or external data that leaves ``root``.
-    """
-    import onnx
-
-    try:
-        model = onnx.load_model(str(path), load_external_data=False)
-    except Exception:
-        raise InvalidParameter(f"Model '{name}': {path.name} is not a valid ONNX graph.") from None
-    if not model.HasField("graph") or model.ir_version <= 0:
-        raise InvalidParameter(f"Model '{name}': {path.name} is not a valid ONNX graph.")
-    for location in _external_locations(model.graph):
-        try:
-            target = contained(root, location)
-        except InvalidParameter:
-            raise InvalidParameter(
-                f"Model '{name}': the ONNX graph reads external data outside its folder; refused."
-            ) from None
-        if not target.is_file():
-            raise InvalidParameter(f"Model '{name}': external data file {location!r} is missing.")
-
-
-def _external_locations(graph: Any) -> list[str]:
-    """Every ``external_data`` location in a graph, its subgraphs included."""
-    import onnx
-
-    found: list[str] = []
-    tensors = list(graph.initializer)
-    tensors += [sparse.values for sparse in graph.sparse_initializer]
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                tensors.append(attr.t)
-            tensors.extend(attr.tensors)
-            subgraphs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-            for sub in subgraphs:
-                found += _external_locations(sub)
-    for tensor in tensors:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {entry.key: entry.value for entry in tensor.external_data}
-            found.append(entries.get("location", ""))
-    return found
+    with _named(name):
+        check_onnx_file(path, root)
+    return ModelFiles(format="onnx", path=path.resolve(), root=root.resolve())
 
 
 def _from_manifest(folder: Path, name: str) -> ModelFiles:
-    raw = _read_json(folder / MANIFEST, name)
-    if not isinstance(raw, dict) or raw.get("schema") != 1:
-        raise InvalidParameter(f"Model '{name}': {MANIFEST} must be an object with schema 1.")
-    unknown = set(raw) - _MANIFEST_KEYS
-    if unknown:
-        raise InvalidParameter(f"Model '{name}': {MANIFEST} has unknown keys {sorted(unknown)}.")
-    fmt = raw.get("format")
-    if fmt not in ("onnx", "torch"):
-        raise InvalidParameter(f"Model '{name}': {MANIFEST} format must be 'onnx' or 'torch'.")
-    target = contained(folder, raw.get("path"))
-    if not target.is_file():
-        raise InvalidParameter(f"Model '{name}': the file its {MANIFEST} names is missing.")
-    max_batch = raw.get("max_batch_size", 0)
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
-        raise InvalidParameter(f"Model '{name}': max_batch_size must be a non-negative integer.")
-    inputs = _specs(raw.get("inputs"), "inputs", name)
-    outputs = _specs(raw.get("outputs"), "outputs", name)
-    labels = _labels(raw.get("labels"), name)
-    if fmt == "onnx":
-        checked = _single_file(target, folder.resolve(), name)
-        return ModelFiles("onnx", checked.path, checked.root, max_batch, inputs, outputs, labels)
-    if sniff(target) != "safetensors":
+    with _named(name):
+        manifest = read_manifest(folder)
+        target = contained(folder, manifest.path)
+    inputs, outputs = manifest.inputs or None, manifest.outputs or None
+    labels = {output: tuple(classes) for output, classes in manifest.labels.items()}
+    batch = manifest.max_batch_size
+    if manifest.format == "onnx":
+        checked = _single_file(target, folder, name)
+        return ModelFiles("onnx", checked.path, checked.root, batch, inputs, outputs, labels)
+    if sniff_format(target) != "safetensors":
         raise InvalidParameter(
             f"Model '{name}': format 'torch' needs safetensors weights; {target.name} is not "
             "safetensors (pickled torch files are refused)."
         )
     if not inputs or not outputs:
         raise InvalidParameter(f"Model '{name}': a torch model's {MANIFEST} must list its tensors.")
-    return ModelFiles("torch", target, folder.resolve(), max_batch, inputs, outputs, labels)
-
-
-def _labels(raw: object, name: str) -> dict[str, tuple[str, ...]]:
-    """The manifest's ``labels``: ``{"output name": ["class 0", "class 1", ...]}``."""
-    if raw is None:
-        return {}
-    problem = InvalidParameter(
-        f"Model '{name}': {MANIFEST} labels must map output names to lists of class names "
-        f"(strings of at most {_MAX_LABEL_CHARS} characters)."
-    )
-    if not isinstance(raw, dict):
-        raise problem
-    found: dict[str, tuple[str, ...]] = {}
-    for output, names in raw.items():
-        if not isinstance(names, list):
-            raise problem
-        if not all(isinstance(n, str) and len(n) <= _MAX_LABEL_CHARS for n in names):
-            raise problem
-        found[output] = tuple(names)
-    return found
-
-
-def _read_json(path: Path, name: str) -> Any:
-    if path.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise InvalidParameter(f"Model '{name}': {path.name} is too large.")
-    try:
-        return json.loads(path.read_bytes())
-    except (ValueError, RecursionError):
-        raise InvalidParameter(f"Model '{name}': {path.name} is not valid JSON.") from None
-
-
-def _specs(raw: object, key: str, name: str) -> tuple[TensorSpec, ...] | None:
-    if raw is None:
-        return None
-    problem = InvalidParameter(
-        f"Model '{name}': {MANIFEST} {key} must be a list of "
-        '{"name", "datatype", "shape"} with OIP datatypes and integer dims (-1 = variable).'
-    )
-    if not isinstance(raw, list) or len(raw) > 256:
-        raise problem
-    specs = []
-    for item in raw:
-        if not isinstance(item, dict) or set(item) - {"name", "datatype", "shape"}:
-            raise problem
-        tensor, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
-        if not isinstance(tensor, str) or not tensor or datatype not in DATATYPES:
-            raise problem
-        if not isinstance(shape, list) or len(shape) > MAX_RANK:
-            raise problem
-        if any(isinstance(d, bool) or not isinstance(d, int) or d < -1 for d in shape):
-            raise problem
-        specs.append(TensorSpec(tensor, str(datatype), tuple(shape)))
-    return tuple(specs)
+    return ModelFiles("torch", target, folder.resolve(), batch, inputs, outputs, labels)
 
 
 def _from_mlflow(folder: Path, *, name: str, trusted: bool, work_dir: Path) -> ModelFiles:
     flavors = _mlflow_flavors(folder, name)
     onnx_flavor = flavors.get("onnx")
     if isinstance(onnx_flavor, dict):
-        target = contained(folder, onnx_flavor.get("data", "model.onnx"))
-        return _single_file(target, folder.resolve(), name)
+        with _named(name):
+            target = contained(folder, onnx_flavor.get("data", MODEL_FILE))
+        return _single_file(target, folder, name)
     if "sklearn" in flavors:
         return _convert_sklearn(folder, name=name, trusted=trusted, work_dir=work_dir)
     raise InvalidParameter(

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shamal.errors import ShamalError
+from shamal.modelfolder import TensorSpec as TensorSpec  # one description, shared with manifests
 
 
 class DeadlineExceeded(ShamalError):
@@ -22,15 +23,6 @@ class DeadlineExceeded(ShamalError):
 
     status = 504
     code = "DEADLINE_EXCEEDED"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output: name, OIP datatype and shape (-1 for a variable dimension)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
