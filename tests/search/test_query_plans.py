@@ -198,8 +198,8 @@ def test_metric_history_reads_the_primary_key(
 def test_logged_model_metric_filter_plan(
     big_db: Database, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
-    """A logged model's metric clause probes ``metrics`` by ``model_id``: no index leads
-    with it. Needed: an index on metrics (model_id, key) (reported; migration pending)."""
+    """A logged model's metric clause looks ``metrics`` up by (model_id, key), which
+    ``ix_metrics_model_key`` (migration 0002) serves: no re-scan of metrics per model."""
     query = logged_models_query([1], parse_filter("metrics.loss < 0.01", LOGGED_MODELS), []).limit(
         50
     )
