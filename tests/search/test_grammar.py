@@ -21,6 +21,7 @@ from shamal.tracking._filters import (
     encode_page_token,
     parse_filter,
     parse_order_by,
+    parse_order_by_objects,
 )
 
 C = Comparison
@@ -338,6 +339,61 @@ def test_order_by_caps_and_whitelists() -> None:
         parse_order_by(["run_name"], MODEL_VERSIONS)
     with pytest.raises(InvalidParameter):
         parse_order_by("name", EXPERIMENTS)  # a bare string is not a list of items
+
+
+def test_order_by_objects_parse() -> None:
+    """The logged-model search's form: one key per object, metrics may name a dataset."""
+    items: list[object] = [
+        {"field_name": "metrics.acc", "ascending": False, "dataset_name": "eval"},
+        {"field_name": "metrics.`a b`", "dataset_name": "", "dataset_digest": "d1"},
+        {"field_name": "creation_time"},
+        {"field_name": "name", "ascending": True, "dataset_name": "ignored"},
+    ]
+    assert parse_order_by_objects(items, LOGGED_MODELS) == [
+        OrderBy("metric", "acc", False, dataset_name="eval"),
+        OrderBy("metric", "a b", True, dataset_digest="d1"),
+        OrderBy("attribute", "creation_timestamp", True),
+        OrderBy("attribute", "name", True),
+    ]
+    assert parse_order_by_objects(None, LOGGED_MODELS) == []
+    assert parse_order_by_objects([], LOGGED_MODELS) == []
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "metrics.acc DESC",
+        ["metrics.acc"],
+        {},
+        {"ascending": False},
+        {"field_name": ""},
+        {"field_name": 5},
+        {"field_name": "metrics.acc DESC"},
+        {"field_name": "metrics.acc; DROP TABLE metrics"},
+        {"field_name": "params.alpha"},
+        {"field_name": "tags.t"},
+        {"field_name": "datasets.name"},
+        {"field_name": "lifecycle_stage"},
+        {"field_name": "metrics.acc", "ascending": "false"},
+        {"field_name": "metrics.acc", "ascending": 0},
+        {"field_name": "metrics.acc", "dataset_name": 5},
+        {"field_name": "metrics.acc", "dataset_name": "x" * 501},
+        {"field_name": "metrics.acc", "dataset_digest": "a\x00b"},
+        {"field_name": "m" * 1001},
+    ],
+)
+def test_hostile_order_by_objects_are_400(item: object) -> None:
+    with pytest.raises(InvalidParameter) as caught:
+        parse_order_by_objects([item], LOGGED_MODELS)
+    assert len(caught.value.message) < 200
+
+
+def test_order_by_objects_caps() -> None:
+    item = {"field_name": "metrics.acc"}
+    assert len(parse_order_by_objects([item] * 20, LOGGED_MODELS)) == 20
+    for bad in ([item] * 21, item, "metrics.acc"):
+        with pytest.raises(InvalidParameter):
+            parse_order_by_objects(bad, LOGGED_MODELS)  # type: ignore[arg-type]
 
 
 def test_page_tokens_round_trip_and_refuse_garbage() -> None:

@@ -28,6 +28,7 @@ from shamal.tracking._filters import (
     REGISTERED_MODELS,
     parse_filter,
     parse_order_by,
+    parse_order_by_objects,
 )
 from shamal.tracking._search import experiments_query, logged_models_query
 from tests.search._data import add_experiment, add_run, fetch, migrated
@@ -253,6 +254,57 @@ def test_logged_model_search(db: Database) -> None:
         ("status = 'LOGGED_MODEL_READY'", None, ["m-b", "m-a"]),
         (None, ["name"], ["m-a", "m-b"]),
         (None, ["creation_timestamp"], ["m-a", "m-b"]),
+        # m-b's latest loss (step 1) is NaN: it sorts as missing, last both ways.
+        (None, ["metrics.loss"], ["m-a", "m-b"]),
+        (None, ["metrics.loss DESC"], ["m-a", "m-b"]),
+        # Without a value both tie: creation_timestamp DESC, then model_id.
+        (None, ["metrics.missing"], ["m-b", "m-a"]),
     ]
     assert _mismatches(db, build, "model_id", table) == []
     assert fetch(db, build(None, None, [1, 2]), "model_id") == ["m-d", "m-b", "m-a"]
+
+
+def test_logged_model_metric_order_reads_the_latest_point(db: Database) -> None:
+    """The latest point is the newest timestamp, then the highest step, then the first
+    run id; an item naming a dataset reads only that dataset's points."""
+    with db.unit_of_work() as s:
+        add_run(s, "r02", 1)
+        points = [
+            # model, run, timestamp, step, value, dataset
+            ("m-a", "r01", 5, 0, 0.9, "eval"),
+            ("m-a", "r01", 9, 0, 0.1, "train"),  # newest: m-a's latest is 0.1
+            ("m-b", "r01", 9, 3, 0.6, None),  # same time as below, higher step: 0.6
+            ("m-b", "r01", 9, 2, 0.05, None),
+            ("m-b", "r02", 9, 3, 0.01, None),  # same time and step, later run id
+        ]
+        for model_id, run_id, timestamp, step, value, dataset in points:
+            s.add(
+                MetricRow(
+                    run_id=run_id,
+                    key="acc",
+                    step=step,
+                    timestamp=timestamp,
+                    value=value,
+                    is_nan=False,
+                    model_id=model_id,
+                    dataset_name=dataset,
+                    dataset_digest=dataset and f"{dataset}-digest",
+                )
+            )
+
+    def order(*items: dict[str, object]) -> list[str]:
+        query = logged_models_query([1], [], parse_order_by_objects(list(items), LOGGED_MODELS))
+        return fetch(db, query, "model_id")
+
+    assert order({"field_name": "metrics.acc"}) == ["m-a", "m-b"]
+    assert order({"field_name": "metrics.acc", "ascending": False}) == ["m-b", "m-a"]
+    eval_desc = {"field_name": "metrics.acc", "ascending": False, "dataset_name": "eval"}
+    assert order(eval_desc) == ["m-a", "m-b"]
+    assert order({**eval_desc, "dataset_digest": "eval-digest"}) == ["m-a", "m-b"]
+    assert order({**eval_desc, "dataset_digest": "other"}) == ["m-b", "m-a"]  # no value: ties
+    assert order(
+        {"field_name": "metrics.acc", "ascending": True, "dataset_digest": "train-digest"}
+    ) == [
+        "m-a",
+        "m-b",
+    ]

@@ -32,7 +32,13 @@ from sqlalchemy.orm import Session
 from shamal.db import Database
 from shamal.db.models import LatestMetricRow, LoggedModelRow, MetricRow, RunRow
 from shamal.tracking import _store
-from shamal.tracking._filters import LOGGED_MODELS, RUNS, parse_filter, parse_order_by
+from shamal.tracking._filters import (
+    LOGGED_MODELS,
+    RUNS,
+    parse_filter,
+    parse_order_by,
+    parse_order_by_objects,
+)
 from shamal.tracking._search import logged_models_query, runs_query
 from tests.search._data import add_experiment, fetch, migrated
 
@@ -212,3 +218,20 @@ def test_logged_model_metric_filter_plan(
         # a cost choice at this size), never a re-scan per model.
         assert "SubPlan" not in plan
         assert sorted(fetch(big_db, query, "model_id")) == [f"m-{i + 10_000}" for i in range(10)]
+
+
+def test_logged_model_metric_order_plan(
+    big_db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ordering logged models by a metric reads each model's latest point through
+    ``ix_metrics_model_key``: one index probe per model, never a scan of ``metrics``."""
+    order = parse_order_by_objects([{"field_name": "metrics.loss"}], LOGGED_MODELS)
+    query = logged_models_query([1], [], order).limit(50)
+    plan = _show(big_db, capsys, "logged models ordered by metrics.loss, LIMIT 50", query)
+    if big_db.dialect == "sqlite":
+        assert "SCAN metrics" not in plan
+        assert "SEARCH metrics USING INDEX ix_metrics_model_key" in plan
+    else:
+        assert "Seq Scan on metrics" not in plan
+        assert "Index Scan on ix_metrics_model_key" in plan
+    assert len(fetch(big_db, query, "model_id")) == 50

@@ -14,7 +14,8 @@ Grammar (keywords and comparators are case-insensitive)::
     identifier := [entity "."] key                 -- no entity = attribute
     key        := bare | "double-quoted" | `backticked`
     value      := 'string' | "string" | number | "(" item ("," item)* ")"   -- lists: IN / NOT IN
-    order_by   := identifier [ASC | DESC]
+    order_by   := identifier [ASC | DESC]          -- logged models: objects, see
+                                                   -- parse_order_by_objects
 
 Bare keys are ASCII letters, digits and ``_``, optionally dot-separated after an
 entity (``metrics.a.b`` has the key ``a.b``); anything else needs quotes. Inside a
@@ -60,6 +61,7 @@ __all__ = [
     "encode_page_token",
     "parse_filter",
     "parse_order_by",
+    "parse_order_by_objects",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ MAX_STRING_LENGTH: Final = 6_000
 MAX_KEY_LENGTH: Final = 250
 MAX_ORDER_BY_ITEMS: Final = 20
 MAX_ORDER_BY_ITEM_LENGTH: Final = 1_000
+MAX_DATASET_FIELD_LENGTH: Final = 500
 MAX_PAGE_OFFSET: Final = 2**31 - 1
 MAX_PAGE_TOKEN_LENGTH: Final = 200
 
@@ -124,11 +127,17 @@ class Comparison:
 
 @dataclass(frozen=True, slots=True)
 class OrderBy:
-    """One ``order_by`` item."""
+    """One ``order_by`` item.
+
+    ``dataset_name`` and ``dataset_digest`` narrow a logged model's metric to the points
+    logged against that dataset (None: every point); other searches leave them None.
+    """
 
     entity: Entity
     key: str
     ascending: bool
+    dataset_name: str | None = None
+    dataset_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +262,7 @@ LOGGED_MODELS: Final = _grammar(
         ("attribute", "last_updated_timestamp"): _NUMBER,
     },
     {"creation_time": "creation_timestamp"},
-    set(),
+    {"metric"},
     {"name", "model_id", "creation_timestamp", "last_updated_timestamp"},
 )
 
@@ -583,10 +592,8 @@ def _clauses(scanner: _Scanner, grammar: Grammar) -> list[Comparison]:
             )
 
 
-def _order_item(item: str, grammar: Grammar) -> OrderBy:
-    if not isinstance(item, str) or len(item) > MAX_ORDER_BY_ITEM_LENGTH:
-        raise _error("order_by", "item too long or not text")
-    scanner = _Scanner(item, "order_by")
+def _sort_key(scanner: _Scanner, grammar: Grammar) -> tuple[Entity, str]:
+    """The identifier at the cursor as a sort key the grammar allows, normalized."""
     entity, key = scanner.identifier()
     resolved: Entity = entity or "attribute"
     if resolved == "attribute":
@@ -595,6 +602,14 @@ def _order_item(item: str, grammar: Grammar) -> OrderBy:
             raise _error("order_by", "unknown or unsupported sort key", 0)
     elif resolved not in grammar.order_any_key:
         raise _error("order_by", "unknown or unsupported sort key", 0)
+    return resolved, key
+
+
+def _order_item(item: str, grammar: Grammar) -> OrderBy:
+    if not isinstance(item, str) or len(item) > MAX_ORDER_BY_ITEM_LENGTH:
+        raise _error("order_by", "item too long or not text")
+    scanner = _Scanner(item, "order_by")
+    resolved, key = _sort_key(scanner, grammar)
     ascending = True
     if not scanner.at_end():
         direction = (scanner.word() or "").upper()
@@ -619,6 +634,70 @@ def parse_order_by(items: Sequence[str] | None, grammar: Grammar) -> list[OrderB
         raise _error("order_by", f"give a list of at most {MAX_ORDER_BY_ITEMS} items")
     try:
         return [_order_item(item, grammar) for item in items]
+    except InvalidParameter as exc:
+        logger.debug("%s order_by refused: %s", grammar.name, exc.message)
+        raise
+
+
+def _dataset_field(item: Mapping[str, object], name: str) -> str | None:
+    value = item.get(name)
+    if value is None or value == "":
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_DATASET_FIELD_LENGTH
+        or _unsafe_char(value, controls=True)
+    ):
+        raise _error(
+            "order_by", f"{name} must be text of at most {MAX_DATASET_FIELD_LENGTH} characters"
+        )
+    return value
+
+
+def _order_object(item: object, grammar: Grammar) -> OrderBy:
+    if not isinstance(item, Mapping):
+        raise _error("order_by", "each item must be an object with a field_name")
+    field = item.get("field_name")
+    if not isinstance(field, str) or not field or len(field) > MAX_ORDER_BY_ITEM_LENGTH:
+        raise _error("order_by", "field_name must be a sort key")
+    ascending = item.get("ascending", True)
+    if not isinstance(ascending, bool):
+        raise _error("order_by", "ascending must be true or false")
+    scanner = _Scanner(field, "order_by")
+    entity, key = _sort_key(scanner, grammar)
+    if not scanner.at_end():
+        raise scanner.error("field_name must be one sort key, without a direction")
+    if entity != "metric":
+        return OrderBy(entity, key, ascending)
+    return OrderBy(
+        entity,
+        key,
+        ascending,
+        dataset_name=_dataset_field(item, "dataset_name"),
+        dataset_digest=_dataset_field(item, "dataset_digest"),
+    )
+
+
+def parse_order_by_objects(items: Sequence[object] | None, grammar: Grammar) -> list[OrderBy]:
+    """Parse ``order_by`` given as objects, the logged-model search's form::
+
+        {"field_name": "metrics.acc", "ascending": false,
+         "dataset_name": "eval", "dataset_digest": "3f2a"}
+
+    ``field_name`` is one identifier (no direction), checked against the same whitelist
+    as :func:`parse_order_by`; ``ascending`` defaults to true; the dataset fields, kept
+    for metric keys only, are optional (absent or empty: any dataset).
+
+    Raises:
+        InvalidParameter: more than ``MAX_ORDER_BY_ITEMS`` items, an item that is not
+            such an object, a sort key the grammar does not allow.
+    """
+    if not items:
+        return []
+    if isinstance(items, str | Mapping) or len(items) > MAX_ORDER_BY_ITEMS:
+        raise _error("order_by", f"give a list of at most {MAX_ORDER_BY_ITEMS} items")
+    try:
+        return [_order_object(item, grammar) for item in items]
     except InvalidParameter as exc:
         logger.debug("%s order_by refused: %s", grammar.name, exc.message)
         raise

@@ -16,7 +16,7 @@ from shamal.tracking._filters import (
     LOGGED_MODELS,
     decode_page_token,
     parse_filter,
-    parse_order_by,
+    parse_order_by_objects,
 )
 from shamal.tracking._paging import page_of
 from shamal.tracking._search import logged_models_query
@@ -24,7 +24,10 @@ from shamal.tracking._search import logged_models_query
 if TYPE_CHECKING:
     from shamal.tracking._service import TrackingService
 
-MAX_LOGGED_MODEL_RESULTS = 50
+#: A stock server's page size when a search names none (or 0) ...
+DEFAULT_LOGGED_MODEL_RESULTS = 100
+#: ... and it has no cap of its own: the proto field's int32 range is the only one.
+MAX_LOGGED_MODEL_RESULTS = 2**31 - 1
 
 
 class LoggedModelService:
@@ -100,15 +103,32 @@ class LoggedModelService:
         *,
         experiment_ids: Sequence[str],
         filter_string: str | None,
-        order_by: Sequence[str],
+        order_by: Sequence[object],
         max_results: int,
         page_token: str | None,
     ) -> Page[LoggedModel]:
+        """One page of the logged models of the experiments that match the filter.
+
+        Args:
+            order_by: objects ``{"field_name", "ascending", "dataset_name",
+                "dataset_digest"}``, as the MLflow client sends them
+                (see :func:`~shamal.tracking._filters.parse_order_by_objects`).
+            max_results: the page size, 1 to ``MAX_LOGGED_MODEL_RESULTS``.
+
+        Raises:
+            InvalidParameter: a bad page size, filter, order or page token.
+            NotFound: an experiment that does not exist or that the caller cannot see.
+        """
         if not 1 <= max_results <= MAX_LOGGED_MODEL_RESULTS:
-            raise InvalidParameter(f"max_results must be between 1 and {MAX_LOGGED_MODEL_RESULTS}.")
+            raise InvalidParameter(
+                f"Invalid value {max_results} for parameter 'max_results' supplied. "
+                f"It must be between 1 and {MAX_LOGGED_MODEL_RESULTS}."
+            )
         ids = [int(self._tracking.experiment(principal, e).experiment_id) for e in experiment_ids]
         query = logged_models_query(
-            ids, parse_filter(filter_string, LOGGED_MODELS), parse_order_by(order_by, LOGGED_MODELS)
+            ids,
+            parse_filter(filter_string, LOGGED_MODELS),
+            parse_order_by_objects(order_by, LOGGED_MODELS),
         )
         offset = decode_page_token(page_token)
         with self._db.unit_of_work(write=False) as s:

@@ -52,6 +52,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import UnaryExpression
+from sqlalchemy.sql.selectable import ScalarSelect
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from shamal.db.models import (
@@ -424,22 +425,51 @@ def _logged_model_condition(c: Comparison) -> ColumnElement[bool]:
     return compare(col, c.op, c.value, numeric=numeric)
 
 
+def _latest_model_metric(item: OrderBy) -> ScalarSelect[Any]:
+    """The model's latest value of the item's metric: the point with the newest timestamp,
+    then the highest step, then the first run id (MLflow's rule), among the points of the
+    item's dataset when it names one. NULL when the model has none, or when it is NaN.
+
+    A scalar subquery per model, which ``ix_metrics_model_key`` (model_id, key) serves.
+    """
+    query = select(case((MetricRow.is_nan, null()), else_=MetricRow.value)).where(
+        MetricRow.model_id == LoggedModelRow.model_id,
+        MetricRow.key == literal(item.key, String()),
+    )
+    if item.dataset_name is not None:
+        query = query.where(MetricRow.dataset_name == literal(item.dataset_name, String()))
+    if item.dataset_digest is not None:
+        query = query.where(MetricRow.dataset_digest == literal(item.dataset_digest, String()))
+    newest = (MetricRow.timestamp.desc(), MetricRow.step.desc(), MetricRow.run_id.asc())
+    return query.order_by(*newest, MetricRow.value.desc()).limit(1).scalar_subquery()
+
+
 def logged_models_query(
     experiment_ids: Sequence[int], filters: list[Comparison], order_by: list[OrderBy]
 ) -> Select[LoggedModelRow]:
     """The active logged models of the experiments that match every filter.
 
     A metric clause matches when any logged value of that key for the model (a
-    ``metrics`` row with its ``model_id``) satisfies it. Default order
-    ``creation_timestamp DESC``; every order ends with ``model_id ASC``.
+    ``metrics`` row with its ``model_id``) satisfies it. A metric sort key sorts on the
+    model's latest value of it (see :func:`_latest_model_metric`); models without one
+    come last in both directions. As on a stock server, every order is followed by
+    ``creation_timestamp DESC`` and ``model_id ASC`` (unless it sorts on them), so the
+    default order is newest first.
     """
     stmt = select(LoggedModelRow).where(
         LoggedModelRow.experiment_id.in_([int(e) for e in experiment_ids]),
         LoggedModelRow.lifecycle_stage == literal("active", String()),
         *(_logged_model_condition(c) for c in filters),
     )
-    items = order_by or [OrderBy("attribute", "creation_timestamp", ascending=False)]
-    terms = [sort_key(_MODEL_ATTRIBUTES[o.key][0], o.ascending, nullable=False) for o in items]
-    if all(o.key != "model_id" for o in items):
+    terms: list[UnaryExpression[Any]] = []
+    for o in order_by:
+        if o.entity == "metric":
+            terms.append(sort_key(_latest_model_metric(o), o.ascending, nullable=True))
+        else:
+            terms.append(sort_key(_MODEL_ATTRIBUTES[o.key][0], o.ascending, nullable=False))
+    sorted_on = {o.key for o in order_by if o.entity == "attribute"}
+    if "creation_timestamp" not in sorted_on:
+        terms.append(LoggedModelRow.creation_timestamp_ms.desc())
+    if "model_id" not in sorted_on:
         terms.append(LoggedModelRow.model_id.asc())
     return stmt.order_by(*terms)

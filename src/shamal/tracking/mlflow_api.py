@@ -23,6 +23,7 @@ from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
 from shamal.tracking import _proto
 from shamal.tracking._entities import LoggedModelSpec
+from shamal.tracking._model_service import DEFAULT_LOGGED_MODEL_RESULTS
 from shamal.tracking._service import LoggedData, TrackingService, view_type
 from shamal.tracking.mlflow_artifacts_api import artifacts_router
 
@@ -348,16 +349,13 @@ def delete_logged_model(
 
 @mlflow.post("/logged-models/search")
 def search_logged_models(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
-    order_by = [
-        str(o.get("field_name", "")) + ("" if o.get("ascending", True) else " DESC")
-        for o in f.objects("order_by")
-    ]
     page = svc.models.search(
         p,
         experiment_ids=[str(e) for e in f.many("experiment_ids")],
         filter_string=f.text("filter"),
-        order_by=order_by,
-        max_results=f.integer("max_results") or 50,
+        order_by=f.many("order_by"),
+        # As on a stock server, 0 is "not given".
+        max_results=f.integer("max_results") or DEFAULT_LOGGED_MODEL_RESULTS,
         page_token=f.text("page_token"),
     )
     return proto_json(

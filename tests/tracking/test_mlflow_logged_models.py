@@ -1,0 +1,133 @@
+"""Searching logged models with the stock mlflow client: order by a metric, page sizes."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import mlflow
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import LoggedModel, Metric
+
+from tests.live import LiveServer
+
+pytestmark = pytest.mark.slow
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _pages(
+    client: MlflowClient, experiment_id: str, order_by: list[dict[str, object]]
+) -> list[str]:
+    """Every model id, two a page, following the server's page tokens."""
+    seen: list[str] = []
+    token = None
+    while True:
+        page = client.search_logged_models(
+            experiment_ids=[experiment_id], order_by=order_by, max_results=2, page_token=token
+        )
+        seen += [m.model_id for m in page]
+        token = page.token
+        if not token:
+            return seen
+
+
+def test_logged_models_ordered_by_a_metric(mlflow_env: LiveServer) -> None:
+    """Each model's latest value of the key (newest timestamp, then highest step) orders
+    it; models without the key come last in both directions, as on a stock server."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("lm-order"))
+    run_id = client.create_run(exp_id).info.run_id
+    # model -> points (value, timestamp, step, dataset name, dataset digest)
+    plan: list[list[tuple[float, int, int, str | None, str | None]]] = [
+        [(0.5, 1000, 0, None, None)],
+        [(0.9, 1000, 0, "dA", "dgA"), (0.1, 2000, 0, "dB", "dgB")],  # latest 0.1; dA 0.9
+        [],  # no acc at all
+        [(0.7, 1000, 5, None, None), (0.2, 1000, 1, None, None)],  # same time: step 5 wins
+        [(0.3, 3000, 0, None, None), (0.95, 1000, 9, None, None)],  # newest time wins
+    ]
+    ids: list[str] = []
+    for i, points in enumerate(plan):
+        model_id = client.create_logged_model(exp_id, name=f"m{i}").model_id
+        metrics = [
+            Metric("acc", v, ts, step, model_id=model_id, dataset_name=d, dataset_digest=g)
+            for v, ts, step, d, g in points
+        ]
+        client.log_batch(run_id, metrics=metrics + [Metric("loss", 1.0, 0, 0, model_id=model_id)])
+        ids.append(model_id)
+    extra = client.create_logged_model(exp_id, name="only-a-tag", tags={"t": "x"}).model_id
+
+    def order(**item: object) -> list[str]:
+        found = mlflow.search_logged_models(
+            experiment_ids=[exp_id], order_by=[item], output_format="list"
+        )
+        return [m.model_id for m in found]
+
+    desc = order(field_name="metrics.acc", ascending=False)
+    assert desc[:4] == [ids[3], ids[0], ids[4], ids[1]]
+    assert set(desc[4:]) == {ids[2], extra}
+    asc = order(field_name="metrics.acc", ascending=True)
+    assert asc[:4] == [ids[1], ids[4], ids[0], ids[3]]
+    assert set(asc[4:]) == {ids[2], extra}
+    # Models that tie (here: all without the key) follow creation time, newest first, then
+    # model id: the order with no order_by at all.
+    unordered = order(field_name="creation_timestamp", ascending=False)
+    assert [m for m in desc if m in (ids[2], extra)] == [
+        m for m in unordered if m in (ids[2], extra)
+    ]
+    # Only the points logged against a dataset count when the item names one.
+    by_dataset = order(field_name="metrics.acc", ascending=False, dataset_name="dA")
+    assert by_dataset[0] == ids[1]
+    assert order(field_name="metrics.acc", dataset_name="dA", dataset_digest="dgA")[0] == ids[1]
+    assert order(field_name="metrics.acc", dataset_name="dA", dataset_digest="zz") == unordered
+    # Pages of two, by the page tokens, are the same order.
+    for ascending in (False, True):
+        item = {"field_name": "metrics.acc", "ascending": ascending}
+        paged = _pages(client, exp_id, [item])
+        assert paged == (desc if not ascending else asc)
+    # Still a whitelist: other entities, unknown keys, malformed items are a clean 400.
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    url = f"{mlflow_env.url}/api/2.0/mlflow/logged-models/search"
+    for bad in (
+        {"field_name": "params.alpha"},
+        {"field_name": "bogus"},
+        {"field_name": "metrics.acc; DROP TABLE metrics"},
+        {"ascending": False},
+        {"field_name": "metrics.acc", "dataset_name": 5},
+        {"field_name": "metrics.acc", "ascending": "sideways"},
+        "metrics.acc DESC",
+    ):
+        r = httpx.post(url, headers=headers, json={"experiment_ids": [exp_id], "order_by": [bad]})
+        assert (r.status_code, r.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE"), bad
+        assert "Traceback" not in r.text
+
+
+def _model_ids(models: list[LoggedModel]) -> list[str]:
+    return [m.model_id for m in models]
+
+
+def test_logged_model_search_page_sizes_match_stock(mlflow_env: LiveServer) -> None:
+    """Stock: 100 models a page by default (and for max_results 0), no upper cap."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("lm-pages"))
+    created = [client.create_logged_model(exp_id, name=f"m{i}").model_id for i in range(105)]
+    everything = mlflow.search_logged_models(
+        experiment_ids=[exp_id], max_results=100, output_format="list"
+    )
+    assert len(everything) == 100
+    all_of_them = client.search_logged_models(experiment_ids=[exp_id], max_results=1000)
+    assert sorted(_model_ids(all_of_them)) == sorted(created)
+    assert all_of_them.token is None
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    url = f"{mlflow_env.url}/api/2.0/mlflow/logged-models/search"
+    for body in ({}, {"max_results": 0}):
+        page = httpx.post(url, headers=headers, json={"experiment_ids": [exp_id], **body}).json()
+        assert len(page["models"]) == 100
+        assert page["next_page_token"]
+    negative = httpx.post(
+        url, headers=headers, json={"experiment_ids": [exp_id], "max_results": -1}
+    )
+    assert (negative.status_code, negative.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
