@@ -289,3 +289,34 @@ def test_server_info_unknown_endpoints_and_missing_things(mlflow_env: LiveServer
     with pytest.raises(RestException) as exc:
         MlflowClient().get_experiment("999999")
     assert exc.value.error_code == "RESOURCE_DOES_NOT_EXIST"
+
+
+def test_search_max_results_zero_or_negative_is_400(mlflow_env: LiveServer) -> None:
+    """As on a stock server: absent is the default (1000), 0 and negatives are refused."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("max-results"))
+    client.create_run(exp_id)
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    api = f"{mlflow_env.url}/api/2.0/mlflow"
+    searches = [
+        ("POST", "experiments/search", {}),
+        ("GET", "experiments/search", {}),
+        ("POST", "runs/search", {"experiment_ids": [exp_id]}),
+    ]
+    for method, path, body in searches:
+        for value in (0, -1, "0", 50_001):
+            if method == "GET":
+                r = httpx.get(f"{api}/{path}", params={"max_results": value}, headers=headers)
+            else:
+                r = httpx.post(
+                    f"{api}/{path}", json={**body, "max_results": value}, headers=headers
+                )
+            assert (r.status_code, r.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE"), (
+                path,
+                value,
+            )
+            assert "max_results" in r.json()["message"]
+    assert len(client.search_runs([exp_id])) == 1  # absent: the default page
+    with pytest.raises(MlflowException) as zero:
+        client.search_runs([exp_id], max_results=0)
+    assert zero.value.error_code == "INVALID_PARAMETER_VALUE"

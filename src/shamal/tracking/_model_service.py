@@ -18,7 +18,7 @@ from shamal.tracking._filters import (
     parse_filter,
     parse_order_by_objects,
 )
-from shamal.tracking._paging import page_of
+from shamal.tracking._paging import check_page_size, page_of
 from shamal.tracking._search import logged_models_query
 
 if TYPE_CHECKING:
@@ -119,11 +119,7 @@ class LoggedModelService:
             InvalidParameter: a bad page size, filter, order or page token.
             NotFound: an experiment that does not exist or that the caller cannot see.
         """
-        if not 1 <= max_results <= MAX_LOGGED_MODEL_RESULTS:
-            raise InvalidParameter(
-                f"Invalid value {max_results} for parameter 'max_results' supplied. "
-                f"It must be between 1 and {MAX_LOGGED_MODEL_RESULTS}."
-            )
+        check_page_size(max_results, MAX_LOGGED_MODEL_RESULTS)
         ids = [int(self._tracking.experiment(principal, e).experiment_id) for e in experiment_ids]
         query = logged_models_query(
             ids,

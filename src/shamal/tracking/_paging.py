@@ -24,6 +24,25 @@ _HISTORY_POINT = struct.Struct("<qqd?")
 _HISTORY_TOKEN_LENGTH = len(base64.urlsafe_b64encode(bytes(_HISTORY_POINT.size)).rstrip(b"="))
 
 
+def check_page_size(max_results: int, cap: int) -> int:
+    """``max_results`` when it is 1 to ``cap``; the stock server's 400 otherwise.
+
+    Raises:
+        InvalidParameter: 0, a negative number or more than ``cap``.
+    """
+    if max_results < 1:
+        raise InvalidParameter(
+            f"Invalid value {max_results} for parameter 'max_results' supplied. "
+            "It must be a positive integer."
+        )
+    if max_results > cap:
+        raise InvalidParameter(
+            f"Invalid value {max_results} for parameter 'max_results' supplied. "
+            f"It must be at most {cap}."
+        )
+    return max_results
+
+
 def page_of(items: list[T], offset: int, limit: int) -> Page[T]:
     """``items`` was fetched with ``limit + 1`` rows: one more means there is a next page."""
     more = len(items) > limit

@@ -42,7 +42,12 @@ from shamal.tracking._filters import (
     parse_order_by,
 )
 from shamal.tracking._model_service import LoggedModelService
-from shamal.tracking._paging import decode_history_token, history_page, page_of
+from shamal.tracking._paging import (
+    check_page_size,
+    decode_history_token,
+    history_page,
+    page_of,
+)
 from shamal.tracking._search import experiments_query, runs_query
 
 logger = logging.getLogger(__name__)
@@ -216,10 +221,7 @@ class TrackingService:
         max_results: int,
         page_token: str | None,
     ) -> Page[Experiment]:
-        if not 1 <= max_results <= MAX_SEARCH["experiments"]:
-            raise InvalidParameter(
-                f"max_results must be between 1 and {MAX_SEARCH['experiments']}."
-            )
+        check_page_size(max_results, MAX_SEARCH["experiments"])
         query = experiments_query(
             parse_filter(filter_string, EXPERIMENTS), parse_order_by(order_by, EXPERIMENTS), view
         )
@@ -442,8 +444,7 @@ class TrackingService:
         order_by: Sequence[str],
         page_token: str | None,
     ) -> Page[Run]:
-        if not 1 <= max_results <= MAX_SEARCH["runs"]:
-            raise InvalidParameter(f"max_results must be between 1 and {MAX_SEARCH['runs']}.")
+        check_page_size(max_results, MAX_SEARCH["runs"])
         ids = [int(self.experiment(principal, e).experiment_id) for e in experiment_ids]
         query = runs_query(
             ids, parse_filter(filter_string, RUNS), parse_order_by(order_by, RUNS), view

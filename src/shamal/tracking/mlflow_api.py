@@ -46,6 +46,14 @@ Searcher = Annotated[Principal, Depends(read_only_post)]
 
 mlflow = APIRouter(include_in_schema=False, default_response_class=ProtoJSONResponse)
 
+#: The page size of experiment and run searches that name none; 0 is refused (stock).
+DEFAULT_SEARCH_RESULTS = 1000
+
+
+def _page_size(f: Fields) -> int:
+    size = f.integer("max_results")
+    return DEFAULT_SEARCH_RESULTS if size is None else size
+
 
 # ---------------------------------------------------------------------- logging to runs
 # First in the router: routing tries routes in order, and these carry the volume.
@@ -131,7 +139,7 @@ def _search_experiments(f: Fields, svc: TrackingService, p: Principal) -> ProtoJ
         filter_string=f.text("filter"),
         order_by=f.many("order_by"),
         view=view_type(f.text("view_type")),
-        max_results=f.integer("max_results") or 1000,
+        max_results=_page_size(f),
         page_token=f.text("page_token"),
     )
     return proto_json(
@@ -261,7 +269,7 @@ def search_runs(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
         experiment_ids=[str(e) for e in f.many("experiment_ids")],
         filter_string=f.text("filter"),
         view=view_type(f.text("run_view_type")),
-        max_results=f.integer("max_results") or 1000,
+        max_results=_page_size(f),
         order_by=f.many("order_by"),
         page_token=f.text("page_token"),
     )
