@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import uuid
+from collections import Counter
+from typing import Any
 
 import mlflow
 import pytest
+import sqlalchemy as sa
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from shamal.cli import app
+from shamal.db.models.tracking import RunRow
 from tests.live import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -84,3 +90,201 @@ def test_models_list_show_compare(cli: CliRunner) -> None:
     assert compared.exit_code == 0, compared.output
     assert "param C" in compared.output
     assert "metric train_acc" in compared.output
+
+
+def _log_experiment(name: str, rng: random.Random, statuses: list[str]) -> list[str]:
+    """One run per status with random acc/loss (and f1 on every other run); returns run ids."""
+    experiment_id = mlflow.set_experiment(name).experiment_id
+    client = MlflowClient()
+    ids = []
+    for i, status in enumerate(statuses):
+        run = client.create_run(experiment_id, run_name=f"{name}-{i}")
+        run_id = run.info.run_id
+        client.log_metric(run_id, "acc", rng.uniform(0.5, 1.0))
+        client.log_metric(run_id, "loss", rng.uniform(0.0, 2.0))
+        if i % 2:
+            client.log_metric(run_id, "f1", rng.uniform(0.0, 1.0))
+        if status != "RUNNING":
+            client.set_terminated(run_id, status=status)
+        ids.append(run_id)
+    return ids
+
+
+def _expected_summary(name: str, ids: list[str], maximize: bool) -> dict[str, Any]:
+    """What `experiments compare` must say of an experiment, from the mlflow client's view."""
+    client = MlflowClient()
+    runs = [client.get_run(i) for i in ids]
+    times = [client.get_experiment_by_name(name).last_update_time]
+    best: dict[str, dict[str, Any]] = {}
+    pick = max if maximize else min
+    for run in runs:
+        times += [t for t in (run.info.start_time, run.info.end_time) if t is not None]
+        for key, value in run.data.metrics.items():
+            times += [m.timestamp for m in client.get_metric_history(run.info.run_id, key)]
+            if key not in best or pick(value, best[key]["value"]) != best[key]["value"]:
+                best[key] = {
+                    "value": value,
+                    "run_id": run.info.run_id,
+                    "run_name": run.info.run_name,
+                }
+    return {
+        "runs": len(runs),
+        "runs_by_status": dict(Counter(r.info.status for r in runs)),
+        "last_activity": max(times),
+        "best": best,
+    }
+
+
+def _table_rows(output: str) -> dict[str, list[str]]:
+    """A Rich table's body rows: the first cell of each -> its other cells, stripped."""
+    rows = {}
+    for line in output.splitlines():
+        if line.startswith("│"):
+            label, *cells = (c.strip() for c in line.strip("│").split("│"))
+            rows[label] = cells
+    return rows
+
+
+def test_experiments_compare_matches_the_logged_runs(cli: CliRunner) -> None:
+    rng = random.Random()
+    names = [f"cmp-a-{uuid.uuid4().hex[:8]}", f"cmp-b-{uuid.uuid4().hex[:8]}"]
+    logged = {
+        names[0]: _log_experiment(names[0], rng, ["FINISHED", "FINISHED", "FAILED", "RUNNING"]),
+        names[1]: _log_experiment(names[1], rng, ["FINISHED", "KILLED", "FINISHED"]),
+    }
+    for maximize, flag in ((True, "--max"), (False, "--min")):
+        result = cli.invoke(app, ["experiments", "compare", *names, flag, "--json"])
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.stdout)
+        assert [s["name"] for s in shown] == names
+        for summary in shown:
+            expected = _expected_summary(summary["name"], logged[summary["name"]], maximize)
+            assert summary["goal"] == ("max" if maximize else "min")
+            assert summary["runs"] == expected["runs"]
+            assert summary["runs_by_status"] == expected["runs_by_status"]
+            assert summary["last_activity"] == expected["last_activity"]
+            best = {
+                k: {"value": b["value"], "run_id": b["run_id"], "run_name": b["run_name"]}
+                for k, b in summary["best"].items()
+            }
+            assert best == expected["best"]
+
+    # The table: one metric, its best value per experiment, the winner marked, and the best
+    # runs with their ids as the CLI shows them everywhere (and takes back).
+    table = cli.invoke(app, ["experiments", "compare", *names, "--metric", "acc"])
+    assert table.exit_code == 0, table.output
+    rows = _table_rows(table.stdout)
+    expected = [_expected_summary(n, logged[n], maximize=True) for n in names]
+    assert rows["runs"] == [str(e["runs"]) for e in expected]
+    for status in ("FINISHED", "FAILED", "KILLED", "RUNNING"):
+        assert rows[status.lower()] == [str(e["runs_by_status"].get(status, 0)) for e in expected]
+    bests = [e["best"]["acc"] for e in expected]
+    winner = max(b["value"] for b in bests)
+    assert rows["acc (max)"] == [
+        f"{b['value']:.6g}{' ▲' if b['value'] == winner else ''}" for b in bests
+    ]
+    assert rows["best run"] == [f"{b['run_name']} {b['run_id'][:12]}" for b in bests]
+    assert "loss (max)" not in rows
+
+    unknown = cli.invoke(app, ["experiments", "compare", *names, "--metric", "nope"])
+    assert unknown.exit_code == 0, unknown.output
+    assert "no run of these experiments has a finite value of metric 'nope'" in unknown.stderr
+    assert "acc, f1, loss" in unknown.stderr
+    missing = cli.invoke(app, ["experiments", "compare", names[0], f"no-such-{uuid.uuid4().hex}"])
+    assert missing.exit_code == 1
+    assert "shamal experiments list" in missing.stderr
+    assert missing.exception is None or isinstance(missing.exception, SystemExit)
+    one = cli.invoke(app, ["experiments", "compare", names[0]])
+    assert one.exit_code == 2
+    assert "at least two" in one.output
+
+
+def _twin_of(server: LiveServer, run_id: str) -> str:
+    """Store a second run whose id shares the first 12 characters of ``run_id``, and only those
+    (ids are random, so a clash has to be made): straight into the server's database."""
+    twin = run_id[:12] + ("0" if run_id[12] != "0" else "1") + uuid.uuid4().hex[13:]
+    url = server.env.get("SHAMAL_DATABASE_URL") or f"sqlite:///{server.home / 'shamal.db'}"
+    engine = sa.create_engine(url)
+    try:
+        runs = RunRow.__table__
+        with engine.begin() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().one()
+            conn.execute(sa.insert(runs).values({**row, "run_id": twin, "name": "twin"}))
+    finally:
+        engine.dispose()
+    return twin
+
+
+def _shown_ids(output: str) -> list[str]:
+    """The run ids a table shows (12 characters or more)."""
+    return re.findall(r"(?<![0-9a-f])[0-9a-f]{12,32}(?![0-9a-f])", output)
+
+
+def test_run_ids_as_shown_are_taken_back(cli: CliRunner, mlflow_env: LiveServer) -> None:
+    name = f"short-{uuid.uuid4().hex[:8]}"
+    mlflow.set_experiment(name)
+    accs = {}
+    for i in range(2):
+        with mlflow.start_run(run_name=f"short-{i}") as run:
+            accs[run.info.run_id] = random.uniform(0, 1)
+            mlflow.log_metric("acc", accs[run.info.run_id])
+    listed = cli.invoke(app, ["runs", "list", name])
+    assert listed.exit_code == 0, listed.output
+    shown = _shown_ids(listed.stdout)
+    assert sorted(shown) == sorted(i[:12] for i in accs)
+
+    for short in shown:
+        full = next(i for i in accs if i.startswith(short))
+        show = cli.invoke(app, ["runs", "show", short])
+        assert show.exit_code == 0, show.output
+        assert full in show.stdout
+        assert f"{accs[full]:.6g}" in show.stdout
+        assert cli.invoke(app, ["runs", "show", short[:8], "--json"]).exit_code == 0
+    compared = cli.invoke(app, ["runs", "compare", *shown, "--json"])
+    assert compared.exit_code == 0, compared.output
+    assert [r["run_id"] for r in json.loads(compared.stdout)] == [
+        next(i for i in accs if i.startswith(s)) for s in shown
+    ]
+    table = cli.invoke(app, ["runs", "compare", *shown])
+    assert table.exit_code == 0, table.output
+    assert sorted(_shown_ids(table.stdout)) == sorted(shown)
+
+    # Two runs that start alike: the short form names both, so it is refused with both listed.
+    first = next(iter(accs))
+    twin = _twin_of(mlflow_env, first)
+    for args in (["runs", "show", first[:12]], ["runs", "compare", first[:12], shown[0]]):
+        ambiguous = cli.invoke(app, args)
+        assert ambiguous.exit_code == 1, ambiguous.output
+        assert f"run id prefix '{first[:12]}' is ambiguous: 2 runs start with it" in (
+            ambiguous.stderr
+        )
+        assert first in ambiguous.stderr
+        assert twin in ambiguous.stderr
+        assert "give more characters" in ambiguous.stderr
+        assert "Traceback" not in ambiguous.output
+    assert cli.invoke(app, ["runs", "show", first]).exit_code == 0
+    assert cli.invoke(app, ["runs", "compare", first, twin]).exit_code == 0
+    # ... and the tables now show as much of the two ids as tells them apart, which works.
+    relisted = _shown_ids(cli.invoke(app, ["runs", "list", name]).stdout)
+    assert sorted(relisted) == sorted(i[:13] for i in [*accs, twin])
+    for short in relisted:
+        again = cli.invoke(app, ["runs", "show", short, "--json"])
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout)["run_id"].startswith(short)
+
+    unknown_prefix = uuid.uuid4().hex[:10]
+    for args in (
+        ["runs", "show", unknown_prefix],
+        ["runs", "compare", shown[0], unknown_prefix],
+        ["runs", "show", uuid.uuid4().hex],
+    ):
+        unknown = cli.invoke(app, args)
+        assert unknown.exit_code == 1, unknown.output
+        assert "not found" in unknown.stderr or "no run you can see" in unknown.stderr
+        assert "shamal runs list EXPERIMENT" in unknown.stderr
+        assert "Traceback" not in unknown.output
+    for bad in ("f00de26", "not-an-id", "g" * 12):
+        refused = cli.invoke(app, ["runs", "show", bad])
+        assert refused.exit_code == 1, refused.output
+        assert "is not a run id" in refused.stderr
+        assert "at least the first 8" in refused.stderr

@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shamal.client import ShamalClient
@@ -45,7 +46,8 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except ShamalError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.message} [dim]({exc.code})[/]")
+            # Messages quote names users chose: never read as markup.
+            err_console.print(f"[bold red]error:[/] {escape(exc.message)} [dim]({exc.code})[/]")
             for cls, hint in _HINTS.items():
                 if isinstance(exc, cls):
                     err_console.print(f"[yellow]hint:[/] {hint}")
@@ -82,7 +84,7 @@ def print_table(
     for column in columns:
         table.add_column(column.replace("_", " "))
     for row in materialized:
-        table.add_row(*(fmt(row.get(c)) for c in columns))
+        table.add_row(*(escape(fmt(row.get(c))) for c in columns))
     if not materialized:
         console.print(f"[dim]{title}: none[/]")
         return

@@ -1,16 +1,42 @@
-"""`shamal experiments` and `shamal runs`: look at tracked work from the terminal."""
+"""`shamal experiments`, `shamal runs` and `shamal models`: look at tracked work from the terminal.
+
+Run ids are shown by their first :data:`SHORT_ID` characters; every command that takes a run id
+takes that short form back (any unique prefix of 8 or more), resolved by the client.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from shamal.cli._common import JsonOption, client, console, fmt, handle_errors, print_table
+from shamal.cli._common import (
+    JsonOption,
+    client,
+    console,
+    err_console,
+    fmt,
+    handle_errors,
+    print_table,
+)
+from shamal.client import ShamalClient
+from shamal.errors import NotFound
 
-experiments = typer.Typer(help="Experiments: list and show.", no_args_is_help=True)
+#: Characters of a run id the tables show (the quickstart prints as many).
+SHORT_ID: Final = 12
+#: The order run states are listed in; others follow by name.
+_STATUS_ORDER: Final = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
+_RUN_ID_HELP: Final = "A run id, or its first 8 or more characters (as tables show them)."
+_LIST_EXPERIMENTS: Final = "`shamal experiments list` shows the experiments you can see"
+_LIST_RUNS: Final = "`shamal runs list EXPERIMENT` shows the runs of an experiment and their ids"
+
+experiments = typer.Typer(help="Experiments: list, show and compare.", no_args_is_help=True)
 runs = typer.Typer(help="Runs: list, show and compare side by side.", no_args_is_help=True)
 models = typer.Typer(
     help="Registered models: list, show versions and aliases, compare versions.",
@@ -51,14 +77,142 @@ def list_experiments(
 def show_experiment(experiment: str, as_json: bool = JsonOption) -> None:
     """Show an experiment (by id or name) and its latest runs."""
     api = client()
-    exp = api.get_experiment(api.experiment_id_of(experiment))
+    exp = _experiment(api, experiment)
     if as_json:
         console.print_json(data=exp)
         return
-    console.print(f"[bold]{exp['name']}[/] (id {exp['experiment_id']}, {exp['lifecycle_stage']})")
+    console.print(
+        f"[bold]{escape(exp['name'])}[/] (id {exp['experiment_id']}, {exp['lifecycle_stage']})"
+    )
     for key, value in sorted(exp["tags"].items()):
-        console.print(f"  {key} = {value}")
-    _print_runs(api.list_runs(exp["experiment_id"], limit=20), f"Latest runs of {exp['name']}")
+        console.print(f"  {escape(key)} = {escape(value)}")
+    title = f"Latest runs of {escape(exp['name'])}"
+    _print_runs(api.list_runs(exp["experiment_id"], limit=20), title)
+
+
+@experiments.command("compare")
+@handle_errors
+def compare_experiments(
+    names: Annotated[list[str], typer.Argument(help="Two or more experiment ids or names.")],
+    metric: Annotated[
+        str | None, typer.Option("--metric", help="Compare this metric only.")
+    ] = None,
+    maximize: Annotated[
+        bool, typer.Option("--max/--min", help="Best is the highest value, or the lowest.")
+    ] = True,
+    as_json: bool = JsonOption,
+) -> None:
+    """Compare experiments side by side: their (active) runs by status, last activity, and for
+    each metric the best value any run has (its latest value; NaN and infinities never win)
+    with the run that has it. The best experiment of each metric is marked."""
+    if len(names) < 2:
+        raise typer.BadParameter("give at least two experiments")
+    api = client()
+    summaries = []
+    for name in names:
+        exp = _experiment(api, name)
+        runs_of = api.iter_runs(exp["experiment_id"])
+        summaries.append(summarize_experiment(exp, runs_of, metric=metric, maximize=maximize))
+    if as_json:
+        console.print_json(data=summaries)
+    else:
+        _print_experiment_comparison(summaries, maximize=maximize)
+    if metric is not None and all(metric not in s["best"] for s in summaries):
+        seen = sorted({k for s in summaries for k in s["metric_keys"]})
+        err_console.print(
+            f"[yellow]note:[/] no run of these experiments has a finite value of metric "
+            f"{escape(repr(metric))}; their metrics: {escape(', '.join(seen) or 'none')}"
+        )
+
+
+def summarize_experiment(
+    exp: dict[str, Any], runs_of: Iterable[dict[str, Any]], *, metric: str | None, maximize: bool
+) -> dict[str, Any]:
+    """What `experiments compare` shows of one experiment, from its API record and runs.
+
+    Returns:
+        ``experiment_id``, ``name``, ``lifecycle_stage``; ``runs`` (how many) and
+        ``runs_by_status``; ``last_activity`` (ms: the latest of the experiment's update time
+        and its runs' start, end and latest-metric times); ``goal`` ("max" or "min");
+        ``best``: per metric (only ``metric`` when given), the best finite latest value with
+        its ``step``, ``run_id`` and ``run_name`` (the newest run wins a tie); ``metric_keys``:
+        every metric any run logged.
+    """
+    by_status: Counter[str] = Counter()
+    times = [exp["last_update_time"]]
+    best: dict[str, dict[str, Any]] = {}
+    keys: set[str] = set()
+    for run in runs_of:
+        by_status[run["status"]] += 1
+        times.extend(t for t in (run["start_time"], run["end_time"]) if t is not None)
+        for key, point in run["metrics"].items():
+            keys.add(key)
+            times.append(point["timestamp"])
+            value = point.get("value")
+            if value is None or (metric is not None and key != metric):
+                continue
+            held = best.get(key)
+            if held is None or (value > held["value"] if maximize else value < held["value"]):
+                best[key] = {
+                    "value": value,
+                    "step": point["step"],
+                    "run_id": run["run_id"],
+                    "run_name": run["run_name"],
+                }
+    return {
+        "experiment_id": exp["experiment_id"],
+        "name": exp["name"],
+        "lifecycle_stage": exp["lifecycle_stage"],
+        "runs": sum(by_status.values()),
+        "runs_by_status": dict(sorted(by_status.items(), key=lambda kv: _status_rank(kv[0]))),
+        "last_activity": max(times),
+        "goal": "max" if maximize else "min",
+        "best": dict(sorted(best.items())),
+        "metric_keys": sorted(keys),
+    }
+
+
+def _status_rank(status: str) -> tuple[int, str]:
+    known = status in _STATUS_ORDER
+    return (_STATUS_ORDER.index(status) if known else len(_STATUS_ORDER), status)
+
+
+def _print_experiment_comparison(summaries: list[dict[str, Any]], *, maximize: bool) -> None:
+    table = Table(title="Experiment comparison", title_justify="left", header_style="bold")
+    table.add_column("")
+    for s in summaries:
+        table.add_column(f"{escape(s['name'])}\nid {s['experiment_id']}", justify="right")
+    table.add_row("runs", *(str(s["runs"]) for s in summaries))
+    statuses = sorted({k for s in summaries for k in s["runs_by_status"]}, key=_status_rank)
+    for status in statuses:
+        table.add_row(
+            f"  {status.lower()}", *(str(s["runs_by_status"].get(status, 0)) for s in summaries)
+        )
+    table.add_row("last activity", *(_ms(s["last_activity"]) for s in summaries))
+    goal, mark = ("max", "▲") if maximize else ("min", "▼")
+    width = short_id_width(b["run_id"] for s in summaries for b in s["best"].values())
+    for key in sorted({k for s in summaries for k in s["best"]}):
+        table.add_section()
+        found = [s["best"].get(key) for s in summaries]
+        values = {b["value"] for b in found if b}
+        winner = (max if maximize else min)(values) if len(values) > 1 else None
+        table.add_row(
+            f"{escape(key)} ({goal})",
+            *(
+                "-"
+                if b is None
+                else f"{metric_text(b)}{' ' + mark if b['value'] == winner else ''}"
+                for b in found
+            ),
+        )
+        table.add_row(
+            "  best run",
+            *(
+                "-" if b is None else f"{escape(b['run_name'])} {b['run_id'][:width]}"
+                for b in found
+            ),
+        )
+    console.print(table)
 
 
 @runs.command("list")
@@ -77,7 +231,7 @@ def list_runs(
     """List (and search) the runs of an experiment."""
     api = client()
     rows = api.list_runs(
-        api.experiment_id_of(experiment), filter_string=filter_, order_by=order_by, limit=limit
+        _experiment_id(api, experiment), filter_string=filter_, order_by=order_by, limit=limit
     )
     if as_json:
         console.print_json(data=rows)
@@ -87,14 +241,16 @@ def list_runs(
 
 @runs.command("show")
 @handle_errors
-def show_run(run_id: str, as_json: bool = JsonOption) -> None:
+def show_run(
+    run_id: Annotated[str, typer.Argument(help=_RUN_ID_HELP)], as_json: bool = JsonOption
+) -> None:
     """Show a run: status, params, latest metrics and tags."""
-    run = client().get_run(run_id)
+    run = _run(client(), run_id)
     if as_json:
         console.print_json(data=run)
         return
     console.print(
-        f"[bold]{run['run_name']}[/] {run['run_id']}  {run['status']}  "
+        f"[bold]{escape(run['run_name'])}[/] {run['run_id']}  {run['status']}  "
         f"started {_ms(run['start_time'])}"
     )
     print_table(
@@ -115,19 +271,20 @@ def show_run(run_id: str, as_json: bool = JsonOption) -> None:
 @runs.command("compare")
 @handle_errors
 def compare(
-    run_ids: Annotated[list[str], typer.Argument(help="Two or more run ids.")],
+    run_ids: Annotated[list[str], typer.Argument(help=f"Two or more runs. {_RUN_ID_HELP}")],
     as_json: bool = JsonOption,
 ) -> None:
     """Compare runs side by side: params and latest metrics, one column per run."""
     if len(run_ids) < 2:
         raise typer.BadParameter("give at least two run ids")
     api = client()
-    found = [api.get_run(r) for r in run_ids]
+    found = [_run(api, r) for r in run_ids]
     if as_json:
         console.print_json(data=found)
         return
+    width = short_id_width(r["run_id"] for r in found)
     _print_comparison(
-        "Run comparison", [f"{r['run_name']}\n{r['run_id'][:8]}" for r in found], found
+        "Run comparison", [f"{escape(r['run_name'])}\n{r['run_id'][:width]}" for r in found], found
     )
 
 
@@ -137,7 +294,9 @@ def _print_comparison(title: str, headers: list[str], found: list[dict[str, Any]
     for header in headers:
         table.add_column(header, justify="right")
     for key in sorted({k for run in found for k in run["params"]}):
-        table.add_row(f"param {key}", *(run["params"].get(key, "-") for run in found))
+        table.add_row(
+            f"param {escape(key)}", *(escape(run["params"].get(key, "-")) for run in found)
+        )
     table.add_section()
     for key in sorted({k for run in found for k in run["metrics"]}):
         values = [run["metrics"].get(key) for run in found]
@@ -154,8 +313,33 @@ def _print_comparison(title: str, headers: list[str], found: list[dict[str, Any]
                 else c
                 for c, v in zip(cells, values, strict=True)
             ]
-        table.add_row(f"metric {key}", *cells)
+        table.add_row(f"metric {escape(key)}", *cells)
     console.print(table)
+
+
+@contextmanager
+def _next_step(hint: str) -> Iterator[None]:
+    """A NotFound leaves with what to do about it."""
+    try:
+        yield
+    except NotFound as exc:
+        raise NotFound(f"{exc.message}; {hint}") from None
+
+
+def _experiment_id(api: ShamalClient, id_or_name: str) -> str:
+    with _next_step(_LIST_EXPERIMENTS):
+        return api.experiment_id_of(id_or_name)
+
+
+def _experiment(api: ShamalClient, id_or_name: str) -> dict[str, Any]:
+    with _next_step(_LIST_EXPERIMENTS):
+        return api.get_experiment(api.experiment_id_of(id_or_name))
+
+
+def _run(api: ShamalClient, id_or_prefix: str) -> dict[str, Any]:
+    """A run by its id or a unique prefix of it (an ambiguous one lists the candidates)."""
+    with _next_step(_LIST_RUNS):
+        return api.get_run(api.resolve_run_id(id_or_prefix))
 
 
 def _ms(value: int | None) -> str:
@@ -164,11 +348,22 @@ def _ms(value: int | None) -> str:
     return fmt(datetime.fromtimestamp(value / 1000, UTC).isoformat())
 
 
+def short_id_width(run_ids: Iterable[str]) -> int:
+    """How many characters of the ids to show: :data:`SHORT_ID`, or more where two of these
+    ids start alike (as git lengthens short ids), so what is shown can be copied back."""
+    ids = set(run_ids)
+    width = SHORT_ID
+    while width < 32 and len({i[:width] for i in ids}) < len(ids):
+        width += 1
+    return width
+
+
 def _print_runs(rows: list[dict[str, Any]], title: str) -> None:
     metric_keys = sorted({k for r in rows for k in r["metrics"]})[:6]
+    width = short_id_width(r["run_id"] for r in rows)
     table_rows = [
         {
-            "run_id": r["run_id"][:12],
+            "run_id": r["run_id"][:width],
             "run_name": r["run_name"],
             "status": r["status"],
             "start_time": _ms(r["start_time"]),
@@ -210,7 +405,7 @@ def show_model(name: str, as_json: bool = JsonOption) -> None:
     if as_json:
         console.print_json(data=model)
         return
-    console.print(f"[bold]{model['name']}[/] {model['description']}")
+    console.print(f"[bold]{escape(model['name'])}[/] {escape(model['description'])}")
     print_table(
         "Versions",
         ["version", "aliases", "stage", "status", "run_id", "created_at"],
@@ -218,7 +413,7 @@ def show_model(name: str, as_json: bool = JsonOption) -> None:
             {
                 **v,
                 "aliases": ", ".join(f"@{a}" for a in v["aliases"]),
-                "run_id": (v["run_id"] or "-")[:12],
+                "run_id": (v["run_id"] or "-")[:SHORT_ID],
             }
             for v in model["versions"]
         ],

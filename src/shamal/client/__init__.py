@@ -23,9 +23,19 @@ from shamal import snapshot
 from shamal.client._calls import CHUNK, raise_for
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
+from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
 from shamal.errors import NotFound, ServiceUnavailable
 
-__all__ = ["DEFAULT_URL", "ModelCalls", "ModelRef", "ShamalClient", "default_token"]
+__all__ = [
+    "DEFAULT_URL",
+    "MIN_RUN_ID_PREFIX",
+    "AmbiguousRunId",
+    "ModelCalls",
+    "ModelRef",
+    "ShamalClient",
+    "TrackingCalls",
+    "default_token",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +54,7 @@ def default_token() -> str | None:
         return None
 
 
-class ShamalClient(ModelCalls, DeploymentCalls):
+class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 
     Args:
@@ -184,58 +194,6 @@ class ShamalClient(ModelCalls, DeploymentCalls):
     def verify_audit(self) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", "/api/v1/audit/verify")
         return result
-
-    # ------------------------------------------------------------------ tracking
-    def list_experiments(
-        self, *, filter_string: str | None = None, view: str = "ACTIVE_ONLY", limit: int = 100
-    ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"view": view, "max_results": limit}
-        if filter_string:
-            params["filter"] = filter_string
-        result: dict[str, Any] = self.request("GET", "/api/v1/experiments", params=params)
-        return list(result["items"])
-
-    def get_experiment(self, experiment_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request(
-            "GET", f"/api/v1/experiments/{quote(experiment_id, safe='')}"
-        )
-        return result
-
-    def experiment_id_of(self, id_or_name: str) -> str:
-        """An experiment id from an id or an exact name."""
-        if id_or_name.isdigit():
-            return id_or_name
-        escaped = id_or_name.replace("'", "''")
-        found = self.list_experiments(filter_string=f"name = '{escaped}'", view="ALL", limit=1)
-        if not found:
-            raise NotFound(f"no experiment named {id_or_name!r}")
-        return str(found[0]["experiment_id"])
-
-    def list_runs(
-        self,
-        experiment_id: str,
-        *,
-        filter_string: str | None = None,
-        order_by: list[str] | None = None,
-        limit: int = 100,
-    ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"max_results": limit}
-        if filter_string:
-            params["filter"] = filter_string
-        if order_by:
-            params["order_by"] = order_by
-        url = f"/api/v1/experiments/{quote(experiment_id, safe='')}/runs"
-        result: dict[str, Any] = self.request("GET", url, params=params)
-        return list(result["items"])
-
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", f"/api/v1/runs/{quote(run_id, safe='')}")
-        return result
-
-    def metric_history(self, run_id: str, key: str) -> list[dict[str, Any]]:
-        url = f"/api/v1/runs/{quote(run_id, safe='')}/metrics/{quote(key, safe='')}"
-        result: dict[str, Any] = self.request("GET", url)
-        return list(result["items"])
 
     # ------------------------------------------------------------------ registry
     def list_models(self, *, search: str = "", limit: int = 100) -> list[dict[str, Any]]:

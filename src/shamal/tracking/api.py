@@ -9,10 +9,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel
 
 from shamal._api import ERROR_RESPONSES
+from shamal.security import Principal
 from shamal.security.api import CurrentPrincipal
 from shamal.tracking._entities import Experiment, HistoryRow, Run
 from shamal.tracking._proto import special_value
-from shamal.tracking._service import TrackingService, view_type
+from shamal.tracking._service import MAX_SEARCH, TrackingService, view_type
 
 
 def _tracking(request: Request) -> TrackingService:
@@ -24,6 +25,18 @@ T = TypeVar("T")
 Tracking = Annotated[TrackingService, Depends(_tracking)]
 ExperimentId = Annotated[str, Path(pattern=r"^[0-9]{1,18}$")]
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+#: The shortest run id prefix looked up, as git's short ids: shorter ones match too much.
+MIN_RUN_ID_PREFIX = 8
+RunIdPrefix = Annotated[
+    str,
+    Query(
+        pattern=rf"^[0-9a-f]{{{MIN_RUN_ID_PREFIX},32}}$",
+        description=f"The first {MIN_RUN_ID_PREFIX} to 32 characters of a run id (lower-case hex).",
+    ),
+]
+#: Experiments per run search when every visible experiment is searched: keeps the
+#: ``IN (...)`` list far below the bound-parameter limits of SQLite and PostgreSQL.
+_EXPERIMENT_BATCH = 500
 View = Annotated[str, Query(pattern=r"^(ACTIVE_ONLY|DELETED_ONLY|ALL)$")]
 
 
@@ -174,3 +187,54 @@ def metric_history(
     return Listing(
         items=[MetricPoint.of(m) for m in page.items], next_page_token=page.next_page_token
     )
+
+
+@router.get("/runs", summary="Runs the caller can see whose id starts with a prefix")
+def find_runs(
+    id_prefix: RunIdPrefix,
+    svc: Tracking,
+    principal: CurrentPrincipal,
+    max_results: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> Listing[RunOut]:
+    """How a short id (what the CLI shows) becomes a run: the runs whose id starts with
+    ``id_prefix``, among every experiment the caller can see, deleted runs included (they
+    can still be shown). At most ``max_results``, in run-id order; ask for two to tell
+    "one", "none" and "ambiguous" apart.
+    """
+    # The prefix is lower-case hex by its pattern, so the clause says only "starts with"; it
+    # goes through the filter grammar like any user filter and reaches SQL as a bound value.
+    clause = f"attributes.run_id LIKE '{id_prefix}%'"
+    found: list[Run] = []
+    ids = _visible_experiment_ids(svc, principal)
+    for start in range(0, len(ids), _EXPERIMENT_BATCH):
+        page = svc.search_runs(
+            principal,
+            experiment_ids=ids[start : start + _EXPERIMENT_BATCH],
+            filter_string=clause,
+            view="all",
+            max_results=max_results,
+            order_by=["attributes.run_id ASC"],
+            page_token=None,
+        )
+        found.extend(page.items)
+    found.sort(key=lambda r: r.info.run_id)
+    return Listing(items=[RunOut.of(r) for r in found[:max_results]])
+
+
+def _visible_experiment_ids(svc: TrackingService, principal: Principal) -> list[str]:
+    """The ids of every experiment (deleted ones too) the principal may read."""
+    ids: list[str] = []
+    token: str | None = None
+    while True:
+        page = svc.search_experiments(
+            principal,
+            filter_string=None,
+            order_by=["experiment_id"],
+            view="all",
+            max_results=MAX_SEARCH["experiments"],
+            page_token=token,
+        )
+        ids.extend(e.experiment_id for e in page.items)
+        token = page.next_page_token
+        if token is None:
+            return ids
