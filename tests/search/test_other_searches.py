@@ -164,6 +164,14 @@ def test_experiment_search(db: Database) -> None:
         (None, ["creation_time ASC"], [1, 3, 2, 0]),
         (None, ["last_update_time DESC"], [0, 1, 2, 3]),
         (None, ["experiment_id"], [0, 1, 2, 3]),
+        ("experiment_id = '2'", None, [2]),
+        ("experiment_id = '002'", None, [2]),
+        ("experiment_id != '2'", None, [0, 3, 1]),
+        ("experiment_id IN ('1', '3', '4')", None, [3, 1]),
+        ("experiment_id NOT IN ('0', '1')", None, [3, 2]),
+        ("experiment_id IN ('2') AND tags.team = 'Vision'", None, [2]),
+        ("tags.team IS NULL", None, [0, 3]),
+        ("tags.team IS NOT NULL", None, [2, 1]),
     ]
     assert _mismatches(db, build, "experiment_id", table) == []
     assert fetch(db, build(None, None, "deleted"), "experiment_id") == [4]

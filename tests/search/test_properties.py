@@ -80,6 +80,12 @@ def _clause(draw: st.DrawFn, grammar_name: str) -> str:
     string_op = draw(st.sampled_from(["=", "!=", "LIKE", "ILIKE", "like", "ilike"]))
     numeric_op = draw(st.sampled_from(["=", "!=", ">", ">=", "<", "<="]))
     tag = f"{draw(st.sampled_from(['tags', 'tag']))}.{key} {string_op} {value}"
+    has_key = f"{draw(st.sampled_from(['tags', 'params']))}.{key} " + draw(
+        st.sampled_from(["IS NULL", "IS NOT NULL", "is not null"])
+    )
+    experiment_ids = ", ".join(
+        f"'{n}'" for n in draw(st.lists(st.integers(0, 10**18 - 1), min_size=1, max_size=3))
+    )
     name = f"name {string_op} {value}"
     metric = f"metrics.{key} {numeric_op} {number!r}"
     param = f"params.{key} {string_op} {value}"
@@ -93,8 +99,16 @@ def _clause(draw: st.DrawFn, grammar_name: str) -> str:
             f"datasets.context IN ({items})",
             f"run_name {string_op} {value}",
             f"start_time {numeric_op} {number!r}",
+            has_key,
         ],
-        "experiments": [tag, name, f"creation_time {numeric_op} {number!r}"],
+        "experiments": [
+            tag,
+            name,
+            f"creation_time {numeric_op} {number!r}",
+            f"tags.{key} IS NOT NULL",
+            f"experiment_id {draw(st.sampled_from(['=', '!=']))} '{draw(st.integers(0, 99))}'",
+            f"experiment_id {draw(st.sampled_from(['IN', 'NOT IN']))} ({experiment_ids})",
+        ],
         "logged_models": [tag, metric, param, name],
         "registered_models": [tag, name],
         "model_versions": [
@@ -130,7 +144,9 @@ def _placeholders(filters: list[Comparison], order_by: list[OrderBy]) -> tuple[A
         key = "k" if c.entity in ("metric", "param", "tag") else c.key
         if isinstance(c.value, tuple):
             return replace(c, key=key, value=tuple("1" for _ in c.value))
-        return replace(c, key=key, value=0.0 if isinstance(c.value, float) else "v")
+        if isinstance(c.value, float):
+            return replace(c, key=key, value=0.0)
+        return replace(c, key=key, value="1" if c.key == "experiment_id" else "v")
 
     def neutral_order(o: OrderBy) -> OrderBy:
         return replace(o, key="k") if o.entity != "attribute" else o
@@ -151,9 +167,14 @@ def _assert_plain_data(filters: list[Comparison]) -> None:
     for c in filters:
         assert type(c) is Comparison
         assert c.entity in ("metric", "param", "tag", "attribute", "dataset")
-        assert c.op in ("=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN")
+        assert c.op in (
+            "=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN", "IS NULL",
+            "IS NOT NULL",
+        )  # fmt: skip
         assert type(c.key) is str
-        if isinstance(c.value, tuple):
+        if c.op in ("IS NULL", "IS NOT NULL"):
+            assert c.value == ()
+        elif isinstance(c.value, tuple):
             assert c.op in ("IN", "NOT IN")
             assert all(type(v) is str for v in c.value)
         else:

@@ -153,6 +153,14 @@ PARAM_AND_TAG_FILTERS = [
     ("tags.t LIKE 'a_b'", ["r05", "r04", "r03"]),
     ("tags.t LIKE '%%%%%%%%'", ["r05", "r04", "r03", "r02", "r01"]),
     ("tags.t != 'Alpha'", ["r05", "r04", "r03", "r02"]),
+    # IS [NOT] NULL: whether the run has the key at all.
+    ("params.q IS NULL", ["r06", "r05", "r03"]),
+    ("params.q is not null", ["r04", "r02", "r01"]),
+    ("tags.t IS NULL", ["r06"]),
+    ("tags.t IS NOT NULL AND params.q IS NULL", ["r05", "r03"]),
+    ("tags.missing IS NULL", ACTIVE),
+    ("tags.missing IS NOT NULL", []),
+    ("params.`lr` IS NOT NULL AND params.lr = '0.01'", ["r01"]),
 ]
 
 

@@ -320,3 +320,68 @@ def test_search_max_results_zero_or_negative_is_400(mlflow_env: LiveServer) -> N
     with pytest.raises(MlflowException) as zero:
         client.search_runs([exp_id], max_results=0)
     assert zero.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_is_null_and_experiment_id_filters(mlflow_env: LiveServer) -> None:
+    """What a stock server allows: IS [NOT] NULL on run tags and params and on experiment
+    tags; experiment_id (quoted) with =, !=, IN and NOT IN in experiment searches."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("is-null"))
+    runs = []
+    for i in range(4):
+        run = client.create_run(exp_id, tags={"x": str(i)} if i % 2 == 0 else {})
+        if i < 2:
+            client.log_param(run.info.run_id, "p", str(i))
+        client.log_metric(run.info.run_id, "m", float(i))
+        runs.append(run.info.run_id)
+
+    def found(filter_string: str) -> list[int]:
+        return sorted(
+            runs.index(r.info.run_id) for r in client.search_runs([exp_id], filter_string)
+        )
+
+    assert found("tags.x IS NULL") == [1, 3]
+    assert found("tags.x is not null") == [0, 2]
+    assert found("params.p IS NULL") == [2, 3]
+    assert found("params.p IS NOT NULL AND tags.x IS NULL") == [1]
+    assert found("tags.`mlflow.user` IS NOT NULL AND tags.nokey IS NULL") == [0, 1, 2, 3]
+    assert found("tags.x IS NULL AND tags.x IS NOT NULL") == []
+    for refused in (
+        "metrics.m IS NULL",
+        "attributes.end_time IS NULL",
+        "datasets.name IS NOT NULL",
+        "tags.x IS 'a'",
+        "tags.x = NULL",
+        "tags.x IS NULL 1",
+        "tags.x ISNULL",
+    ):
+        with pytest.raises(MlflowException) as bad:
+            client.search_runs([exp_id], refused)
+        assert bad.value.error_code == "INVALID_PARAMETER_VALUE", refused
+
+    mark = uuid.uuid4().hex[:8]
+    marked = client.create_experiment(_name("marked"), tags={mark: "1"})
+
+    def experiments(filter_string: str) -> set[str]:
+        ids = {e.experiment_id for e in client.search_experiments(filter_string=filter_string)}
+        return ids & {exp_id, marked}
+
+    assert experiments(f"tags.`{mark}` IS NOT NULL") == {marked}
+    assert experiments(f"tags.`{mark}` IS NULL") == {exp_id}
+    assert experiments(f"experiment_id = '{marked}'") == {marked}
+    assert experiments(f"attribute.experiment_id = '{marked}'") == {marked}
+    assert experiments(f"experiment_id != '{marked}'") == {exp_id}
+    assert experiments(f"experiment_id IN ('{marked}', '{exp_id}')") == {marked, exp_id}
+    assert experiments(f"experiment_id NOT IN ('{marked}')") == {exp_id}
+    assert experiments(f"experiment_id = '{marked}' AND tags.`{mark}` = '1'") == {marked}
+    for refused in (
+        "experiment_id = 'abc'",
+        f"experiment_id = {marked}",
+        f"experiment_id > '{marked}'",
+        f"experiment_id LIKE '{marked}'",
+        f"experiment_id IN ({marked})",
+        "name IS NULL",
+    ):
+        with pytest.raises(MlflowException) as bad:
+            client.search_experiments(filter_string=refused)
+        assert bad.value.error_code == "INVALID_PARAMETER_VALUE", refused

@@ -10,7 +10,7 @@ with bound parameters. What each searchable thing allows is a :class:`Grammar`
 Grammar (keywords and comparators are case-insensitive)::
 
     filter     := clause ( AND clause )*          -- no OR, NOT, parentheses grouping
-    clause     := identifier comparator value
+    clause     := identifier comparator value | identifier IS [NOT] NULL
     identifier := [entity "."] key                 -- no entity = attribute
     key        := bare | "double-quoted" | `backticked`
     value      := 'string' | "string" | number | "(" item ("," item)* ")"   -- lists: IN / NOT IN
@@ -67,8 +67,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Entity = Literal["metric", "param", "tag", "attribute", "dataset"]
-Op = Literal["=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN"]
-ValueKind = Literal["number", "string"]
+Op = Literal[
+    "=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN", "IS NULL", "IS NOT NULL"
+]
+#: "id": a quoted string holding a decimal integer (experiment ids), kept in canonical form.
+ValueKind = Literal["number", "string", "id"]
 
 MAX_FILTER_LENGTH: Final = 20_000
 MAX_CLAUSES: Final = 100
@@ -84,6 +87,9 @@ MAX_PAGE_TOKEN_LENGTH: Final = 200
 NUMERIC_OPS: Final[frozenset[Op]] = frozenset({"=", "!=", ">", ">=", "<", "<="})
 STRING_OPS: Final[frozenset[Op]] = frozenset({"=", "!=", "LIKE", "ILIKE"})
 LIST_OPS: Final[frozenset[Op]] = frozenset({"IN", "NOT IN"})
+#: Whether the thing has the key at all (tags, params): no value follows.
+NULL_OPS: Final[frozenset[Op]] = frozenset({"IS NULL", "IS NOT NULL"})
+MAX_ID_DIGITS: Final = 18
 
 _ENTITIES: Final[Mapping[str, Entity]] = MappingProxyType(
     {
@@ -116,7 +122,8 @@ class Comparison:
 
     ``value`` is a float for numeric comparisons, a str for string comparisons and a
     tuple of str for ``IN`` / ``NOT IN`` (integers in canonical decimal form for a
-    numeric key such as ``version_number``).
+    numeric key such as ``version_number`` and for ids), the empty tuple for
+    ``IS NULL`` / ``IS NOT NULL``.
     """
 
     entity: Entity
@@ -194,10 +201,11 @@ def _grammar(
 _NUMBER: Final = Rule("number", NUMERIC_OPS)
 _STRING: Final = Rule("string", STRING_OPS)
 _STRING_OR_LIST: Final = Rule("string", STRING_OPS | LIST_OPS)
+_STRING_OR_NULL: Final = Rule("string", STRING_OPS | NULL_OPS)
 
 RUNS: Final = _grammar(
     "runs",
-    {"metric": _NUMBER, "param": _STRING, "tag": _STRING},
+    {"metric": _NUMBER, "param": _STRING_OR_NULL, "tag": _STRING_OR_NULL},
     {
         ("attribute", "run_id"): _STRING_OR_LIST,
         ("attribute", "run_name"): _STRING,
@@ -217,8 +225,9 @@ RUNS: Final = _grammar(
 )
 EXPERIMENTS: Final = _grammar(
     "experiments",
-    {"tag": _STRING},
+    {"tag": _STRING_OR_NULL},
     {
+        ("attribute", "experiment_id"): Rule("id", frozenset({"=", "!=", "IN", "NOT IN"})),
         ("attribute", "name"): _STRING,
         ("attribute", "creation_time"): _NUMBER,
         ("attribute", "last_update_time"): _NUMBER,
@@ -408,8 +417,17 @@ class _Scanner:
             return _WORD_OPS[word]
         if word == "NOT" and (self.word() or "").upper() == "IN":
             return "NOT IN"
+        if word == "IS":
+            after = (self.word() or "").upper()
+            if after == "NULL":
+                return "IS NULL"
+            if after == "NOT" and (self.word() or "").upper() == "NULL":
+                return "IS NOT NULL"
         self.pos = start
-        raise self.error("expected a comparator (=, !=, >, >=, <, <=, LIKE, ILIKE, IN, NOT IN)")
+        raise self.error(
+            "expected a comparator (=, !=, >, >=, <, <=, LIKE, ILIKE, IN, NOT IN, "
+            "IS NULL, IS NOT NULL)"
+        )
 
     def value(self) -> tuple[str, float | str | list[tuple[str, float | str]]]:
         """A literal: ("string", str), ("number", float) or ("list", items)."""
@@ -493,6 +511,13 @@ def _plain_string(scanner: _Scanner, text: str) -> str:
     return text
 
 
+def _id(scanner: _Scanner, text: str) -> str:
+    """An id written as a quoted decimal integer, in canonical form ('007' -> '7')."""
+    if not text.isascii() or not text.isdigit() or len(text) > MAX_ID_DIGITS:
+        raise scanner.error("ids are quoted decimal integers")
+    return str(int(text))
+
+
 def _list_value(
     scanner: _Scanner,
     rule: Rule,
@@ -500,6 +525,10 @@ def _list_value(
     items: list[tuple[str, float | str]],
     grammar: Grammar,
 ) -> tuple[str, ...]:
+    if rule.kind == "id":
+        if any(kind != "string" for kind, _ in items):
+            raise scanner.error("ids are quoted decimal integers")
+        return tuple(_id(scanner, str(item)) for _, item in items)
     if rule.kind == "number":
         numbers: list[str] = []
         for kind, item in items:
@@ -533,6 +562,8 @@ def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
     if op not in rule.ops:
         scanner.pos = op_start
         raise scanner.error("comparator not supported for this key")
+    if op in NULL_OPS:
+        return Comparison(entity, key, op, ())
     value_start = scanner.pos
     kind, raw = scanner.value()
     if (op in LIST_OPS) != (kind == "list"):
@@ -540,11 +571,13 @@ def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
         raise scanner.error("IN and NOT IN take a list, other comparators a single value")
     if isinstance(raw, list):
         return Comparison(entity, key, op, _list_value(scanner, rule, key, raw, grammar))
-    if kind != rule.kind:
+    if kind != ("string" if rule.kind == "id" else rule.kind):
         scanner.pos = value_start
         raise scanner.error(f"expected a {'number' if rule.kind == 'number' else 'quoted string'}")
     if isinstance(raw, float):
         return Comparison(entity, key, op, raw)
+    if rule.kind == "id":
+        return Comparison(entity, key, op, _id(scanner, raw))
     return Comparison(entity, key, op, _plain_string(scanner, raw))
 
 

@@ -13,6 +13,7 @@ Comparison semantics, the same on SQLite and PostgreSQL:
   character and ``\\`` escapes the next character; runs of ``%`` are squeezed.
 - A clause on a metric, param, tag or dataset matches when the run has a row for
   that key satisfying it: a run without the key never matches, ``!=`` included.
+  ``IS NULL`` / ``IS NOT NULL`` on a param or tag ask whether it has that key at all.
   NaN metrics never match a numeric comparison; ±inf compare as infinities.
 - Metric filters and sorts use ``latest_metrics`` (one row per run and key).
 - ``datasets.context`` is the ``mlflow.data.context`` tag of a run input, read from
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Float,
@@ -70,7 +72,7 @@ from shamal.db.models import (
     RunTagRow,
 )
 from shamal.errors import InvalidParameter
-from shamal.tracking._filters import Comparison, Op, OrderBy
+from shamal.tracking._filters import NULL_OPS, Comparison, Op, OrderBy
 
 __all__ = [
     "compare",
@@ -192,8 +194,13 @@ def compare(
 ) -> ColumnElement[bool]:
     """``col <op> value`` with the value bound; numbers are bound as doubles.
 
-    For a numeric column, ``IN`` lists hold integers in decimal form.
+    For a numeric column, ``IN`` lists and a str value (an id) hold integers in decimal
+    form, bound as integers. ``IS NULL`` / ``IS NOT NULL`` test the column itself.
     """
+    if op == "IS NULL":
+        return col.is_(None)
+    if op == "IS NOT NULL":
+        return col.is_not(None)
     if isinstance(value, tuple):
         items: list[Any] = [int(v) for v in value] if numeric else list(value)
         return col.in_(items) if op == "IN" else col.not_in(items)
@@ -201,7 +208,13 @@ def compare(
         return _like(col, str(value))
     if op == "ILIKE":
         return col.ilike(_like_pattern(_pattern_parts(str(value))), escape="\\")
-    bound = literal(float(value), _DOUBLE) if numeric else literal(str(value), String())
+    bound: ColumnElement[Any]
+    if numeric and isinstance(value, str):
+        bound = literal(int(value), BigInteger())
+    elif numeric:
+        bound = literal(float(value), _DOUBLE)
+    else:
+        bound = literal(str(value), String())
     return _BINARY[op](col, bound)
 
 
@@ -243,7 +256,11 @@ def _metric_matches(
 def _keyed_matches(
     table: type[Any], owner: ColumnElement[bool], c: Comparison
 ) -> ColumnElement[bool]:
-    """EXISTS a (key, value) row of the owner whose value satisfies the comparison."""
+    """EXISTS a (key, value) row of the owner whose value satisfies the comparison;
+    for ``IS [NOT] NULL``, whether a row of that key exists at all."""
+    if c.op in NULL_OPS:
+        has_key = select(table.key).where(owner, table.key == c.key).exists()
+        return not_(has_key) if c.op == "IS NULL" else has_key
     return (
         select(table.key)
         .where(owner, table.key == c.key, compare(table.value, c.op, c.value, numeric=False))
