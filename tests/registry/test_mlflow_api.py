@@ -215,7 +215,6 @@ STORED_URIS = [
     "s3:/bucket/models/../../other",
     "s3://other-tenant-bucket/x",
     "runs:/0123456789abcdef0123456789abcdef/model",
-    "models:/other-tenant-model/1",
     "models:/m-0123456789abcdef",
     "dbfs:/x",
     "ftp://x/y",
@@ -237,6 +236,19 @@ def test_hostile_sources_are_refused_at_create_time(client: TestClient, source: 
     found = _ok(client.get(f"{API}/model-versions/search", params={"filter": "name = 'm'"}))
     assert found.get("model_versions", []) == []
     assert _version(client, "m")["version"] == "1"  # the refused one took no number
+
+
+@pytest.mark.parametrize(
+    "source", ["models:/other-tenant-model/1", "models:/m/7", "models:/m@champion"]
+)
+def test_a_registry_source_that_names_nothing_is_404_and_stores_nothing(
+    client: TestClient, source: str
+) -> None:
+    _model(client, "m")
+    r = client.post(f"{API}/model-versions/create", json={"name": "m", "source": source})
+    _error(r, 404, "RESOURCE_DOES_NOT_EXIST")
+    found = _ok(client.get(f"{API}/model-versions/search", params={"filter": "name = 'm'"}))
+    assert found.get("model_versions", []) == []
 
 
 INJECTED_FILTERS = [

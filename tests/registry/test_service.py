@@ -133,7 +133,8 @@ def test_source_is_resolved_and_the_location_is_what_downloads_answer(
         "mlflow-artifacts://h:1/../../../../",
         "mlflow-artifacts:/a/..%2f..%2fetc",
         "s3://other-bucket/x",
-        "models:/someone-else/1",
+        "models:/m/one",
+        "models:/m/-1",
         "",
     ],
 )
@@ -145,6 +146,22 @@ def test_refused_sources_store_nothing(
         registry.create_model_version(people.ctx("admin"), "m", source)
     assert _count(platform, ModelVersionRow) == 0
     assert registry.create_model_version(people.ctx("admin"), "m", SRC).version == 1
+
+
+def test_a_copy_needs_a_source_version_the_caller_can_see(
+    registry: RegistryService, people: People, platform: Platform
+) -> None:
+    registry.create_registered_model(people.ctx("rita"), "red-model", tags={TEAM_TAG: "red"})
+    made = registry.create_model_version(people.ctx("mo"), "red-model", SRC, run_id="a" * 32)
+    registry.create_registered_model(people.ctx("bo"), "blue-copy", tags={TEAM_TAG: "blue"})
+    for source in ("models:/red-model/1", "models:/red-model/latest", "models:/red-model@x"):
+        with pytest.raises(NotFound):  # another team's model: as if it did not exist
+            registry.create_model_version(people.ctx("bo"), "blue-copy", source)
+    assert _count(platform, ModelVersionRow) == 1
+    registry.create_registered_model(people.ctx("mo"), "red-copy", tags={TEAM_TAG: "red"})
+    copy = registry.create_model_version(people.ctx("mo"), "red-copy", "models:/red-model/1")
+    assert (copy.source, copy.run_id) == ("models:/red-model/1", made.run_id)
+    assert registry.get_model_version_download_uri(people.principals["mo"], "red-copy", 1) == SRC
 
 
 def test_malformed_version_references_are_refused(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -50,6 +50,8 @@ class ModelVersion:
     ``source`` is what the caller registered; ``storage_location`` is where the
     files are, as the source resolver found it (what download URIs answer).
     ``model_id`` is the logged model the version was promoted from, if any.
+    ``formats`` (MLflow flavours) and ``signature`` (input, output and parameter schemas)
+    are what its ``MLmodel`` declared when it was registered.
     """
 
     name: str
@@ -68,6 +70,8 @@ class ModelVersion:
     model_id: str | None
     tags: Mapping[str, str] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    signature: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

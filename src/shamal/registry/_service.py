@@ -12,16 +12,17 @@ for everyone but platform admins. Platform admins see and do everything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from shamal.db import Database
-from shamal.errors import InvalidParameter
+from shamal.errors import InvalidParameter, NotFound
 from shamal.registry import _rules, _store
+from shamal.registry._card import MAX_MLMODEL_BYTES, MLMODEL, ModelCard, parse_mlmodel
 from shamal.registry._entities import (
     TEAM_TAG,
     ModelRef,
@@ -37,6 +38,7 @@ from shamal.tracking import (
     MAX_PAGE_OFFSET,
     MODEL_VERSIONS,
     REGISTERED_MODELS,
+    Run,
     decode_page_token,
     encode_page_token,
     parse_filter,
@@ -72,6 +74,74 @@ class ModelSources(Protocol):
             NotFound: no such logged model, or not visible to the principal.
         """
         ...
+
+
+class RunRecords(Protocol):
+    """The runs a version's lineage leads to (the tracking service)."""
+
+    def get_run(self, principal: Principal, run_id: str) -> Run:
+        """The run, with the datasets it read.
+
+        Raises:
+            NotFound: no such run, or not visible to the principal.
+        """
+        ...
+
+
+class ArtifactFiles(Protocol):
+    """Reads the files behind ``mlflow-artifacts:/`` locations, with the caller's access."""
+
+    def download(self, principal: Principal, path: str) -> tuple[Any, Iterable[bytes]]:
+        """(file info, its chunks) of ``<experiment id>/<path>``.
+
+        Raises:
+            NotFound: no such file, or not visible to the principal.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetUse:
+    """A dataset a version's run read: what it is, and the run's ``mlflow.data.context``."""
+
+    name: str
+    digest: str
+    source_type: str
+    source: str
+    context: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionLineage:
+    """Where a version came from: its logged model, the run that made it and what that run
+    read. ``run_visible`` is False when the version names a run the caller cannot see (or
+    that was deleted): the chain stops there, saying so rather than leaking anything."""
+
+    version: ModelVersion
+    run_id: str | None
+    run_name: str | None
+    experiment_id: str | None
+    run_visible: bool
+    datasets: tuple[DatasetUse, ...]
+
+
+_ARTIFACTS = "mlflow-artifacts:/"
+_CONTEXT_TAG = "mlflow.data.context"
+
+
+def _registry_reference(source: str) -> tuple[str, str | None, str | None] | None:
+    """``models:/<name>/<version or latest>`` or ``models:/<name>@<alias>`` as (name, version,
+    alias); None for anything else (``models:/<logged model id>`` included)."""
+    if not source.startswith("models:/"):
+        return None
+    rest = source.removeprefix("models:/")
+    if "@" in rest:
+        name, _, alias = rest.rpartition("@")
+        return name, None, alias
+    if "/" in rest:
+        name, _, version = rest.rpartition("/")
+        return name, version, None
+    return None
 
 
 def _model_target(name: str) -> str:
@@ -110,12 +180,21 @@ class RegistryService:
     """
 
     def __init__(
-        self, db: Database, audit: AuditLog, sources: ModelSources, clock: Clock = utc_now
+        self,
+        db: Database,
+        audit: AuditLog,
+        sources: ModelSources,
+        clock: Clock = utc_now,
+        *,
+        files: ArtifactFiles | None = None,
+        runs: RunRecords | None = None,
     ) -> None:
         self._db = db
         self._audit = audit
         self._sources = sources
         self._clock = clock
+        self._files = files
+        self._runs = runs
 
     # ------------------------------------------------------------------ helpers
     @contextmanager
@@ -408,12 +487,87 @@ class RegistryService:
         with self._reading() as s:
             # Access first: a caller who cannot write here learns nothing about sources.
             self._access(s, principal, name, Role.MEMBER)
-        location = self._sources.resolve_model_source(principal, source)
+        reference = _registry_reference(source)
+        if reference is not None:  # a copy of another version (`copy_model_version`)
+            origin = self._referenced_version(principal, *reference)
+            location = origin.storage_location or origin.source
+            draft = replace(
+                draft,
+                run_id=draft.run_id or origin.run_id,
+                model_id=draft.model_id or origin.model_id,
+                formats=origin.formats,
+                signature=origin.signature,
+            )
+        else:
+            location = self._sources.resolve_model_source(principal, source)
+            card = self._card(principal, location)
+            draft = replace(draft, formats=card.formats, signature=card.signature)
         _rules.check_uri_length(location, "source")
         if draft.run_id is None and draft.model_id is not None:
             # MLflow 3 clients register `models:/<id>` without a run: keep the lineage anyway.
             draft = replace(draft, run_id=self._sources.logged_model_run(principal, draft.model_id))
         return self._db.run(lambda s: self._insert_version(s, ctx, draft, location))
+
+    def _referenced_version(
+        self, principal: Principal, name: str, version: str | None, alias: str | None
+    ) -> ModelVersion:
+        """The version ``models:/name/<version|latest>`` or ``models:/name@alias`` names."""
+        if alias is not None:
+            return self.get_model_version_by_alias(principal, name, alias)
+        if version == "latest":
+            with self._reading() as s:
+                ref = self._access(s, principal, name, Role.VIEWER)
+                versions = _store.list_versions(s, ref)
+            if not versions:
+                raise NotFound(f"Registered model '{name}' has no versions.")
+            return versions[0]
+        if version is None or not version.isdigit() or len(version) > 9:
+            raise InvalidParameter(
+                "A models:/ source names a version as models:/<name>/<version>, "
+                "models:/<name>/latest or models:/<name>@<alias>."
+            )
+        return self.get_model_version(principal, name, int(version))
+
+    def _card(self, principal: Principal, location: str) -> ModelCard:
+        """The formats and signature of the ``MLmodel`` at ``location``, if there is one yet
+        (MLflow lets a version be registered before its files are uploaded)."""
+        if self._files is None or not location.startswith(_ARTIFACTS):
+            return ModelCard()
+        path = f"{location.removeprefix(_ARTIFACTS).rstrip('/')}/{MLMODEL}"
+        try:
+            _info, chunks = self._files.download(principal, path)
+            data = bytearray()
+            for chunk in chunks:
+                data += chunk
+                if len(data) > MAX_MLMODEL_BYTES:
+                    return ModelCard()
+        except (NotFound, InvalidParameter):
+            return ModelCard()
+        return parse_mlmodel(bytes(data))
+
+    def version_lineage(self, principal: Principal, name: str, version: int) -> VersionLineage:
+        """The version (viewer), the run that produced it and the datasets that run read."""
+        found = self.get_model_version(principal, name, version)
+        if found.run_id is None or self._runs is None:
+            return VersionLineage(found, found.run_id, None, None, False, ())
+        try:
+            run = self._runs.get_run(principal, found.run_id)
+        except NotFound:
+            return VersionLineage(found, found.run_id, None, None, False, ())
+        datasets = tuple(
+            DatasetUse(
+                name=use.dataset.name,
+                digest=use.dataset.digest,
+                source_type=use.dataset.source_type,
+                source=use.dataset.source,
+                context=dict(use.tags).get(_CONTEXT_TAG),
+            )
+            for use in run.dataset_inputs
+        )
+        info = run.info
+        return VersionLineage(
+            found, found.run_id, info.run_name, info.experiment_id, True, datasets
+        )
 
     def _insert_version(
         self, s: Session, ctx: AuditContext, draft: ModelVersion, location: str

@@ -13,6 +13,7 @@ unique and gapless. Tags and aliases are written with one upsert statement
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import defaultdict
@@ -377,6 +378,8 @@ def insert_version(s: Session, ref: ModelRef, version: ModelVersion) -> None:
             status=version.status.value,
             status_message=version.status_message,
             logged_model_id=version.model_id,
+            formats=",".join(version.formats),
+            signature=None if version.signature is None else json.dumps(version.signature),
         )
     )
     s.flush()
@@ -582,6 +585,8 @@ def _version(
         model_id=row.logged_model_id,
         tags=dict(tags),
         aliases=tuple(aliases.get((row.model_id, row.version), ())),
+        formats=tuple(row.formats.split(",")) if row.formats else (),
+        signature=None if row.signature is None else json.loads(row.signature),
     )
 
 

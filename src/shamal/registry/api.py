@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shamal._api import ERROR_RESPONSES
 from shamal.registry._entities import ModelVersion, RegisteredModel
 from shamal.registry._rules import MAX_NAME_LENGTH
-from shamal.registry._service import MODELS_PAGE_MAX, RegistryService
+from shamal.registry._service import MODELS_PAGE_MAX, RegistryService, VersionLineage
 from shamal.security.api import CurrentPrincipal
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,12 @@ class VersionOut(BaseModel):
     updated_at: datetime
     tags: dict[str, str]
     aliases: list[str]
+    formats: list[str] = Field(
+        description="The MLflow flavours its MLmodel declared", examples=[["python_function"]]
+    )
+    signature: dict[str, Any] | None = Field(
+        description="Input, output and parameter schemas from its MLmodel, if it has one"
+    )
 
     @classmethod
     def of(cls, version: ModelVersion) -> VersionOut:
@@ -68,6 +74,8 @@ class VersionOut(BaseModel):
             updated_at=_time(version.last_updated_timestamp),
             tags=dict(version.tags),
             aliases=list(version.aliases),
+            formats=list(version.formats),
+            signature=None if version.signature is None else dict(version.signature),
         )
 
 
@@ -105,6 +113,68 @@ class ModelOut(BaseModel):
         return cls.model_validate(cls.fields_of(model))
 
 
+class DatasetUseOut(BaseModel):
+    """A dataset the version's run read, and in what role (``mlflow.data.context``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    digest: str
+    source_type: str
+    source: str
+    context: str | None = Field(examples=["training", "eval"])
+
+
+class LineageOut(BaseModel):
+    """Where a version came from: dataset -> run -> logged model -> this version.
+
+    ``run_visible`` is false when the run was deleted or belongs to a team you cannot see;
+    the chain stops there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str | None
+    run_name: str | None
+    experiment_id: str | None
+    run_visible: bool
+    logged_model_id: str | None
+    datasets: list[DatasetUseOut]
+
+
+class VersionDetailOut(VersionOut):
+    """One version with its lineage."""
+
+    model: str
+    lineage: LineageOut
+
+    @classmethod
+    def of_lineage(cls, found: VersionLineage) -> VersionDetailOut:
+        version = found.version
+        return cls.model_validate(
+            {
+                **VersionOut.of(version).model_dump(),
+                "model": version.name,
+                "lineage": LineageOut(
+                    run_id=found.run_id,
+                    run_name=found.run_name,
+                    experiment_id=found.experiment_id,
+                    run_visible=found.run_visible,
+                    logged_model_id=version.model_id,
+                    datasets=[
+                        DatasetUseOut(
+                            name=d.name,
+                            digest=d.digest,
+                            source_type=d.source_type,
+                            source=d.source,
+                            context=d.context,
+                        )
+                        for d in found.datasets
+                    ],
+                ),
+            }
+        )
+
+
 class ModelDetailOut(ModelOut):
     """A registered model with every version, newest first."""
 
@@ -135,3 +205,16 @@ def get_model(name: ModelName, svc: Registry, principal: CurrentPrincipal) -> Mo
     return ModelDetailOut.model_validate(
         {**ModelOut.fields_of(model), "versions": [VersionOut.of(v) for v in versions]}
     )
+
+
+@router.get(
+    "/{name}/versions/{version}",
+    summary="One version: its formats, signature and lineage (viewer)",
+)
+def get_version(
+    name: ModelName,
+    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    svc: Registry,
+    principal: CurrentPrincipal,
+) -> VersionDetailOut:
+    return VersionDetailOut.of_lineage(svc.version_lineage(principal, name, version))

@@ -62,7 +62,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     blobs = open_blob_store(settings)
     artifacts = ArtifactService(db, blobs, audit, security)
     tracking = TrackingService(db, audit, security, artifacts)
-    registry = RegistryService(db, audit, tracking)
+    registry = RegistryService(db, audit, tracking, files=tracking.files, runs=tracking)
     scheduler_settings = effective_settings(settings.scheduler)
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
     jobs = JobService(db, audit, security, artifacts, scheduler_settings, cluster.pools.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shamal.tracking._entities import Run
 from shamal.tracking._filters import (
     EXPERIMENTS,
     LOGGED_MODELS,
@@ -30,6 +31,7 @@ __all__ = [
     "Comparison",
     "Grammar",
     "OrderBy",
+    "Run",
     "TrackingService",
     "compare",
     "decode_page_token",

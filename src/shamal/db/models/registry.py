@@ -56,6 +56,9 @@ class ModelVersionRow(Base):
     status: Mapped[str] = mapped_column(String(32), default="READY")
     status_message: Mapped[str] = mapped_column(Text, default="")
     logged_model_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # The version's card, read from its MLmodel: flavours (comma-separated) and signature (JSON).
+    formats: Mapped[str] = mapped_column(String(2048), default="", server_default="")
+    signature: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ModelVersionTagRow(Base):
