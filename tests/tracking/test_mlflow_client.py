@@ -385,3 +385,50 @@ def test_is_null_and_experiment_id_filters(mlflow_env: LiveServer) -> None:
         with pytest.raises(MlflowException) as bad:
             client.search_experiments(filter_string=refused)
         assert bad.value.error_code == "INVALID_PARAMETER_VALUE", refused
+
+
+def test_missing_and_deleted_things_answer_as_on_a_stock_server(mlflow_env: LiveServer) -> None:
+    client = MlflowClient()
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    api = f"{mlflow_env.url}/api/2.0/mlflow"
+    exp_id = client.create_experiment(_name("missing"), tags={"a": "1"})
+    # A tag that is not there: 404, like the experiment that is not there.
+    client.delete_experiment_tag(exp_id, "a")
+    for experiment, key in ((exp_id, "a"), (exp_id, "never"), ("987654", "a")):
+        gone = httpx.post(
+            f"{api}/experiments/delete-experiment-tag",
+            json={"experiment_id": experiment, "key": key},
+            headers=headers,
+        )
+        assert (gone.status_code, gone.json()["error_code"]) == (404, "RESOURCE_DOES_NOT_EXIST")
+    # Runs of unknown experiments: none, not an error; a malformed id is still a 400.
+    run = client.create_run(exp_id)
+    assert client.search_runs(["987654"]) == []
+    assert [r.info.run_id for r in client.search_runs(["987654", exp_id])] == [run.info.run_id]
+    assert client.search_logged_models(["987654"]) == []
+    for malformed in (["abc"], ["987654", "1.5"]):
+        with pytest.raises(MlflowException) as bad:
+            client.search_runs(malformed)
+        assert bad.value.error_code == "INVALID_PARAMETER_VALUE"
+    # A deleted run cannot be updated; a deleted experiment's tags cannot change.
+    client.delete_run(run.info.run_id)
+    for change in (
+        lambda: client.update_run(run.info.run_id, status="FINISHED"),
+        lambda: client.update_run(run.info.run_id, name="renamed"),
+        lambda: client.set_terminated(run.info.run_id),
+    ):
+        with pytest.raises(MlflowException) as refused:
+            change()
+        assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
+    empty = httpx.post(f"{api}/runs/update", json={"run_id": run.info.run_id}, headers=headers)
+    assert (empty.status_code, empty.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+    still = client.get_run(run.info.run_id).info
+    assert (still.status, still.lifecycle_stage) == ("RUNNING", "deleted")
+    client.delete_experiment(exp_id)
+    for change in (
+        lambda: client.set_experiment_tag(exp_id, "b", "2"),
+        lambda: client.delete_experiment_tag(exp_id, "b"),
+    ):
+        with pytest.raises(MlflowException) as refused:
+            change()
+        assert refused.value.error_code == "INVALID_PARAMETER_VALUE"

@@ -84,3 +84,23 @@ def test_a_team_that_owns_experiments_cannot_be_deleted(
     )
     assert still.status_code == 404
     assert "vision" in [t["name"] for t in api.get("/api/v1/teams").json()]
+
+
+def test_searching_a_hidden_experiment_looks_like_searching_a_missing_one(
+    api: TestClient, team_experiment: tuple[str, dict[str, dict[str, str]]]
+) -> None:
+    """Runs and logged models of experiments that do not exist are an empty answer, as on
+    a stock server; an experiment the caller cannot see answers exactly the same."""
+    exp_id, people = team_experiment
+    run = _call(api, "runs/create", {"experiment_id": exp_id}, people["mia"]).json()["run"]
+    model = _call(api, "logged-models", {"experiment_id": exp_id}, people["mia"])
+    assert model.status_code == 200, model.text
+    for path, field in (("runs/search", "runs"), ("logged-models/search", "models")):
+        seen = _call(api, path, {"experiment_ids": [exp_id]}, people["vic"]).json()
+        assert len(seen[field]) == 1
+        hidden = _call(api, path, {"experiment_ids": [exp_id]}, people["out"])
+        missing = _call(api, path, {"experiment_ids": ["987654"]}, people["out"])
+        assert hidden.status_code == 200
+        assert hidden.json().get(field, []) == []
+        assert (missing.status_code, missing.json()) == (hidden.status_code, hidden.json())
+    assert run["info"]["experiment_id"] == exp_id

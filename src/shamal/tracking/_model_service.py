@@ -22,7 +22,7 @@ from shamal.tracking._paging import check_page_size, page_of
 from shamal.tracking._search import logged_models_query
 
 if TYPE_CHECKING:
-    from shamal.tracking._service import TrackingService
+    from shamal.tracking._service import TrackingService, UnknownExperiments
 
 #: A stock server's page size when a search names none (or 0) ...
 DEFAULT_LOGGED_MODEL_RESULTS = 100
@@ -106,6 +106,7 @@ class LoggedModelService:
         order_by: Sequence[object],
         max_results: int,
         page_token: str | None,
+        unknown_experiments: UnknownExperiments = "error",
     ) -> Page[LoggedModel]:
         """One page of the logged models of the experiments that match the filter.
 
@@ -116,11 +117,11 @@ class LoggedModelService:
             max_results: the page size, 1 to ``MAX_LOGGED_MODEL_RESULTS``.
 
         Raises:
-            InvalidParameter: a bad page size, filter, order or page token.
-            NotFound: an experiment that does not exist or that the caller cannot see.
+            InvalidParameter: a bad page size, filter, order, page token or experiment id.
+            NotFound: see :meth:`TrackingService.searched_experiment_ids`.
         """
         check_page_size(max_results, MAX_LOGGED_MODEL_RESULTS)
-        ids = [int(self._tracking.experiment(principal, e).experiment_id) for e in experiment_ids]
+        ids = self._tracking.searched_experiment_ids(principal, experiment_ids, unknown_experiments)
         query = logged_models_query(
             ids,
             parse_filter(filter_string, LOGGED_MODELS),

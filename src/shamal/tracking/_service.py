@@ -61,6 +61,10 @@ MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
 MAX_SEARCH = {"runs": 50_000, "experiments": 50_000, "history": 1_000_000}
 _KEY_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,250}$")
 LifecycleView = Literal["active", "deleted", "all"]
+#: What a search does with an experiment id that does not exist (or that the caller
+#: cannot see, which is the same): "error" (NotFound) or "skip" (a stock server's way).
+UnknownExperiments = Literal["error", "skip"]
+MAX_EXPERIMENT_ID_DIGITS = 18
 VIEW_TYPES: dict[str, LifecycleView] = {
     "ACTIVE_ONLY": "active",
     "DELETED_ONLY": "deleted",
@@ -169,6 +173,33 @@ class TrackingService:
         principal.require_owner_role(team_id, needed, f"Run '{run_id}'")
         return info
 
+    def searched_experiment_ids(
+        self,
+        principal: Principal,
+        experiment_ids: Sequence[str],
+        unknown: UnknownExperiments = "error",
+    ) -> list[int]:
+        """The experiments a search covers, checked for reading.
+
+        Raises:
+            NotFound: with ``unknown="error"``, an experiment that does not exist or that
+                the principal cannot see.
+            InvalidParameter: with ``unknown="skip"``, an id that is not an integer.
+        """
+        if unknown == "error":
+            return [int(self.experiment(principal, e).experiment_id) for e in experiment_ids]
+        wanted: list[int] = []
+        for value in experiment_ids:
+            digits = value.removeprefix("-")
+            if not digits.isascii() or not digits.isdigit():
+                raise InvalidParameter(
+                    f"Invalid experiment ID '{value[:40]}'. Experiment ID must be a valid integer."
+                )
+            if digits == value and len(digits) <= MAX_EXPERIMENT_ID_DIGITS:
+                wanted.append(int(digits))  # others (negative, huge) cannot exist
+        with self._db.unit_of_work(write=False) as s:
+            return _store.readable_experiment_ids(s, wanted, visible_teams(principal))
+
     def _active_run(self, principal: Principal, run_id: str) -> RunInfo:
         info = self.run_info(principal, run_id, Role.MEMBER)
         if info.lifecycle_stage != "active":
@@ -267,7 +298,12 @@ class TrackingService:
             check_value("Tag", key, value, MAX_EXPERIMENT_TAG_VALUE)
         if key == TEAM_TAG:
             raise InvalidParameter(f"'{TEAM_TAG}' is set when the experiment is created.")
-        self.experiment(ctx.require_principal(), experiment_id, Role.MEMBER)
+        exp = self.experiment(ctx.require_principal(), experiment_id, Role.MEMBER)
+        if exp.lifecycle_stage != "active":
+            raise InvalidParameter(
+                f"The experiment {experiment_id} must be in the 'active' state. "
+                f"Current state is {exp.lifecycle_stage}."
+            )
         ctx.target = f"experiment:{experiment_id}/tag:{key}"
 
         def work(s: Session) -> None:
@@ -315,7 +351,7 @@ class TrackingService:
         end_time: int | None,
         run_name: str | None,
     ) -> RunInfo:
-        self.run_info(ctx.require_principal(), run_id, Role.MEMBER)
+        self._active_run(ctx.require_principal(), run_id)
         values: dict[str, object] = {}
         if status:
             if status not in RUN_STATUSES:
@@ -443,9 +479,16 @@ class TrackingService:
         max_results: int,
         order_by: Sequence[str],
         page_token: str | None,
+        unknown_experiments: UnknownExperiments = "error",
     ) -> Page[Run]:
+        """One page of the runs of the experiments that match the filter.
+
+        Raises:
+            InvalidParameter: a bad page size, filter, order, page token or experiment id.
+            NotFound: see :meth:`searched_experiment_ids`.
+        """
         check_page_size(max_results, MAX_SEARCH["runs"])
-        ids = [int(self.experiment(principal, e).experiment_id) for e in experiment_ids]
+        ids = self.searched_experiment_ids(principal, experiment_ids, unknown_experiments)
         query = runs_query(
             ids, parse_filter(filter_string, RUNS), parse_order_by(order_by, RUNS), view
         )

@@ -131,6 +131,20 @@ def visible_experiments(query: Select[Any], team_ids: list[str] | None) -> Selec
     return query.where(ExperimentRow.team_id.is_(None) | ExperimentRow.team_id.in_(team_ids))
 
 
+def readable_experiment_ids(
+    s: Session, experiment_ids: Sequence[int], team_ids: list[str] | None
+) -> list[int]:
+    """Those of ``experiment_ids`` that exist and are visible to ``team_ids`` (see
+    :func:`visible_experiments`), in the order given."""
+    if not experiment_ids:
+        return []
+    query = select(ExperimentRow.experiment_id).where(
+        ExperimentRow.experiment_id.in_(list(experiment_ids))
+    )
+    found = set(s.scalars(visible_experiments(query, team_ids)))
+    return [e for e in experiment_ids if e in found]
+
+
 def page_of_experiments(
     s: Session, query: Select[Any], offset: int, limit: int
 ) -> list[Experiment]:
@@ -162,12 +176,19 @@ def update_experiment(
 
 
 def set_experiment_tag(s: Session, experiment_id: str, key: str, value: str | None) -> None:
+    """Set a tag (``value`` None: delete it).
+
+    Raises:
+        NotFound: no such experiment; deleting a tag the experiment does not have.
+    """
     row = _experiment_row(s, experiment_id)
-    s.execute(
+    result = s.execute(
         delete(ExperimentTagRow).where(
             ExperimentTagRow.experiment_id == row.experiment_id, ExperimentTagRow.key == key
         )
     )
+    if value is None and not getattr(result, "rowcount", 0):
+        raise NotFound(f"No tag with name: {key} in experiment with id {experiment_id}")
     if value is not None:
         s.add(ExperimentTagRow(experiment_id=row.experiment_id, key=key, value=value))
     s.flush()

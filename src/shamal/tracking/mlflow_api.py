@@ -272,6 +272,7 @@ def search_runs(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
         max_results=_page_size(f),
         order_by=f.many("order_by"),
         page_token=f.text("page_token"),
+        unknown_experiments="skip",
     )
     return proto_json(
         {"runs": [_proto.run_json(r) for r in page.items], "next_page_token": page.next_page_token}
@@ -365,6 +366,7 @@ def search_logged_models(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
         # As on a stock server, 0 is "not given".
         max_results=f.integer("max_results") or DEFAULT_LOGGED_MODEL_RESULTS,
         page_token=f.text("page_token"),
+        unknown_experiments="skip",
     )
     return proto_json(
         {
