@@ -167,6 +167,13 @@ class SchedulerSettings(BaseModel):
         default=168.0, gt=0, description="past usage counts half after this many hours"
     )
     grace_s: float = Field(default=30.0, ge=0, le=3600)
+    lease_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=86_400,
+        description="a scheduler silent for this long is presumed dead and a live one adopts "
+        "its jobs (at least 5 ticks are always allowed)",
+    )
     default_retries: int = Field(default=0, ge=0, le=100)
     name: str | None = Field(
         default=None,

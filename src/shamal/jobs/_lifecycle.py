@@ -3,12 +3,15 @@
 Every method is one transaction: a compare-and-set on the job's state, its event
 row, its attempt row and its audit entry commit together or not at all. A scheduler
 process names itself (``claimed_by``); it starts and ends only the jobs it claimed,
-so two scheduler processes never run one job twice.
+so two scheduler processes never run one job twice. Each scheduler also beats a heartbeat;
+the jobs of one silent for longer than its lease are adopted by a live one
+(:meth:`JobLifecycle.adopt_orphans`), so no job is forgotten when its scheduler never returns.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from shamal.db import Database
-from shamal.jobs import _store
+from shamal.jobs import _leases, _store
 from shamal.jobs._entities import ACTIVE_STATES, Job, JobState
 from shamal.security import AuditLog, utc_now
 from shamal.security._audit import Clock
@@ -69,6 +72,49 @@ class JobLifecycle:
     def history(self, limit: int = 5_000) -> list[tuple[Job, float]]:
         with self._db.unit_of_work(write=False) as s:
             return _store.finished_runtimes(s, limit)
+
+    # ------------------------------------------------------------------ leases
+    def heartbeat(self) -> None:
+        """Tell the other schedulers this one is alive."""
+        now = self._clock()
+        self._db.run(lambda s: _leases.beat(s, self.name, socket.gethostname(), now))
+
+    def adopt_orphans(self, lease_s: float) -> list[Job]:
+        """Claim the active jobs of every scheduler silent for over ``lease_s`` seconds.
+
+        Runs under the scheduling lock, so of several live schedulers exactly one adopts each
+        job; each adoption is audited (``job.adopted``). The caller then treats the jobs as
+        its own after a restart: re-attach, or declare lost.
+        """
+        now = self._clock()
+
+        def work(s: Session) -> list[Job]:
+            _store.lock_scheduling(s)
+            silent = _leases.silent_claimers(s, self.name, now, lease_s)
+            if not silent:
+                return []
+            adopted: list[Job] = []
+            for job_id, previous in _leases.adopt(s, list(silent), self.name):
+                job = _store.get_job(s, job_id)
+                last = silent.get(previous)
+                self._audit.append(
+                    s,
+                    actor=self.actor,
+                    action="job.adopted",
+                    target=f"job:{job.id}",
+                    outcome="ok",
+                    detail={
+                        "attempt": job.attempt,
+                        "state": job.state.value,
+                        "from": previous,
+                        "lease_s": lease_s,
+                        "last_heartbeat": None if last is None else last.isoformat(),
+                    },
+                )
+                adopted.append(job)
+            return adopted
+
+        return self._db.run(work)
 
     # ------------------------------------------------------------------ changes
     def admit(

@@ -16,6 +16,13 @@ had claimed (the local executor's supervisors outlive the server), declares the 
 whose processes are gone lost (and retries them if they have retries left), and gives
 never-started claims back to the queue. No job runs twice at the same time: a job is
 launched only by the scheduler whose claim won, and only once per attempt.
+
+A scheduler that never comes back is not waited for: every scheduler beats a heartbeat each
+tick, and the jobs of one silent for longer than ``lease_s`` are adopted by a live one
+(:meth:`SchedulerLoop.adopt_orphans`), which then treats them exactly as after its own
+restart. Executors that can reach the jobs from anywhere (Ray; the local executor on the same
+machine) re-attach; otherwise the attempt is declared lost and retried by the rules, so a lease
+should be longer than any restart that is expected to come back.
 """
 
 from __future__ import annotations
@@ -155,6 +162,7 @@ class SchedulerLoop:
         self._usage: dict[str, float] = {}
         self._usage_at: float | None = None
         self._rates: dict[str, float] = {}
+        self._adopted_at = float("-inf")
         self.periodic: list[tuple[float, Callable[[], object]]] = []
         """Housekeeping other domains hand the loop: (every N seconds, task)."""
 
@@ -186,27 +194,51 @@ class SchedulerLoop:
 
     def recover(self) -> None:
         """Re-attach to this scheduler's jobs after a restart (see the module docstring)."""
+        self._life.heartbeat()
         self.learn_history()
         for job in self._life.mine():
-            if job.state is JobState.ADMITTED and not job.handle:
-                self._life.unclaim(job, "the scheduler restarted before starting it")
-                continue
-            handle = self._executor.reattach(json.dumps(dict(job.handle or {})))
-            log_path = self._log_path(job)
-            if handle is None:
-                self._life.ended(
-                    job, JobState.LOST, reason="its processes were gone after a scheduler restart"
-                )
-                self._release(job)
-                continue
-            shipped = self._shipped_bytes(job)
-            self.tracked[job.id] = Tracked(job, handle, log_path, shipped)
-            logger.info("re-attached to job %s (attempt %d)", job.id, job.attempt)
+            self._resume(job, "the scheduler restarted")
+
+    def _resume(self, job: Job, why: str) -> None:
+        """Take charge of a claimed job this process did not start: give a never-started claim
+        back, re-attach to a running attempt, or declare it lost (and retry it if it may)."""
+        if job.state is JobState.ADMITTED and not job.handle:
+            self._life.unclaim(job, f"{why} before starting it")
+            return
+        handle = self._executor.reattach(json.dumps(dict(job.handle or {})))
+        if handle is None:
+            self._life.ended(job, JobState.LOST, reason=f"its processes were gone after {why}")
+            self._release(job)
+            return
+        shipped = self._shipped_bytes(job)
+        self.tracked[job.id] = Tracked(job, handle, self._log_path(job), shipped)
+        logger.info("re-attached to job %s (attempt %d): %s", job.id, job.attempt, why)
+
+    @property
+    def lease_s(self) -> float:
+        """How long another scheduler may be silent before this one adopts its jobs."""
+        return max(self._settings.lease_s, 5 * self._settings.tick_s)
+
+    def adopt_orphans(self) -> list[str]:
+        """Adopt the jobs of schedulers silent for over :attr:`lease_s`; their ids."""
+        adopted = self._life.adopt_orphans(self.lease_s)
+        for job in adopted:
+            logger.warning(
+                "adopting job %s of a scheduler silent for over %.0f s", job.id, self.lease_s
+            )
+            self._resume(job, "its scheduler went silent")
+        return [job.id for job in adopted]
 
     def tick(self) -> None:
-        """One pass: reconcile, decide, apply."""
+        """One pass: beat, adopt orphans when it is time, reconcile, decide, apply."""
+        self._life.heartbeat()
+        now_mono = time.monotonic()
+        if now_mono - self._adopted_at >= self.lease_s / 4:
+            self._adopted_at = now_mono
+            self.adopt_orphans()
         self._reconcile()
         queued, active = self._life.pending()
+        self._let_go_of_adopted(active)
         now = self._clock()
         usage = self._decayed_usage(active, now)
         if not queued:
@@ -220,6 +252,16 @@ class SchedulerLoop:
         for decision in decisions:
             if isinstance(decision, Start):
                 self._start(by_id[decision.job_id], decision.placement, decision.borrowed)
+
+    def _let_go_of_adopted(self, active: Sequence[Job]) -> None:
+        """Stop watching jobs another scheduler adopted (this one was silent past its lease,
+        e.g. a tick that hung); the adopter has re-attached to them."""
+        owners = {job.id: job.claimed_by for job in active}
+        for job_id in [j for j in self.tracked if owners.get(j, self.name) != self.name]:
+            logger.warning(
+                "job %s was adopted by scheduler %s; no longer watching it", job_id, owners[job_id]
+            )
+            del self.tracked[job_id]
 
     # ------------------------------------------------------------------ decide
     def _sched_job(self, job: Job, now: float) -> SchedJob:

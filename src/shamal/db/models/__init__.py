@@ -11,7 +11,7 @@ from shamal.db.models.deployments import (
     DeploymentSampleRow,
     DeploymentStatsRow,
 )
-from shamal.db.models.jobs import JobAttemptRow, JobEventRow, JobRow
+from shamal.db.models.jobs import JobAttemptRow, JobEventRow, JobRow, SchedulerRow
 from shamal.db.models.registry import (
     ModelAliasRow,
     ModelVersionRow,
@@ -52,6 +52,7 @@ __all__ = [
     "JobAttemptRow",
     "JobEventRow",
     "JobRow",
+    "SchedulerRow",
     "LatestMetricRow",
     "LoggedModelParamRow",
     "LoggedModelRow",

@@ -99,3 +99,18 @@ class JobAttemptRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class SchedulerRow(Base):
+    """A live scheduler process: its name (what its claimed jobs carry) and its heartbeat.
+
+    A scheduler whose heartbeat is older than the lease is presumed dead; another one adopts
+    the jobs it had claimed.
+    """
+
+    __tablename__ = "schedulers"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(256), default="")
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
