@@ -71,8 +71,10 @@ def test_models_list_show_compare(cli: CliRunner) -> None:
     x, y = load_iris(return_X_y=True)
     mlflow.set_experiment(f"cli-models-{uuid.uuid4().hex[:8]}")
     name = f"iris-{uuid.uuid4().hex[:8]}"
+    dataset = mlflow.data.from_numpy(x, targets=y, name="iris-features")
     for c in (0.01, 10.0):
         with mlflow.start_run():
+            mlflow.log_input(dataset, context="training")
             model = LogisticRegression(C=c, max_iter=500).fit(x, y)
             mlflow.log_param("C", c)
             mlflow.log_metric("train_acc", model.score(x, y))
@@ -90,6 +92,24 @@ def test_models_list_show_compare(cli: CliRunner) -> None:
     assert compared.exit_code == 0, compared.output
     assert "param C" in compared.output
     assert "metric train_acc" in compared.output
+    one = cli.invoke(app, ["models", "show", name, "--version", "2", "--json"])
+    assert one.exit_code == 0, one.output
+    detail = json.loads(one.output)
+    assert (detail["model"], detail["version"], detail["aliases"]) == (name, 2, ["champion"])
+    assert {"python_function", "sklearn"} <= set(detail["formats"])
+    spec = detail["signature"]["inputs"][0]["tensor-spec"]
+    assert (spec["dtype"], spec["shape"]) == (str(x.dtype), [-1, x.shape[1]])
+    used = [(d["name"], d["digest"], d["context"]) for d in detail["lineage"]["datasets"]]
+    assert used == [("iris-features", dataset.digest, "training")]
+    table = cli.invoke(app, ["models", "show", name, "-v", "2"])
+    assert table.exit_code == 0, table.output
+    assert f"{x.dtype}[-1, {x.shape[1]}]" in table.output
+    assert dataset.digest in table.output
+    assert "training" in table.output
+    missing = cli.invoke(app, ["models", "show", name, "--version", "9"])
+    assert missing.exit_code == 1
+    assert "Traceback" not in missing.output
+    assert "not" in missing.output.lower()
 
 
 def _log_experiment(name: str, rng: random.Random, statuses: list[str]) -> list[str]:

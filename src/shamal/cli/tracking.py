@@ -397,10 +397,75 @@ def list_models(
     )
 
 
+def _schema_text(columns: object) -> str:
+    """A signature part as ``name: type`` items (tensors as ``dtype[shape]``)."""
+    if not isinstance(columns, list):
+        return "-"
+    items = []
+    for column in columns:
+        if not isinstance(column, dict):
+            continue
+        spec = column.get("tensor-spec")
+        kind = (
+            f"{spec.get('dtype')}{spec.get('shape')}"
+            if isinstance(spec, dict)
+            else str(column.get("type", "?"))
+        )
+        name = column.get("name")
+        items.append(f"{name}: {kind}" if name else kind)
+    return ", ".join(items) or "-"
+
+
+def _show_version(name: str, version: int, as_json: bool) -> None:
+    found = client().model_version_detail(name, version)
+    if as_json:
+        console.print_json(data=found)
+        return
+    lineage = found["lineage"]
+    signature = found["signature"] or {}
+    run = lineage["run_id"] or "-"
+    if lineage["run_id"] and not lineage["run_visible"]:
+        run += " (deleted, or not visible to you)"
+    facts = {
+        "version": f"{escape(name)} v{found['version']}",
+        "aliases": ", ".join(f"@{a}" for a in found["aliases"]) or "-",
+        "stage / status": f"{found['stage']} / {found['status']}",
+        "formats": ", ".join(found["formats"]) or "- (no MLmodel when it was registered)",
+        "inputs": escape(_schema_text(signature.get("inputs"))),
+        "outputs": escape(_schema_text(signature.get("outputs"))),
+        "source": escape(found["source"]),
+        "run": escape(f"{run}  {lineage['run_name'] or ''}".rstrip()),
+        "experiment": lineage["experiment_id"] or "-",
+        "logged model": lineage["logged_model_id"] or "-",
+    }
+    for key, value in facts.items():
+        console.print(f"[bold]{key:>15}[/]  {value}")
+    print_table(
+        "Datasets its run read",
+        ["name", "digest", "context", "source_type", "source"],
+        [{**d, "context": d["context"] or "-"} for d in lineage["datasets"]],
+    )
+
+
 @models.command("show")
 @handle_errors
-def show_model(name: str, as_json: bool = JsonOption) -> None:
-    """Show a registered model: its versions, their sources and aliases."""
+def show_model(
+    name: str,
+    version: Annotated[
+        int | None,
+        typer.Option(
+            "--version",
+            "-v",
+            min=1,
+            help="Show this version: its formats, signature and lineage (run, datasets).",
+        ),
+    ] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show a registered model: its versions, their sources and aliases (or one version)."""
+    if version is not None:
+        _show_version(name, version, as_json)
+        return
     model = client().get_model(name)
     if as_json:
         console.print_json(data=model)

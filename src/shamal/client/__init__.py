@@ -24,7 +24,7 @@ from shamal.client._calls import CHUNK, raise_for
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
-from shamal.errors import NotFound, ServiceUnavailable
+from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
 
 __all__ = [
     "DEFAULT_URL",
@@ -207,6 +207,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         result: dict[str, Any] = self.request("GET", f"/api/v1/models/{quote(name, safe='')}")
         return result
 
+    def model_version_detail(self, name: str, version: int) -> dict[str, Any]:
+        """One version: its formats, signature and lineage (run, logged model, datasets)."""
+        path = f"/api/v1/models/{quote(name, safe='')}/versions/{int(version)}"
+        result: dict[str, Any] = self.request("GET", path)
+        return result
+
     # ------------------------------------------------------------------ artifacts
     def _artifact_url(self, team: str, path: str) -> str:
         return f"/api/v1/artifacts/{quote(team, safe='')}/{quote(path, safe='/')}"
@@ -265,8 +271,15 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         """Pack ``folder`` (honouring .gitignore) and upload it unless already stored.
 
         Returns the snapshot's sha256, which :meth:`submit_job` takes.
+
+        Raises:
+            InvalidParameter: ``folder`` is not a readable folder, or holds more than a
+                snapshot may (the message says what to do).
         """
-        built = snapshot.build(folder)
+        try:
+            built = snapshot.build(folder)
+        except snapshot.SnapshotError as exc:
+            raise InvalidParameter(f"cannot snapshot the code: {exc}") from None
         try:
             path = f"/api/v1/snapshots/{built.digest}"
             try:
