@@ -60,9 +60,10 @@ def test_submit_list_show_events_and_cancel(api: TestClient, platform: Platform)
         ({"command": []}, ""),
         ({"cpus": 0}, ""),
         ({"gpus": 1, "gpu_fraction": 0.5}, "not several"),
-        ({"mig_profile": "big"}, "mig_profile"),
-        ({"env": {"SHAMAL_TOKEN": "x"}}, "env"),
-        ({"env": {"1BAD": "x"}}, "env"),
+        ({"mig_profile": "big"}, "a MIG profile is written like 1g.10gb or 3g.40gb"),
+        ({"env": {"SHAMAL_TOKEN": "x"}}, "starting with SHAMAL_, and MLFLOW_TRACKING_TOKEN"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "are set by the platform and cannot be"),
+        ({"env": {"1BAD": "x"}}, "is not an environment variable name: use letters"),
         ({"pool": "nowhere"}, "no pool named"),
         ({"priority": "urgent"}, "no priority class"),
         ({"snapshot": "0" * 64}, "unknown snapshot"),
@@ -77,6 +78,7 @@ def test_invalid_submissions_are_refused_and_store_nothing(
     assert response.status_code == 400, response.text
     assert response.json()["error_code"] == "INVALID_PARAMETER_VALUE"
     assert message in response.json()["message"]
+    assert "should match pattern" not in response.json()["message"]
     assert api.get("/api/v1/jobs").json() == []
 
 

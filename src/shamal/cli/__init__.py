@@ -20,6 +20,7 @@ from shamal.cli import (
     user,
 )
 from shamal.cli import tune as tune_cmd
+from shamal.cli._common import ShamalGroup
 from shamal.cli.server import server
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app = typer.Typer(
     "(default: the local admin token in ~/.shamal/token).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=ShamalGroup,
 )
 app.command("server")(server)
 app.add_typer(db.app, name="db")

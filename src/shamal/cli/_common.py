@@ -6,15 +6,19 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup, TyperOption
 
 from shamal.client import ShamalClient
 from shamal.errors import ServiceUnavailable, ShamalError, Unauthenticated
+
+if TYPE_CHECKING:
+    from typer._click import Command, Context, Parameter  # the click typer vendors
 
 console = Console()
 err_console = Console(stderr=True)
@@ -29,6 +33,37 @@ _HINTS: dict[type[ShamalError], str] = {
 
 
 _open_clients: list[ShamalClient] = []
+
+
+def _untyped_flags(params: Iterable[Parameter]) -> None:
+    """Give flags an empty metavar: typer's Rich help prints a type for every option
+    (``--json <bool>``, ``--help <bool>``), though a flag takes no value."""
+    for param in params:
+        if isinstance(param, TyperOption) and (param.is_flag or param.count):
+            param.metavar = ""
+
+
+def _untype_command(command: Command, ctx: Context) -> None:
+    _untyped_flags([*command.params, *filter(None, [command.get_help_option(ctx)])])
+    if isinstance(command, TyperGroup):
+        for sub in command.commands.values():
+            _untype_command(sub, ctx)
+
+
+class ShamalGroup(TyperGroup):
+    """The root command group: its help, and that of every command under it, shows no
+    value type for flags."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        params = super().get_params(ctx)
+        _untyped_flags(params)
+        return params
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _untype_command(command, ctx)
+        return command
 
 
 def client() -> ShamalClient:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import math
 import re
+import shlex
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -11,10 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from shamal.cli._common import JsonOption, client, console, err_console, fmt, handle_errors
 from shamal.errors import InvalidParameter
+from shamal.jobs._rules import check_env, check_mig_profile
 
 app = typer.Typer(
     help="Jobs: submit a command with its code to the scheduler, list, show, follow logs, "
@@ -23,29 +28,76 @@ app = typer.Typer(
 )
 cost = typer.Typer(help="Cost: GPU-, CPU- and memory-seconds per team, pool, user or job.")
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_MEMORY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt]i?)b?|b)?\s*", re.IGNORECASE)
+MEMORY_HELP = (
+    "Memory per worker: 4Gi or 4GiB (binary), 4G or 4GB (decimal, 4*10^9 bytes), "
+    "512Mi; a bare number is MiB."
+)
+
+_SECONDS_PER = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+    **dict.fromkeys(("w", "week", "weeks"), 7 * 86400),
+}
+_DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
+DURATION_EXAMPLES = "90s, 30min, 2h, 1h30m or 7d (a bare number is seconds)"
 
 
-def parse_memory_mib(text: str) -> int:
-    """'4GiB', '512MiB', '2G', '1536' (MiB) -> MiB."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+def parse_memory_mib(text: str, option: str = "--memory") -> int:
+    """A memory size -> whole MiB (rounded up): '4GiB', '4Gi', '512Mi', '4G' and '4GB'
+    (decimal), '1536' (MiB). Units are case-insensitive.
+
+    Raises:
+        InvalidParameter: not a size, or less than 1 MiB.
+    """
+    match = _MEMORY.fullmatch(text)
     if not match:
-        raise InvalidParameter(f"--memory takes sizes such as 4GiB or 512MiB, not {text!r}")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if not unit and not match.group(3):
-        return max(round(number), 1)
-    return max(round(number * _UNITS[unit] / 2**20), 1)
+        raise InvalidParameter(
+            f"{option} takes sizes such as 4GiB, 4Gi, 512Mi or 4G (decimal), not {text!r}"
+        )
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    if match.group(2) is None and not text.strip().lower().endswith("b"):
+        mib = number  # a bare number is MiB
+    elif match.group(2) is None:
+        mib = number / 2**20  # bytes
+    else:
+        mib = number * (_BINARY.get(unit) or _DECIMAL[unit]) / 2**20
+    if mib <= 0:
+        raise InvalidParameter(f"{option} must be at least 1MiB, not {text!r}")
+    return math.ceil(mib - 1e-9)
 
 
-def parse_duration_s(text: str) -> float:
-    """'90s', '45m', '2h', '1d', '1h30m' or plain seconds -> seconds."""
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text.strip()):
-        return float(text)
-    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)([smhdw])", text.strip())
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        raise InvalidParameter(f"durations look like 90s, 45m, 2h, 1h30m or 7d, not {text!r}")
-    return sum(float(n) * _DURATION[u] for n, u in parts)
+def parse_duration_s(text: str, option: str | None = None) -> float:
+    """'90s', '30min', '2h', '2 H', '1h30m', '7d' or plain seconds -> seconds.
+
+    Raises:
+        InvalidParameter: anything else (the message gives examples).
+    """
+    cleaned = text.strip().lower()
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", cleaned):
+        return float(cleaned)
+    total, position = 0.0, 0
+    for part in _DURATION_PART.finditer(cleaned):
+        if part.start() != position or part.group(2) not in _SECONDS_PER:
+            position = -1
+            break
+        total += float(part.group(1)) * _SECONDS_PER[part.group(2)]
+        position = part.end()
+    if 0 < position == len(cleaned):
+        return total
+    what = f"{option} takes" if option else "expected"
+    raise InvalidParameter(f"{what} a duration such as {DURATION_EXAMPLES}, not {text!r}")
+
+
+def _why(job: dict[str, Any]) -> str:
+    """Why a job is where it is: for a queued job, what it waits for (when the server
+    says), else the reason of its last transition."""
+    waiting = job.get("waiting")
+    return str(waiting) if job["state"] == "queued" and waiting else str(job["reason"])
 
 
 def _job_row(job: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +106,7 @@ def _job_row(job: dict[str, Any]) -> dict[str, Any]:
         "name": job["name"][:40],
         "team": job["team"] or "-",
         "state": job["state"],
+        "why": _why(job).split(":", 1)[0][:40],
         "priority": job["priority"],
         "resources": job["resources"],
         "attempt": job["attempt"],
@@ -63,16 +116,28 @@ def _job_row(job: dict[str, Any]) -> dict[str, Any]:
 
 def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
     table = Table(title=title, title_justify="left", header_style="bold")
-    columns = ["id", "name", "team", "state", "priority", "resources", "attempt", "submitted"]
+    columns = ["id", "name", "team", "state", "why", "priority", "resources", "attempt"]
+    columns.append("submitted")
     for column in columns:
         table.add_column(column)
     for job in jobs:
         row = _job_row(job)
-        table.add_row(*(fmt(row[c]) for c in columns))
+        # Names, teams and reasons are users' text: never read as markup.
+        table.add_row(*(Text(fmt(row[c])) for c in columns))
     if not jobs:
         console.print(f"[dim]{title}: none[/]")
         return
     console.print(table)
+
+
+def _environment(items: list[str]) -> dict[str, str]:
+    variables: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidParameter(f"--env takes KEY=VALUE, not {item!r}")
+        variables[key] = value
+    return check_env(variables)
 
 
 @app.command(
@@ -81,21 +146,28 @@ def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
 )
 @handle_errors
 def submit(
-    command: Annotated[list[str], typer.Argument(help="The command, after `--`.")],
+    command: Annotated[
+        list[str], typer.Argument(help="The command, after `--`.", metavar="COMMAND")
+    ],
     team: Annotated[str | None, typer.Option("--team", help="Team that runs (and pays).")] = None,
     priority: Annotated[
         str | None, typer.Option("--priority", help="low, normal, high, critical ...")
     ] = None,
     cpus: Annotated[float, typer.Option("--cpus", help="CPUs per worker.")] = 1.0,
-    memory: Annotated[str, typer.Option("--memory", help="Memory per worker, e.g. 4GiB.")] = "2GiB",
+    memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "2GiB",
     gpus: Annotated[int, typer.Option("--gpus", help="Whole GPUs per worker.")] = 0,
     gpu_fraction: Annotated[
         float, typer.Option("--gpu-fraction", help="A share of one GPU, e.g. 0.25.")
     ] = 0.0,
-    mig: Annotated[str | None, typer.Option("--mig", help="A MIG slice, e.g. 1g.10gb.")] = None,
+    mig: Annotated[
+        str | None, typer.Option("--mig", help="A MIG slice, e.g. 1g.10gb or 3g.40gb.")
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", help="Gang size (all or nothing).")] = 1,
     time_limit: Annotated[
-        str | None, typer.Option("--time-limit", help="e.g. 2h; the job is stopped after it.")
+        str | None,
+        typer.Option(
+            "--time-limit", help="e.g. 2h, 30min, 90s or 1h30m; the job is stopped after it."
+        ),
     ] = None,
     retries: Annotated[
         int | None, typer.Option("--retries", help="Retries when the job fails or is lost.")
@@ -117,16 +189,20 @@ def submit(
 
     Example: shamal job submit --team vision --gpus 1 --time-limit 2h -- python train.py
     """
-    variables: dict[str, str] = {}
-    for item in env or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidParameter(f"--env takes KEY=VALUE, not {item!r}")
-        variables[key] = value
+    variables = _environment(env or [])
+    memory_mib = parse_memory_mib(memory)
+    time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
+    if mig is not None:
+        check_mig_profile(mig)
+    if not no_snapshot and not workdir.is_dir():
+        raise InvalidParameter(
+            f"--workdir {workdir} is not a folder: give the folder to snapshot, "
+            "or --no-snapshot to run a command that needs no code"
+        )
     api = client()
     digest = None
     if not no_snapshot:
-        with console.status(f"snapshotting {workdir.resolve()} ..."):
+        with console.status(f"snapshotting {escape(str(workdir.resolve()))} ..."):
             digest = api.upload_snapshot(workdir)
     job = api.submit_job(
         command,
@@ -134,13 +210,13 @@ def submit(
         team=team,
         priority=priority,
         cpus=cpus,
-        memory_mib=parse_memory_mib(memory),
+        memory_mib=memory_mib,
         gpus=gpus,
         gpu_fraction=gpu_fraction,
         mig_profile=mig,
         workers=workers,
         pool=pool,
-        time_limit_s=parse_duration_s(time_limit) if time_limit else None,
+        time_limit_s=time_limit_s,
         retries=retries,
         env=variables,
         snapshot=digest,
@@ -148,7 +224,11 @@ def submit(
     if as_json:
         console.print_json(data=job)
         return
-    console.print(f"queued job [bold]{job['id']}[/] ({job['resources']}, {job['priority']})")
+    console.print(
+        f"queued job [bold]{job['id']}[/] ({escape(job['resources'])}, {escape(job['priority'])})"
+    )
+    if job.get("waiting"):
+        console.print(f"[dim]{escape(job['waiting'])}[/]")
     console.print(f"[dim]follow it with:[/] shamal job logs -f {job['id'][:12]}")
 
 
@@ -184,11 +264,18 @@ def show(
     if as_json:
         console.print_json(data={**job, "events": events})
         return
-    console.print(f"[bold]{job['name']}[/] {job['id']}  [bold]{job['state']}[/] ({job['reason']})")
+    console.print(
+        Text.assemble(
+            (job["name"], "bold"),
+            f" {job['id']}  ",
+            (job["state"], "bold"),
+            f" ({_why(job)})",
+        )
+    )
     details = {
-        "team": job["team"] or "-",
+        "team": job["team"] or "(no team)",
         "user": job["user"],
-        "command": " ".join(job["command"]),
+        "command": shlex.join(job["command"]),
         "resources": job["resources"],
         "priority": job["priority"],
         "pool": job["pool"] or "any",
@@ -199,18 +286,23 @@ def show(
         "snapshot": (job["snapshot"] or "-")[:16],
     }
     for key, value in details.items():
-        console.print(f"  {key:<10} {fmt(value)}")
+        console.print(Text(f"  {key:<10} {fmt(value)}"))
     table = Table(title="Transitions", title_justify="left", header_style="bold")
     for column in ("at", "from", "to", "attempt", "by", "reason"):
         table.add_column(column)
     for event in events:
         table.add_row(
-            fmt(event["at"]),
-            fmt(event["from_state"]),
-            event["to_state"],
-            str(event["attempt"]),
-            event["actor"],
-            event["reason"][:60],
+            *(
+                Text(cell)
+                for cell in (
+                    fmt(event["at"]),
+                    fmt(event["from_state"]),
+                    event["to_state"],
+                    str(event["attempt"]),
+                    event["actor"],
+                    event["reason"][:60],
+                )
+            )
         )
     console.print(table)
 
@@ -268,51 +360,89 @@ def preempt(
     console.print(f"preempting job {job['id'][:12]}; it goes back to the queue")
 
 
+NO_TEAM = "(no team)"
+"""How cost reports show jobs that ran without a team (an admin's own jobs)."""
+_FIGURES = ("gpu_seconds", "cpu_seconds", "memory_gib_seconds")
+
+
+def _since(text: str) -> datetime:
+    """'7d', '24h', '90min' before now, or an ISO date or time (UTC unless it says)."""
+    try:
+        start = datetime.fromisoformat(text.strip())
+    except ValueError:
+        pass
+    else:
+        return start if start.tzinfo else start.replace(tzinfo=UTC)
+    try:
+        seconds = parse_duration_s(text)
+    except InvalidParameter:
+        raise InvalidParameter(
+            f"--since takes a duration such as 7d, 24h or 90min, or an ISO date such as "
+            f"2026-01-31 or 2026-01-31T12:00, not {text!r}"
+        ) from None
+    return datetime.now(UTC) - timedelta(seconds=seconds)
+
+
+def _key(line: dict[str, Any], by: str) -> str:
+    key = str(line["key"])
+    return NO_TEAM if by == "team" and key in ("", "-") else key
+
+
+def _write_csv(path: Path, lines: list[dict[str, Any]], by: str) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([by, "jobs", "attempts", *_FIGURES, "cost"])
+        for line in lines:
+            figures = [f"{line[c]:.3f}" for c in _FIGURES]
+            counts = [line["jobs"], line["attempts"]]
+            writer.writerow([_key(line, by), *counts, *figures, f"{line['cost']:.6f}"])
+
+
 @cost.command("report")
 @handle_errors
 def cost_report(
     by: Annotated[str, typer.Option("--by", help="team, pool, user or job.")] = "team",
-    since: Annotated[str, typer.Option("--since", help="e.g. 7d, 24h, or an ISO date.")] = "7d",
+    since: Annotated[
+        str, typer.Option("--since", help="e.g. 7d, 24h, 90min, or an ISO date (UTC).")
+    ] = "7d",
     csv_path: Annotated[
         Path | None,
-        typer.Option("--csv", help="CSV file to write (default: cost-by-BY-DATE.csv here)."),
+        typer.Option(
+            "--csv",
+            help="CSV file to write. Default: cost-by-BY-DATE.csv in this folder with the "
+            "table; none with --json.",
+        ),
     ] = None,
     no_csv: Annotated[bool, typer.Option("--no-csv", help="Print only; write no CSV.")] = False,
     as_json: bool = JsonOption,
 ) -> None:
     """Usage and cost per team (or pool, user, job), priced by each pool's labels.
 
-    Prints a table and writes the same figures as CSV for chargeback spreadsheets.
+    Prints a table and writes the same figures as CSV for chargeback spreadsheets
+    (cost-by-team-YYYYMMDD.csv here unless --csv names a file or --no-csv). With --json
+    it prints JSON only, and writes CSV only to a file --csv names. Jobs that ran
+    without a team show as "(no team)".
     """
-    try:
-        start = datetime.fromisoformat(since)
-        start = start if start.tzinfo else start.replace(tzinfo=UTC)
-    except ValueError:
-        start = datetime.now(UTC) - timedelta(seconds=parse_duration_s(since))
+    start = _since(since)
     lines = client().cost_report(by=by, since=start)
-    columns = ["key", "jobs", "attempts", "gpu_seconds", "cpu_seconds", "memory_gib_seconds"]
-    if not no_csv:
-        csv_path = csv_path or Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
-        with csv_path.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow([by, *columns[1:], "cost"])
-            for line in lines:
-                figures = [f"{line[c]:.3f}" for c in columns[3:]]
-                writer.writerow([*(line[c] for c in columns[:3]), *figures, f"{line['cost']:.6f}"])
-        err_console.print(f"wrote {csv_path}")
+    if csv_path is None and not as_json and not no_csv:
+        csv_path = Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
+    if csv_path is not None and not no_csv:
+        _write_csv(csv_path, lines, by)
+        err_console.print(Text(f"wrote {csv_path}"))
     if as_json:
         console.print_json(data=lines)
         return
     table = Table(
-        title=f"Cost by {by} since {start:%Y-%m-%d %H:%M} UTC",
+        title=f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
         title_justify="left",
         header_style="bold",
     )
     for column in (by, "jobs", "attempts", "GPU-h", "CPU-h", "GiB-h", "cost"):
-        table.add_column(column, justify="left" if column == by else "right")
+        table.add_column(escape(column), justify="left" if column == by else "right")
     for line in lines:
         table.add_row(
-            line["key"],
+            Text(_key(line, by)),
             str(line["jobs"]),
             str(line["attempts"]),
             f"{line['gpu_seconds'] / 3600:.2f}",

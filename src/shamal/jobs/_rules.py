@@ -36,17 +36,43 @@ def check_command(command: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(check_text("a command argument", arg, MAX_ARG_CHARS) for arg in command)
 
 
+RESERVED_ENV_MESSAGE = (
+    "environment variables starting with SHAMAL_, and MLFLOW_TRACKING_TOKEN / "
+    "CUDA_VISIBLE_DEVICES, are set by the platform and cannot be overridden"
+)
+MIG_PROFILE_MESSAGE = (
+    "a MIG profile is written like 1g.10gb or 3g.40gb (compute slices 1-7, then the "
+    "slice's memory in GB)"
+)
+
+
+def check_env_name(key: str) -> str:
+    """Raises InvalidParameter, saying what is allowed, for a name a job may not set."""
+    if not _ENV_NAME.match(key):
+        raise InvalidParameter(
+            f"{key[:64]!r} is not an environment variable name: use letters, digits and "
+            "underscores, not starting with a digit"
+        )
+    if key.startswith(RESERVED_ENV_PREFIXES):
+        raise InvalidParameter(f"cannot set {key}: {RESERVED_ENV_MESSAGE}")
+    return key
+
+
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
     if len(env) > MAX_ENV:
         raise InvalidParameter(f"at most {MAX_ENV} environment variables")
     clean: dict[str, str] = {}
     for key, value in env.items():
-        if not _ENV_NAME.match(key):
-            raise InvalidParameter(f"{key[:64]!r} is not an environment variable name")
-        if key.startswith(RESERVED_ENV_PREFIXES):
-            raise InvalidParameter(f"{key} is set by the platform and cannot be given")
+        check_env_name(key)
         clean[key] = check_text(f"environment variable {key}", value, MAX_ENV_VALUE)
     return clean
+
+
+def check_mig_profile(profile: str) -> str:
+    """Raises InvalidParameter, with examples, for what cannot be a MIG profile's name."""
+    if not _MIG_PROFILE.match(profile):
+        raise InvalidParameter(f"--mig {profile[:32]!r}: {MIG_PROFILE_MESSAGE}")
+    return profile
 
 
 def _check_range(what: str, value: float, low: float, high: float, *, low_open: bool) -> None:
@@ -67,8 +93,8 @@ def check_resources(spec: JobSpec) -> None:
         raise InvalidParameter("ask for --gpus, --gpu-fraction or --mig, not several")
     if spec.gpu_fraction:
         _check_range("--gpu-fraction", spec.gpu_fraction, 0, 0.999, low_open=True)
-    if spec.mig_profile is not None and not _MIG_PROFILE.match(spec.mig_profile):
-        raise InvalidParameter("--mig takes a MIG profile such as 1g.10gb or 3g.40gb")
+    if spec.mig_profile is not None:
+        check_mig_profile(spec.mig_profile)
     if spec.time_limit_s is not None:
         _check_range("--time-limit", spec.time_limit_s, 0, MAX_TIME_LIMIT_S, low_open=True)
     if spec.retries is not None:

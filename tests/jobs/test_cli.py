@@ -1,0 +1,133 @@
+"""`shamal job` and `shamal cost` as users type them: what the CLI refuses before it asks
+the server, how it reads sizes and durations, and what its help shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shamal.cli import app
+from shamal.cli.job import parse_duration_s, parse_memory_mib
+from shamal.client import ShamalClient
+from shamal.errors import InvalidParameter
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    # Nothing listens here: every refusal below must come before a request.
+    monkeypatch.setenv("SHAMAL_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("SHAMAL_TOKEN", "not-used")
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("4GiB", 4096),
+        ("4Gi", 4096),
+        ("4 gib", 4096),
+        ("512Mi", 512),
+        ("512MiB", 512),
+        ("1.5GiB", 1536),
+        ("4G", 3815),  # decimal: 4 * 10^9 bytes, rounded up to whole MiB
+        ("4GB", 3815),
+        ("1536", 1536),  # a bare number is MiB
+        ("100Ki", 1),
+    ],
+)
+def test_memory_sizes_binary_decimal_and_bare(text: str, mib: int) -> None:
+    assert parse_memory_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["0", "0GiB", "0.0Mi", "lots", "-1", "4Gx", ""])
+def test_memory_sizes_that_are_refused(text: str) -> None:
+    with pytest.raises(InvalidParameter, match="--memory"):
+        parse_memory_mib(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2h", 7200),
+        ("2H", 7200),
+        ("2 h", 7200),
+        ("2 hours", 7200),
+        ("30min", 1800),
+        ("90s", 90),
+        ("1h30m", 5400),
+        ("1h 30m", 5400),
+        ("7d", 7 * 86400),
+        ("45", 45),
+    ],
+)
+def test_durations_in_the_forms_people_write(text: str, seconds: float) -> None:
+    assert parse_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["forever", "", "h", "1h30", "2hh", "1x", "2h-"])
+def test_garbage_durations_are_refused_with_examples(text: str) -> None:
+    with pytest.raises(InvalidParameter, match=r"--time-limit takes a duration such as 90s"):
+        parse_duration_s(text, "--time-limit")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--memory", "0"], "--memory must be at least 1MiB"),
+        (["--memory", "lots"], "--memory takes sizes such as 4GiB"),
+        (["--time-limit", "forever"], "--time-limit takes a duration such as 90s, 30min, 2h"),
+        (["--mig", "big"], "a MIG profile is written like 1g.10gb or 3g.40gb"),
+        (["--env", "SHAMAL_X=1"], "starting with SHAMAL_, and MLFLOW_TRACKING_TOKEN"),
+        (["--env", "CUDA_VISIBLE_DEVICES=0"], "are set by the platform and cannot be"),
+        (["--env", "1BAD=x"], "is not an environment variable name"),
+        (["--env", "NOVALUE"], "--env takes KEY=VALUE"),
+        (["--workdir", "/nonexistent"], "--workdir /nonexistent is not a folder"),
+    ],
+)
+def test_submit_refuses_bad_options_with_a_clear_message(
+    cli: CliRunner, options: list[str], message: str
+) -> None:
+    result = cli.invoke(app, ["job", "submit", *options, "--", "true"])
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cost_report_since_names_both_accepted_forms(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["cost", "report", "--since", "forever"])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "--since takes a duration such as 7d" in text
+    assert "or an ISO date such as 2026-01-31" in text
+
+
+def test_the_sdk_refuses_a_missing_folder_as_an_invalid_parameter(tmp_path: Path) -> None:
+    with (
+        ShamalClient("http://127.0.0.1:9", "t") as api,
+        pytest.raises(InvalidParameter, match="is not a folder"),
+    ):
+        api.upload_snapshot(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["job"], ["job", "submit"], ["cost", "report"], ["job", "list"], ["tune"], ["db"]],
+)
+def test_help_shows_no_value_type_for_flags(cli: CliRunner, command: list[str]) -> None:
+    result = cli.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output
+    assert "<bool>" not in result.output
+
+
+def test_help_still_shows_the_types_of_options_that_take_values(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["job", "submit", "--help"])
+    lines = {line.split()[1]: line for line in result.output.splitlines() if "--" in line[:6]}
+    assert "<float>" in lines["--cpus"]
+    assert "<str>" in lines["--memory"]
+    assert "4Gi or 4GiB (binary), 4G or 4GB (decimal" in result.output
+    assert "<bool>" not in lines["--no-snapshot"]

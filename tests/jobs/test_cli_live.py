@@ -1,0 +1,262 @@
+"""`shamal job` and `shamal cost` against a real server whose cluster declares GPUs.
+
+The flags are the ones the scheduler issue lists, typed as a user would; the jobs run
+with the local executor (declared nodes stand for machines NVML cannot see). Jobs wait
+for a marker file, so a test decides when each one ends; states are polled with a
+deadline.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from shamal.cli import app
+from shamal.client import ShamalClient
+from tests.live import LiveServer
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = """
+[[pools]]
+name = "gpu"
+# One GPU-hour costs 3600: a team's cost is its GPU-seconds, to the cent.
+labels = { cost_per_gpu_hour = "3600" }
+[[pools.nodes]]
+name = "g1"
+cpus = 4
+memory_mib = 16384
+[[pools.nodes.gpus]]
+model = "A100-80GB"
+memory_mib = 81920
+count = 2
+[[pools.nodes.gpus]]
+model = "A100-80GB"
+memory_mib = 81920
+mig_slices = 7
+
+[[pools]]
+name = "cpu"
+[[pools.nodes]]
+name = "c1"
+cpus = 2
+memory_mib = 8192
+"""
+
+JOB = """
+import os, sys, time
+marks, name = sys.argv[1], sys.argv[2]
+attempt = os.environ["SHAMAL_ATTEMPT"]
+open(os.path.join(marks, f"running-{name}-{attempt}"), "w").close()
+while not os.path.exists(os.path.join(marks, f"go-{name}")):
+    time.sleep(0.05)
+"""
+
+NAME = "oops [/] [red]x"
+"""Rich markup in a job's name (and below, in its command) must print as typed."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    home = tmp_path_factory.mktemp("home")
+    cluster = home / "cluster.toml"
+    cluster.write_text(CLUSTER)
+    env = {
+        "SHAMAL_SCHEDULER__TICK_S": "0.2",
+        "SHAMAL_SCHEDULER__GRACE_S": "5",
+        "SHAMAL_SCHEDULER__CLUSTER_FILE": str(cluster),
+    }
+    with LiveServer(home, env=env) as live:
+        yield live
+
+
+@pytest.fixture
+def api(server: LiveServer) -> Iterator[ShamalClient]:
+    with ShamalClient(server.url, server.token) as client:
+        try:
+            yield client
+        finally:
+            active = ["queued", "admitted", "running"]
+            for job in client.list_jobs(states=active, limit=1000):
+                client.cancel_job(job["id"])
+            wait_for(lambda: not client.list_jobs(states=active), "every job to stop", 30)
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "job.py").write_text(JOB)
+    return folder
+
+
+@pytest.fixture
+def marks(tmp_path: Path) -> Path:
+    folder = tmp_path / "marks"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def shamal(server: LiveServer, monkeypatch: pytest.MonkeyPatch, code: Path) -> CliRunner:
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.chdir(code)
+    return CliRunner()
+
+
+def run(cli: CliRunner, *args: str) -> Result:
+    result = cli.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    assert result.exception is None, result.output
+    return result
+
+
+def in_state(api: ShamalClient, job_id: str, *states: str) -> dict[str, Any] | None:
+    job = api.get_job(job_id)
+    return job if job["state"] in states else None
+
+
+def table_rows(output: str, first: str) -> list[list[str]]:
+    """The cells of a Rich table's rows whose first cell is ``first``."""
+    rows = []
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("│┃").split("│")]
+        if cells and cells[0] == first:
+            rows.append(cells)
+    return rows
+
+
+def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
+    shamal: CliRunner,
+    api: ShamalClient,
+    marks: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A job without a team (the admin is in none yet), on a quarter of a GPU: cancelled.
+    shared = json.loads(
+        run(
+            shamal, "job", "submit", "--gpu-fraction", "0.25", "--pool", "gpu", "--cpus",
+            "0.5", "--memory", "64MiB", "--name", "[bold]nb", "--json",
+            "--", "python", "job.py", str(marks), "shared",
+        ).stdout
+    )  # fmt: skip
+    assert (shared["team"], shared["gpu_fraction"], shared["name"]) == ("", 0.25, "[bold]nb")
+    # And one on a MIG slice, which ends by itself.
+    (marks / "go-slice").touch()
+    sliced = json.loads(
+        run(
+            shamal, "job", "submit", "--mig", "1g.10gb", "--pool", "gpu", "--cpus", "0.5",
+            "--memory", "64MiB", "--json", "--", "python", "job.py", str(marks), "slice",
+        ).stdout
+    )  # fmt: skip
+    run(shamal, "team", "create", "vision")
+    job = json.loads(
+        run(
+            shamal, "job", "submit", "--team", "vision", "--priority", "high", "--cpus", "1",
+            "--memory", "4GiB", "--gpus", "1", "--time-limit", "2h", "--retries", "2",
+            "--pool", "gpu", "--name", NAME, "--json",
+            "--", "python", "job.py", str(marks), "whole", "[/bold] hi",
+        ).stdout
+    )  # fmt: skip
+    expected = {
+        "team": "vision",
+        "priority": "high",
+        "cpus": 1.0,
+        "memory_mib": 4096,
+        "gpus": 1,
+        "time_limit_s": 7200.0,
+        "max_retries": 2,
+        "pool": "gpu",
+        "name": NAME,
+        "state": "queued",
+    }
+    assert {key: job[key] for key in expected} == expected
+    job_id = job["id"]
+
+    wait_for(lambda: (marks / "running-whole-1").exists(), "the whole-GPU job to run")
+    wait_for(lambda: (marks / "running-shared-1").exists(), "the shared-GPU job to run")
+    done = wait_for(lambda: in_state(api, sliced["id"], "succeeded"), "the MIG job")
+    (slot,) = done["placement"]["slots"]
+    assert (slot["node"], slot["mig_profile"]) == ("g1", "1g.10gb")
+
+    listed = json.loads(run(shamal, "job", "list", "--json").stdout)
+    by_id = {item["id"]: item for item in listed}
+    assert by_id[job_id]["state"] in ("admitted", "running")
+    assert by_id[job_id]["resources"] == "1 CPU, 4096 MiB, 1 GPU"
+    assert by_id[shared["id"]]["resources"] == "0.5 CPU, 64 MiB, 0.25 GPU"
+    assert by_id[sliced["id"]]["resources"] == "0.5 CPU, 64 MiB, MIG 1g.10gb"
+
+    table = run(shamal, "job", "list").stdout
+    assert NAME in table
+    assert "[bold]nb" in table
+    shown = run(shamal, "job", "show", job_id[:8]).stdout
+    assert NAME in shown
+    assert "python job.py" in shown
+    assert "'[/bold] hi'" in shown
+    assert "vision" in shown
+    assert "Transitions" in shown
+    assert "high" in shown
+
+    cancelled = run(shamal, "job", "cancel", shared["id"][:10]).stdout
+    assert "job" in cancelled
+    wait_for(lambda: in_state(api, shared["id"], "cancelled"), "the cancelled job to stop")
+
+    preempted = run(shamal, "job", "preempt", job_id[:10]).stdout
+    assert "preempting job" in preempted
+    wait_for(lambda: (marks / "running-whole-2").exists(), "the preempted job to run again")
+    (marks / "go-whole").touch()
+    finished = wait_for(lambda: in_state(api, job_id, "succeeded", "failed"), "the job to end")
+    assert (finished["state"], finished["attempt"], finished["preemptions"]) == (
+        "succeeded",
+        2,
+        1,
+    )
+    states = [event["to_state"] for event in api.job_events(job_id)]
+    assert states == [
+        "queued",
+        "admitted",
+        "running",
+        "preempted",
+        "queued",
+        "admitted",
+        "running",
+        "succeeded",
+    ]
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.chdir(reports)
+    report = run(shamal, "cost", "report", "--by", "team", "--since", "7d").stdout
+    (vision,) = table_rows(report, "vision")
+    (nobody,) = table_rows(report, "(no team)")
+    assert vision[1:3] == ["1", "2"]  # one job, two attempts
+    # 3600 per GPU-hour: the cost is the GPU-seconds the job held, over both attempts.
+    assert float(vision[6]) == pytest.approx(finished["attained_s"], abs=0.006)
+    assert nobody[1:3] == ["2", "2"]
+    shared_done = api.get_job(shared["id"])
+    slice_share = 1000 // 7 / 1000
+    held = 0.25 * shared_done["attained_s"] + slice_share * done["attained_s"]
+    assert float(nobody[6]) == pytest.approx(held, abs=0.006)
+    (written,) = reports.glob("cost-by-team-*.csv")  # the table comes with its CSV
+    lines = written.read_text(encoding="utf-8").splitlines()
+    rows = {row["team"]: row for row in csv.DictReader(lines)}
+    assert float(rows["vision"]["gpu_seconds"]) == pytest.approx(finished["attained_s"], abs=2e-3)
+    assert set(rows) == {"vision", "(no team)"}
+    written.unlink()
+
+    as_json = run(shamal, "cost", "report", "--since", "7d", "--json")
+    assert {line["key"] for line in json.loads(as_json.stdout)} == {"vision", "-"}
+    assert list(reports.iterdir()) == []  # --json alone writes no CSV
+    chosen = reports / "chosen.csv"
+    run(shamal, "cost", "report", "--since", "7d", "--json", "--csv", str(chosen))
+    assert chosen.read_text(encoding="utf-8").startswith("team,jobs,attempts")
