@@ -432,3 +432,27 @@ def test_missing_and_deleted_things_answer_as_on_a_stock_server(mlflow_env: Live
         with pytest.raises(MlflowException) as refused:
             change()
         assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_long_run_tag_values_are_truncated_as_on_a_stock_server(mlflow_env: LiveServer) -> None:
+    """A stock server keeps the first 8000 characters of a longer run tag value (notes
+    included) and answers 200; the column holds them on both databases."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("long-tags"))
+    note = "".join(chr(0x41 + i % 26) for i in range(20_000)) + "é"
+    run = client.create_run(exp_id, tags={"at-create": "c" * 9000})
+    run_id = run.info.run_id
+    client.set_tag(run_id, "mlflow.note.content", note)
+    client.set_tag(run_id, "exact", "x" * 8000)
+    client.set_tag(run_id, "huge", "h" * 200_000)
+    client.log_batch(run_id, tags=[RunTag("in-batch", "b" * 9000), RunTag("one-more", "o" * 8001)])
+    tags = client.get_run(run_id).data.tags
+    assert tags["mlflow.note.content"] == note[:8000]
+    assert tags["exact"] == "x" * 8000
+    assert (tags["huge"], tags["at-create"]) == ("h" * 8000, "c" * 8000)
+    assert (tags["in-batch"], tags["one-more"]) == ("b" * 8000, "o" * 8000)
+    # Experiment tags keep stock's limit: 20,000 characters, more is refused.
+    client.set_experiment_tag(exp_id, "long", "e" * 20_000)
+    with pytest.raises(MlflowException) as refused:
+        client.set_experiment_tag(exp_id, "longer", "e" * 20_001)
+    assert refused.value.error_code == "INVALID_PARAMETER_VALUE"

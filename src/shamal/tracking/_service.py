@@ -12,7 +12,7 @@ import logging
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sqlalchemy.orm import Session
@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 TEAM_TAG = "shamal.team"
 MAX_KEY = 250
 MAX_PARAM_VALUE = 8000
+#: Longer run tag values are cut to this length, as a stock server does by default
+#: (``MLFLOW_TRUNCATE_LONG_VALUES``); the ``run_tags.value`` column is TEXT.
 MAX_TAG_VALUE = 8000
 MAX_EXPERIMENT_TAG_VALUE = 20_000
 MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
@@ -93,6 +95,19 @@ def check_value(kind: str, key: str, value: str, limit: int) -> str:
     return value
 
 
+def truncate_tag_value(key: str, value: str) -> str:
+    """A run tag value cut to ``MAX_TAG_VALUE`` characters."""
+    if len(value) <= MAX_TAG_VALUE:
+        return value
+    logger.warning(
+        "Tag '%s' value (%d characters) truncated to %d characters.",
+        key,
+        len(value),
+        MAX_TAG_VALUE,
+    )
+    return value[:MAX_TAG_VALUE]
+
+
 def view_type(value: str | None) -> LifecycleView:
     if value is None or value == "":
         return "active"
@@ -110,7 +125,14 @@ class LoggedData:
     params: Sequence[tuple[str, str]] = ()
     tags: Sequence[tuple[str, str]] = ()
 
-    def validate(self) -> None:
+    def checked(self) -> LoggedData:
+        """The batch as it is stored: checked, with run tag values over ``MAX_TAG_VALUE``
+        truncated (see :func:`truncate_tag_value`).
+
+        Raises:
+            InvalidParameter: too many items, a bad key, a param value over
+                ``MAX_PARAM_VALUE``.
+        """
         total = len(self.metrics) + len(self.params) + len(self.tags)
         for name, count in (
             ("metrics", len(self.metrics)),
@@ -127,8 +149,11 @@ class LoggedData:
             check_key("metric", key)
         for key, value in self.params:
             check_value("Param", check_key("param", key), value, MAX_PARAM_VALUE)
-        for key, value in self.tags:
-            check_value("Tag", check_key("tag", key), value, MAX_TAG_VALUE)
+        for key, _ in self.tags:
+            check_key("tag", key)
+        if all(len(value) <= MAX_TAG_VALUE for _, value in self.tags):
+            return self
+        return replace(self, tags=[(k, truncate_tag_value(k, v)) for k, v in self.tags])
 
 
 class TrackingService:
@@ -323,7 +348,7 @@ class TrackingService:
     ) -> Run:
         principal = ctx.require_principal()
         self.experiment(principal, experiment_id, Role.MEMBER)
-        LoggedData(tags=list(tags.items())).validate()
+        tags = dict(LoggedData(tags=list(tags.items())).checked().tags)
         name = run_name or tags.get("mlflow.runName") or f"run-{secrets.token_hex(3)}"
         tags.setdefault("mlflow.runName", name)
         tags.setdefault("mlflow.user", principal.name)
@@ -388,7 +413,7 @@ class TrackingService:
 
         The run is checked inside the writing transaction: one round of locking, not two.
         """
-        data.validate()
+        data = data.checked()
 
         def work(s: Session) -> None:
             stage, team_id = _store.run_access(s, run_id)

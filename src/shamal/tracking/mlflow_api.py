@@ -56,6 +56,9 @@ def _page_size(f: Fields) -> int:
 
 
 # ---------------------------------------------------------------------- logging to runs
+_ANY_LENGTH = 2**63 - 1
+
+
 # First in the router: routing tries routes in order, and these carry the volume.
 def _run_id(f: Fields) -> str:
     run_id = f.text("run_id") or f.text("run_uuid")
@@ -97,7 +100,10 @@ def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
 
 @mlflow.post("/runs/set-tag")
 def set_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    svc.log(p, _run_id(f), LoggedData(tags=[(f.required("key"), f.text("value") or "")]))
+    # Any length: the service keeps the first MAX_TAG_VALUE characters, as stock does;
+    # the request body limit bounds what arrives.
+    value = f.text("value", max_len=_ANY_LENGTH) or ""
+    svc.log(p, _run_id(f), LoggedData(tags=[(f.required("key"), value)]))
     return proto_json()
 
 
