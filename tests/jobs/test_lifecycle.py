@@ -205,3 +205,47 @@ def test_fair_share_usage_decays_with_its_half_life(platform: Platform, tmp_path
     held = loop._decayed_usage([], 3600.0)[job.team]  # held for one half-life, then released
     assert held == pytest.approx(share * 3600 / (2 * math.log(2)), rel=1e-6)
     assert loop._decayed_usage([], 7200.0)[job.team] == pytest.approx(held / 2, rel=1e-6)
+
+
+def test_fair_share_usage_is_rebuilt_from_the_record_after_a_restart(
+    platform: Platform, tmp_path: Path
+) -> None:
+    from datetime import UTC, timedelta
+
+    from shamal.executors import get_executor
+    from shamal.jobs import effective_settings
+    from shamal.jobs._loop import SchedulerLoop, SchedulerParts
+    from shamal.scheduler import get_policy
+    from shamal.scheduler._admission import decayed_usage
+
+    settings = effective_settings(platform.settings.scheduler).model_copy(
+        update={"fair_share_half_life_h": 1.0}
+    )
+    moment = [datetime(2030, 1, 1, tzinfo=UTC)]
+    life = JobLifecycle(platform.db, platform.audit, "s1", lambda: moment[0])
+    done = _run(life, _submit(platform))
+    moment[0] += timedelta(hours=1)  # held for one half-life ...
+    life.ended(done, JobState.SUCCEEDED, reason="test", exit_code=0)
+    still = _run(life, _submit(platform, team=None))  # ... and another starts now
+    moment[0] += timedelta(hours=1)  # ... then one more half-life passes
+    parts = SchedulerParts(
+        life,
+        platform.jobs,
+        platform.artifacts,
+        get_executor("local"),
+        platform.cluster,
+        settings,
+        tmp_path,
+    )
+    restarted = SchedulerLoop(parts, get_policy("fair"), clock=lambda: moment[0].timestamp())
+    usage = restarted.restore_usage()
+    share = 500 / platform.cluster.capacity().cpu_milli
+    finished = decayed_usage(decayed_usage(0.0, 3600, share, 3600), 3600, 0.0, 3600)
+    running = decayed_usage(0.0, 3600, share, 3600)
+    assert done.team == still.team
+    assert usage[done.team] == pytest.approx(finished + running, rel=1e-6)
+    # From here the loop goes on from the rebuilt figure, the running job still counting.
+    later = restarted._decayed_usage([still], moment[0].timestamp() + 3600)
+    assert later[done.team] == pytest.approx(
+        decayed_usage(finished + running, 3600, share, 3600), rel=1e-6
+    )

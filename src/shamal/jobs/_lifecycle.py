@@ -69,6 +69,12 @@ class JobLifecycle:
         with self._db.unit_of_work(write=False) as s:
             return _store.get_job(s, job_id)
 
+    def attempts_since(self, since: datetime) -> list[_store.Attempt]:
+        """Every attempt that ran at some time after ``since`` (running ones included)."""
+        now = self._clock()
+        with self._db.unit_of_work(write=False) as s:
+            return _store.attempts_overlapping(s, since, now, None)
+
     def history(self, limit: int = 5_000) -> list[tuple[Job, float]]:
         with self._db.unit_of_work(write=False) as s:
             return _store.finished_runtimes(s, limit)

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,7 +53,7 @@ from shamal.jobs._entities import Job, JobState
 from shamal.jobs._lifecycle import JobLifecycle
 from shamal.jobs._service import NAMESPACE, JobService, log_prefix
 from shamal.jobs._store import Attempt
-from shamal.scheduler._admission import decay_all
+from shamal.scheduler._admission import decay_all, decayed_usage
 from shamal.scheduler._placement import allocate
 from shamal.scheduler._predictor import RuntimePredictor
 from shamal.scheduler._resources import Cluster, Placement, Resources
@@ -196,6 +197,7 @@ class SchedulerLoop:
         """Re-attach to this scheduler's jobs after a restart (see the module docstring)."""
         self._life.heartbeat()
         self.learn_history()
+        self.restore_usage()
         for job in self._life.mine():
             self._resume(job, "the scheduler restarted")
 
@@ -314,6 +316,33 @@ class SchedulerLoop:
             total.memory_mib / capacity.memory_mib if capacity.memory_mib else 0.0,
         ]
         return max(shares)
+
+    def restore_usage(self) -> dict[str, float]:
+        """Rebuild each team's decayed usage from the attempts on record, so fair share
+        remembers past usage across restarts (and counts every scheduler's jobs)."""
+        now = self._clock()
+        half_life = self._settings.fair_share_half_life_h * 3600
+        since = datetime.fromtimestamp(max(now - 20 * half_life, 0.0), UTC)  # < 1e-6 left
+        usage: dict[str, float] = {}
+        for attempt in self._life.attempts_since(since):
+            start = attempt.started_at.timestamp()
+            end = now if attempt.ended_at is None else attempt.ended_at.timestamp()
+            capacity = self._template.capacity(attempt.pool)
+            share = max(
+                attempt.gpu_milli / capacity.gpu_milli if capacity.gpu_milli else 0.0,
+                attempt.cpu_milli / capacity.cpu_milli if capacity.cpu_milli else 0.0,
+                attempt.memory_mib / capacity.memory_mib if capacity.memory_mib else 0.0,
+            )
+            held = decayed_usage(0.0, min(end, now) - start, share, half_life)
+            usage[attempt.team] = usage.get(attempt.team, 0.0) + decayed_usage(
+                held, now - min(end, now), 0.0, half_life
+            )
+        _, active = self._life.pending()
+        self._usage, self._usage_at = usage, now
+        self._rates = {}
+        for job in active:
+            self._rates[job.team] = self._rates.get(job.team, 0.0) + self._share(job)
+        return dict(usage)
 
     def _decayed_usage(self, active: Sequence[Job], now: float) -> dict[str, float]:
         """Each team's past usage in share-seconds, halving every ``fair_share_half_life_h``:
