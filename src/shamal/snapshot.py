@@ -1,8 +1,11 @@
 """Code snapshots: a job's working folder as one content-addressed archive.
 
-``build`` packs a folder the way ``git`` would see it: files ignored by the folder's
-``.gitignore`` files (at any depth), the ``.git`` folder itself and anything that is
-not a regular file (symlinks, devices, sockets) are left out. The archive is a gzip'd
+``build`` packs a folder the way ``git`` would see it: files ignored by the
+``.gitignore`` files of the folder and its subfolders, of its parent folders up to the
+repository root (the folder holding ``.git``) and by the repository's
+``.git/info/exclude`` are left out, and so are ``.git`` itself and anything that is not
+a regular file (symlinks, devices, sockets). The user's own ``core.excludesFile`` is
+not read: a snapshot depends on the repository, not on who builds it. The archive is a gzip'd
 tar written deterministically (sorted names, zero times and owners, normalised modes),
 so the same tree always gives the same bytes and the same sha256: the snapshot's name.
 Submitting an unchanged folder twice uploads nothing the second time.
@@ -72,21 +75,58 @@ def is_digest(value: str) -> bool:
     return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
-def _ignore_spec(directory: Path) -> pathspec.GitIgnoreSpec | None:
-    gitignore = directory / ".gitignore"
-    if not gitignore.is_file():
+def _spec_of(path: Path) -> pathspec.GitIgnoreSpec | None:
+    """The patterns of one ignore file (``None`` when there is no readable file)."""
+    if not path.is_file():
         return None
     try:
-        lines = gitignore.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def _ignored(specs: list[tuple[str, pathspec.GitIgnoreSpec]], rel: str, is_dir: bool) -> bool:
-    # Outer .gitignore files first; a deeper file's verdict overrides theirs (git's rule).
+def _repository_root(folder: Path) -> Path | None:
+    """The folder holding ``.git`` (a folder, or a file in worktrees and submodules) at or
+    above ``folder``, or ``None`` outside any repository."""
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+Specs = list[tuple[str, pathspec.GitIgnoreSpec]]
+"""(folder the patterns belong to, relative to the repository root; its patterns),
+outermost and weakest first."""
+
+
+def _inherited_specs(folder: Path) -> tuple[str, Specs]:
+    """Where ``folder`` sits in its repository and the patterns that reach it from outside:
+    ``.git/info/exclude``, then the ``.gitignore`` of each folder from the repository root
+    down to (not including) ``folder``. Outside a repository: ``("", [])``.
+    """
+    root = _repository_root(folder)
+    if root is None:
+        return "", []
+    specs: Specs = []
+    exclude = _spec_of(root / ".git" / "info" / "exclude")
+    if exclude is not None:
+        specs.append(("", exclude))
+    prefix = folder.relative_to(root).as_posix()
+    parts = [] if prefix == "." else prefix.split("/")
+    for depth in range(len(parts)):
+        spec = _spec_of(root.joinpath(*parts[:depth], ".gitignore"))
+        if spec is not None:
+            specs.append(("/".join(parts[:depth]), spec))
+    return ("" if prefix == "." else prefix), specs
+
+
+def _ignored(specs: Specs, rel: str, is_dir: bool) -> bool:
+    # Weakest first; a later (deeper) file's verdict overrides theirs (git's rule).
     verdict = False
     for base, spec in specs:
+        if base and not rel.startswith(base + "/"):
+            continue
         sub = rel[len(base) + 1 :] if base else rel
         include = spec.check_file(sub + "/" if is_dir else sub).include
         if include is not None:
@@ -95,30 +135,45 @@ def _ignored(specs: list[tuple[str, pathspec.GitIgnoreSpec]], rel: str, is_dir: 
 
 
 def _walk(folder: Path) -> Iterator[tuple[str, Path]]:
-    """(posix name relative to ``folder``, path) of every file git would keep, sorted."""
-    specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []
+    """(posix name relative to ``folder``, path) of every file git would keep, sorted.
+
+    Patterns are matched as git matches them: against the path from the repository
+    root, so that a parent folder's ``.gitignore`` (anchored patterns included) and
+    ``.git/info/exclude`` apply inside ``folder`` too.
+    """
+    prefix, specs = _inherited_specs(folder)
 
     def visit(directory: Path, rel_dir: str) -> Iterator[tuple[str, Path]]:
-        spec = _ignore_spec(directory)
+        from_root = f"{prefix}/{rel_dir}".strip("/")
+        spec = _spec_of(directory / ".gitignore")
         if spec is not None:
-            specs.append((rel_dir, spec))
+            specs.append((from_root, spec))
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError as exc:
             raise SnapshotError(f"cannot read {directory}: {exc.strerror}") from None
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            path_from_root = f"{from_root}/{entry.name}" if from_root else entry.name
+            if entry.name in _ALWAYS_SKIPPED:
+                continue
             if entry.is_symlink():
                 logger.info("snapshot: skipping symlink %s", rel)
             elif entry.is_dir():
-                if entry.name not in _ALWAYS_SKIPPED and not _ignored(specs, rel, True):
+                if not _ignored(specs, path_from_root, True):
                     yield from visit(Path(entry.path), rel)
-            elif entry.is_file() and not _ignored(specs, rel, False):
+            elif entry.is_file() and not _ignored(specs, path_from_root, False):
                 yield rel, Path(entry.path)
         if spec is not None:
             specs.pop()
 
     yield from visit(folder, "")
+
+
+def _unreadable(folder: Path, rel: str, exc: OSError) -> SnapshotError:
+    return SnapshotError(
+        f"cannot read {rel} in {folder} ({exc.strerror}): make it readable or add it to .gitignore"
+    )
 
 
 def build(folder: Path, out_dir: Path | None = None) -> Snapshot:
@@ -140,7 +195,10 @@ def build(folder: Path, out_dir: Path | None = None) -> Snapshot:
             tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             for rel, path in _walk(folder):
-                info = path.stat()
+                try:
+                    info = path.stat()
+                except OSError as exc:
+                    raise _unreadable(folder, rel, exc) from None
                 files += 1
                 total += info.st_size
                 if files > MAX_SNAPSHOT_FILES or total > MAX_SNAPSHOT_BYTES:
@@ -152,7 +210,11 @@ def build(folder: Path, out_dir: Path | None = None) -> Snapshot:
                 entry.size = info.st_size
                 entry.mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
                 entry.mtime = 0
-                with path.open("rb") as handle:
+                try:
+                    handle = path.open("rb")
+                except OSError as exc:
+                    raise _unreadable(folder, rel, exc) from None
+                with handle:
                     tar.addfile(entry, handle)
         digest = hashlib.sha256()
         with tmp.open("rb") as handle:

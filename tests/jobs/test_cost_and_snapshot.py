@@ -126,3 +126,73 @@ def test_extract_refuses_escapes_before_writing_anything(tmp_path: Path) -> None
     assert not (tmp_path / "outside.py").exists()
     with pytest.raises(snapshot.SnapshotError, match="not a folder"):
         snapshot.build(tmp_path / "missing")
+
+
+def _names(folder: Path, tmp_path: Path) -> list[str]:
+    built = snapshot.build(folder, tmp_path)
+    with tarfile.open(built.path) as tar:
+        return tar.getnames()
+
+
+def _repository(root: Path) -> None:
+    """A repository whose ignore rules live above and beside the folder snapshotted."""
+    (root / ".git" / "info").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".git" / "info" / "exclude").write_text("secret.txt\n")
+    (root / ".gitignore").write_text("*.ckpt\n/top-only.txt\nbuild/\n")
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "sub" / "build").mkdir()
+    (root / "sub" / ".gitignore").write_text("!important.ckpt\n")
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / ".gitignore").write_text("*.tmp\n")
+    for name in (
+        "top-only.txt",
+        "secret.txt",
+        "sub/model.ckpt",
+        "sub/important.ckpt",
+        "sub/train.py",
+        "sub/secret.txt",
+        "sub/top-only.txt",
+        "sub/deeper/x.ckpt",
+        "sub/deeper/keep.py",
+        "sub/build/out.bin",
+        "a/b/run.py",
+        "a/b/scratch.tmp",
+    ):
+        (root / name).write_text(name)
+
+
+def test_snapshot_honours_the_ignore_rules_of_the_enclosing_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _repository(repo)
+    assert _names(repo / "sub", tmp_path) == [
+        ".gitignore",
+        "deeper/keep.py",
+        "important.ckpt",  # re-included by sub/.gitignore, which overrides the root's
+        "top-only.txt",  # the root's pattern is anchored to the root
+        "train.py",
+    ]
+    assert _names(repo / "a" / "b", tmp_path) == ["run.py"]  # a/.gitignore reaches a/b
+    whole = _names(repo, tmp_path)
+    assert "sub/secret.txt" not in whole
+    assert "secret.txt" not in whole
+    assert "sub/model.ckpt" not in whole
+    assert "sub/important.ckpt" in whole
+    assert not [name for name in whole if name.startswith(".git/") or name == ".git"]
+    # Content-addressed still: the same repository elsewhere gives the same bytes.
+    _repository(tmp_path / "copy")
+    assert (
+        snapshot.build(tmp_path / "copy" / "sub", tmp_path).digest
+        == snapshot.build(repo / "sub", tmp_path).digest
+    )
+
+
+def test_a_worktree_git_file_marks_the_root_and_is_never_packed(tmp_path: Path) -> None:
+    repo = tmp_path / "worktree"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / ".git").write_text("gitdir: /elsewhere/.git/worktrees/w\n")
+    (repo / ".gitignore").write_text("*.log\n")
+    (repo / "pkg" / "run.py").write_text("print()\n")
+    (repo / "pkg" / "debug.log").write_text("noise\n")
+    assert _names(repo / "pkg", tmp_path) == ["run.py"]
+    assert _names(repo, tmp_path) == [".gitignore", "pkg/run.py"]
