@@ -267,6 +267,12 @@ def test_logged_model_search(db: Database) -> None:
         (None, ["metrics.loss DESC"], ["m-a", "m-b"]),
         # Without a value both tie: creation_timestamp DESC, then model_id.
         (None, ["metrics.missing"], ["m-b", "m-a"]),
+        # Any column, as on a stock server; NULLs last both ways.
+        (None, ["model_type"], ["m-a", "m-b"]),
+        (None, ["model_type DESC"], ["m-a", "m-b"]),
+        (None, ["source_run_id DESC"], ["m-a", "m-b"]),
+        (None, ["experiment_id", "creation_timestamp_ms"], ["m-a", "m-b"]),
+        (None, ["status", "name DESC"], ["m-b", "m-a"]),
     ]
     assert _mismatches(db, build, "model_id", table) == []
     assert fetch(db, build(None, None, [1, 2]), "model_id") == ["m-d", "m-b", "m-a"]

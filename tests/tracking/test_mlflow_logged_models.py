@@ -78,6 +78,9 @@ def test_logged_models_ordered_by_a_metric(mlflow_env: LiveServer) -> None:
     assert [m for m in desc if m in (ids[2], extra)] == [
         m for m in unordered if m in (ids[2], extra)
     ]
+    # Any column sorts too, as on a stock server (here every model ties on them).
+    for column in ("experiment_id", "status", "model_type", "source_run_id"):
+        assert order(field_name=column, ascending=False) == unordered, column
     # Only the points logged against a dataset count when the item names one.
     by_dataset = order(field_name="metrics.acc", ascending=False, dataset_name="dA")
     assert by_dataset[0] == ids[1]

@@ -270,9 +270,24 @@ LOGGED_MODELS: Final = _grammar(
         ("attribute", "creation_timestamp"): _NUMBER,
         ("attribute", "last_updated_timestamp"): _NUMBER,
     },
-    {"creation_time": "creation_timestamp"},
+    {
+        "creation_time": "creation_timestamp",
+        "creation_timestamp_ms": "creation_timestamp",
+        "last_updated_timestamp_ms": "last_updated_timestamp",
+    },
     {"metric"},
-    {"name", "model_id", "creation_timestamp", "last_updated_timestamp"},
+    {
+        "name",
+        "model_id",
+        "experiment_id",
+        "creation_timestamp",
+        "last_updated_timestamp",
+        "status",
+        "model_type",
+        "source_run_id",
+        "status_message",
+        "artifact_location",
+    },  # fmt: skip
 )
 
 

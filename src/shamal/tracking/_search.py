@@ -428,6 +428,21 @@ _MODEL_ATTRIBUTES: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
 }
 
 
+_MODEL_SORT_COLUMNS: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
+    # key: (column, nullable)
+    "name": (LoggedModelRow.name, False),
+    "model_id": (LoggedModelRow.model_id, False),
+    "experiment_id": (LoggedModelRow.experiment_id, False),
+    "creation_timestamp": (LoggedModelRow.creation_timestamp_ms, False),
+    "last_updated_timestamp": (LoggedModelRow.last_updated_timestamp_ms, False),
+    "status": (LoggedModelRow.status, False),
+    "artifact_location": (LoggedModelRow.artifact_location, False),
+    "model_type": (LoggedModelRow.model_type, True),
+    "source_run_id": (LoggedModelRow.source_run_id, True),
+    "status_message": (LoggedModelRow.status_message, True),
+}
+
+
 def _logged_model_condition(c: Comparison) -> ColumnElement[bool]:
     if c.entity == "metric":
         # Any logged value of the key for this model (metrics rows carry model_id).
@@ -483,7 +498,8 @@ def logged_models_query(
         if o.entity == "metric":
             terms.append(sort_key(_latest_model_metric(o), o.ascending, nullable=True))
         else:
-            terms.append(sort_key(_MODEL_ATTRIBUTES[o.key][0], o.ascending, nullable=False))
+            col, nullable = _MODEL_SORT_COLUMNS[o.key]
+            terms.append(sort_key(col, o.ascending, nullable=nullable))
     sorted_on = {o.key for o in order_by if o.entity == "attribute"}
     if "creation_timestamp" not in sorted_on:
         terms.append(LoggedModelRow.creation_timestamp_ms.desc())
