@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from shamal.executors import get_executor
 from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
-from shamal.jobs._loop import SchedulerLoop, SchedulerParts
-from shamal.scheduler import get_policy
+from shamal.jobs._loop import SchedulerLoop
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
-from tests.jobs.test_lifecycle import PLACEMENT, _run, _submit
+from tests.jobs.test_lifecycle import PLACEMENT, _run, _submit, local_loop
 
 
 class Clock:
@@ -96,16 +94,7 @@ def test_a_survivor_reattaches_to_the_running_job_and_finishes_it(
 
     def loop(name: str, clock: Clock | None) -> SchedulerLoop:
         life = JobLifecycle(platform.db, platform.audit, name, *([clock] if clock else []))
-        parts = SchedulerParts(
-            life,
-            platform.jobs,
-            platform.artifacts,
-            get_executor("local"),
-            platform.cluster,
-            settings,
-            tmp_path / "jobs",
-        )
-        return SchedulerLoop(parts, get_policy("fifo"))
+        return local_loop(platform, life, tmp_path / "jobs")
 
     first = loop("first", None)
     first.recover()

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from shamal.jobs import JobLifecycle, JobSpec, JobState
+from shamal.executors import get_executor
+from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
 from shamal.jobs._entities import Job
+from shamal.jobs._loop import SchedulerLoop, SchedulerParts
 from shamal.jobs._store import Attempt
+from shamal.scheduler import get_policy
+from shamal.scheduler._admission import decayed_usage
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
 
@@ -50,6 +54,31 @@ def _run(life: JobLifecycle, job: Job) -> Job:
     running = life.started(admitted, {"pid": 1}, _attempt(admitted, life.now()))
     assert running is not None
     return running
+
+
+def local_loop(
+    platform: Platform,
+    life: JobLifecycle,
+    jobs_dir: Path,
+    policy: str = "fifo",
+    *,
+    clock: Callable[[], float] | None = None,
+    **settings: object,
+) -> SchedulerLoop:
+    """A scheduler loop on the local executor, as ``life``, with ``settings`` changed."""
+    effective = effective_settings(platform.settings.scheduler).model_copy(update=settings)
+    parts = SchedulerParts(
+        life,
+        platform.jobs,
+        platform.artifacts,
+        get_executor("local"),
+        platform.cluster,
+        effective,
+        jobs_dir,
+    )
+    if clock is None:
+        return SchedulerLoop(parts, get_policy(policy))
+    return SchedulerLoop(parts, get_policy(policy), clock=clock)
 
 
 def test_a_job_goes_through_its_states_and_each_is_recorded(platform: Platform) -> None:
@@ -179,25 +208,8 @@ def test_the_predictor_report_replays_history_honestly(platform: Platform) -> No
 
 
 def test_fair_share_usage_decays_with_its_half_life(platform: Platform, tmp_path: Path) -> None:
-    from shamal.executors import get_executor
-    from shamal.jobs import effective_settings
-    from shamal.jobs._loop import SchedulerLoop, SchedulerParts
-    from shamal.scheduler import get_policy
-
-    settings = effective_settings(platform.settings.scheduler).model_copy(
-        update={"fair_share_half_life_h": 1.0}
-    )
     life = JobLifecycle(platform.db, platform.audit, "s1")
-    parts = SchedulerParts(
-        life,
-        platform.jobs,
-        platform.artifacts,
-        get_executor("local"),
-        platform.cluster,
-        settings,
-        tmp_path,
-    )
-    loop = SchedulerLoop(parts, get_policy("fair"))
+    loop = local_loop(platform, life, tmp_path, "fair", fair_share_half_life_h=1.0)
     job = life.admit(_submit(platform).id, PLACEMENT, "test")
     assert job is not None
     share = 500 / platform.cluster.capacity().cpu_milli  # 0.5 CPU is its dominant share
@@ -210,17 +222,6 @@ def test_fair_share_usage_decays_with_its_half_life(platform: Platform, tmp_path
 def test_fair_share_usage_is_rebuilt_from_the_record_after_a_restart(
     platform: Platform, tmp_path: Path
 ) -> None:
-    from datetime import UTC, timedelta
-
-    from shamal.executors import get_executor
-    from shamal.jobs import effective_settings
-    from shamal.jobs._loop import SchedulerLoop, SchedulerParts
-    from shamal.scheduler import get_policy
-    from shamal.scheduler._admission import decayed_usage
-
-    settings = effective_settings(platform.settings.scheduler).model_copy(
-        update={"fair_share_half_life_h": 1.0}
-    )
     moment = [datetime(2030, 1, 1, tzinfo=UTC)]
     life = JobLifecycle(platform.db, platform.audit, "s1", lambda: moment[0])
     done = _run(life, _submit(platform))
@@ -228,16 +229,14 @@ def test_fair_share_usage_is_rebuilt_from_the_record_after_a_restart(
     life.ended(done, JobState.SUCCEEDED, reason="test", exit_code=0)
     still = _run(life, _submit(platform, team=None))  # ... and another starts now
     moment[0] += timedelta(hours=1)  # ... then one more half-life passes
-    parts = SchedulerParts(
+    restarted = local_loop(
+        platform,
         life,
-        platform.jobs,
-        platform.artifacts,
-        get_executor("local"),
-        platform.cluster,
-        settings,
         tmp_path,
+        "fair",
+        clock=lambda: moment[0].timestamp(),
+        fair_share_half_life_h=1.0,
     )
-    restarted = SchedulerLoop(parts, get_policy("fair"), clock=lambda: moment[0].timestamp())
     usage = restarted.restore_usage()
     share = 500 / platform.cluster.capacity().cpu_milli
     finished = decayed_usage(decayed_usage(0.0, 3600, share, 3600), 3600, 0.0, 3600)
