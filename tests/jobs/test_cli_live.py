@@ -135,38 +135,29 @@ def table_rows(output: str, first: str) -> list[list[str]]:
     return rows
 
 
-def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
-    shamal: CliRunner,
-    api: ShamalClient,
-    marks: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A job without a team (the admin is in none yet), on a quarter of a GPU: cancelled.
-    shared = json.loads(
-        run(
-            shamal, "job", "submit", "--gpu-fraction", "0.25", "--pool", "gpu", "--cpus",
-            "0.5", "--memory", "64MiB", "--name", "[bold]nb", "--json",
-            "--", "python", "job.py", str(marks), "shared",
-        ).stdout
+def submit_json(cli: CliRunner, *args: str) -> dict[str, Any]:
+    job: dict[str, Any] = json.loads(run(cli, "job", "submit", "--json", *args).stdout)
+    return job
+
+
+def submit_the_jobs(cli: CliRunner, marks: Path) -> tuple[dict[str, Any], ...]:
+    """A job without a team (the admin is in none yet) on a quarter of a GPU, one on a
+    MIG slice that ends by itself, and the team's job with every flag of the issue."""
+    shared = submit_json(
+        cli, "--gpu-fraction", "0.25", "--pool", "gpu", "--cpus", "0.5", "--memory", "64MiB",
+        "--name", "[bold]nb", "--", "python", "job.py", str(marks), "shared",
     )  # fmt: skip
     assert (shared["team"], shared["gpu_fraction"], shared["name"]) == ("", 0.25, "[bold]nb")
-    # And one on a MIG slice, which ends by itself.
     (marks / "go-slice").touch()
-    sliced = json.loads(
-        run(
-            shamal, "job", "submit", "--mig", "1g.10gb", "--pool", "gpu", "--cpus", "0.5",
-            "--memory", "64MiB", "--json", "--", "python", "job.py", str(marks), "slice",
-        ).stdout
+    sliced = submit_json(
+        cli, "--mig", "1g.10gb", "--pool", "gpu", "--cpus", "0.5", "--memory", "64MiB",
+        "--", "python", "job.py", str(marks), "slice",
     )  # fmt: skip
-    run(shamal, "team", "create", "vision")
-    job = json.loads(
-        run(
-            shamal, "job", "submit", "--team", "vision", "--priority", "high", "--cpus", "1",
-            "--memory", "4GiB", "--gpus", "1", "--time-limit", "2h", "--retries", "2",
-            "--pool", "gpu", "--name", NAME, "--json",
-            "--", "python", "job.py", str(marks), "whole", "[/bold] hi",
-        ).stdout
+    run(cli, "team", "create", "vision")
+    job = submit_json(
+        cli, "--team", "vision", "--priority", "high", "--cpus", "1", "--memory", "4GiB",
+        "--gpus", "1", "--time-limit", "2h", "--retries", "2", "--pool", "gpu", "--name", NAME,
+        "--", "python", "job.py", str(marks), "whole", "[/bold] hi",
     )  # fmt: skip
     expected = {
         "team": "vision",
@@ -181,38 +172,69 @@ def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
         "state": "queued",
     }
     assert {key: job[key] for key in expected} == expected
-    job_id = job["id"]
+    return shared, sliced, job
 
+
+def check_the_listings(cli: CliRunner, job_id: str, shared_id: str, sliced_id: str) -> None:
+    listed = {item["id"]: item for item in json.loads(run(cli, "job", "list", "--json").stdout)}
+    assert listed[job_id]["state"] in ("admitted", "running")
+    assert listed[job_id]["resources"] == "1 CPU, 4096 MiB, 1 GPU"
+    assert listed[shared_id]["resources"] == "0.5 CPU, 64 MiB, 0.25 GPU"
+    assert listed[sliced_id]["resources"] == "0.5 CPU, 64 MiB, MIG 1g.10gb"
+    table = run(cli, "job", "list").stdout
+    assert NAME in table
+    assert "[bold]nb" in table
+    shown = run(cli, "job", "show", job_id[:8]).stdout
+    for text in (NAME, "python job.py", "'[/bold] hi'", "vision", "high", "Transitions"):
+        assert text in shown
+
+
+def check_the_cost_report(
+    cli: CliRunner, reports: Path, whole: dict[str, Any], team_less: float
+) -> None:
+    """The table by team (and its CSV) against the jobs' usage: at 3600 per GPU-hour a
+    team's cost is the GPU-seconds its jobs held."""
+    report = run(cli, "cost", "report", "--by", "team", "--since", "7d").stdout
+    (vision,) = table_rows(report, "vision")
+    (nobody,) = table_rows(report, "(no team)")
+    assert vision[1:3] == ["1", "2"]  # one job, two attempts
+    assert float(vision[6]) == pytest.approx(whole["attained_s"], abs=0.006)
+    assert nobody[1:3] == ["2", "2"]
+    assert float(nobody[6]) == pytest.approx(team_less, abs=0.006)
+    (written,) = reports.glob("cost-by-team-*.csv")  # the table comes with its CSV
+    lines = written.read_text(encoding="utf-8").splitlines()
+    rows = {row["team"]: row for row in csv.DictReader(lines)}
+    assert float(rows["vision"]["gpu_seconds"]) == pytest.approx(whole["attained_s"], abs=2e-3)
+    assert set(rows) == {"vision", "(no team)"}
+    written.unlink()
+
+    as_json = run(cli, "cost", "report", "--since", "7d", "--json")
+    assert {line["key"] for line in json.loads(as_json.stdout)} == {"vision", "-"}
+    assert list(reports.iterdir()) == []  # --json alone writes no CSV
+    chosen = reports / "chosen.csv"
+    run(cli, "cost", "report", "--since", "7d", "--json", "--csv", str(chosen))
+    assert chosen.read_text(encoding="utf-8").startswith("team,jobs,attempts")
+
+
+def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
+    shamal: CliRunner,
+    api: ShamalClient,
+    marks: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared, sliced, job = submit_the_jobs(shamal, marks)
+    job_id = job["id"]
     wait_for(lambda: (marks / "running-whole-1").exists(), "the whole-GPU job to run")
     wait_for(lambda: (marks / "running-shared-1").exists(), "the shared-GPU job to run")
     done = wait_for(lambda: in_state(api, sliced["id"], "succeeded"), "the MIG job")
     (slot,) = done["placement"]["slots"]
     assert (slot["node"], slot["mig_profile"]) == ("g1", "1g.10gb")
+    check_the_listings(shamal, job_id, shared["id"], sliced["id"])
 
-    listed = json.loads(run(shamal, "job", "list", "--json").stdout)
-    by_id = {item["id"]: item for item in listed}
-    assert by_id[job_id]["state"] in ("admitted", "running")
-    assert by_id[job_id]["resources"] == "1 CPU, 4096 MiB, 1 GPU"
-    assert by_id[shared["id"]]["resources"] == "0.5 CPU, 64 MiB, 0.25 GPU"
-    assert by_id[sliced["id"]]["resources"] == "0.5 CPU, 64 MiB, MIG 1g.10gb"
-
-    table = run(shamal, "job", "list").stdout
-    assert NAME in table
-    assert "[bold]nb" in table
-    shown = run(shamal, "job", "show", job_id[:8]).stdout
-    assert NAME in shown
-    assert "python job.py" in shown
-    assert "'[/bold] hi'" in shown
-    assert "vision" in shown
-    assert "Transitions" in shown
-    assert "high" in shown
-
-    cancelled = run(shamal, "job", "cancel", shared["id"][:10]).stdout
-    assert "job" in cancelled
+    assert "job" in run(shamal, "job", "cancel", shared["id"][:10]).stdout
     wait_for(lambda: in_state(api, shared["id"], "cancelled"), "the cancelled job to stop")
-
-    preempted = run(shamal, "job", "preempt", job_id[:10]).stdout
-    assert "preempting job" in preempted
+    assert "preempting job" in run(shamal, "job", "preempt", job_id[:10]).stdout
     wait_for(lambda: (marks / "running-whole-2").exists(), "the preempted job to run again")
     (marks / "go-whole").touch()
     finished = wait_for(lambda: in_state(api, job_id, "succeeded", "failed"), "the job to end")
@@ -236,27 +258,33 @@ def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
     reports = tmp_path / "reports"
     reports.mkdir()
     monkeypatch.chdir(reports)
-    report = run(shamal, "cost", "report", "--by", "team", "--since", "7d").stdout
-    (vision,) = table_rows(report, "vision")
-    (nobody,) = table_rows(report, "(no team)")
-    assert vision[1:3] == ["1", "2"]  # one job, two attempts
-    # 3600 per GPU-hour: the cost is the GPU-seconds the job held, over both attempts.
-    assert float(vision[6]) == pytest.approx(finished["attained_s"], abs=0.006)
-    assert nobody[1:3] == ["2", "2"]
-    shared_done = api.get_job(shared["id"])
-    slice_share = 1000 // 7 / 1000
-    held = 0.25 * shared_done["attained_s"] + slice_share * done["attained_s"]
-    assert float(nobody[6]) == pytest.approx(held, abs=0.006)
-    (written,) = reports.glob("cost-by-team-*.csv")  # the table comes with its CSV
-    lines = written.read_text(encoding="utf-8").splitlines()
-    rows = {row["team"]: row for row in csv.DictReader(lines)}
-    assert float(rows["vision"]["gpu_seconds"]) == pytest.approx(finished["attained_s"], abs=2e-3)
-    assert set(rows) == {"vision", "(no team)"}
-    written.unlink()
+    slice_share = 1000 // 7 / 1000  # a 1g slice holds 1/7 of a GPU
+    team_less = 0.25 * api.get_job(shared["id"])["attained_s"] + slice_share * done["attained_s"]
+    check_the_cost_report(shamal, reports, finished, team_less)
 
-    as_json = run(shamal, "cost", "report", "--since", "7d", "--json")
-    assert {line["key"] for line in json.loads(as_json.stdout)} == {"vision", "-"}
-    assert list(reports.iterdir()) == []  # --json alone writes no CSV
-    chosen = reports / "chosen.csv"
-    run(shamal, "cost", "report", "--since", "7d", "--json", "--csv", str(chosen))
-    assert chosen.read_text(encoding="utf-8").startswith("team,jobs,attempts")
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--gpus", "1", "--pool", "cpu"],
+            "this job could never start: pool 'cpu' has no GPUs; the largest node offers "
+            "2 CPUs, 8 GiB (it would fit in pool 'gpu': --pool gpu)",
+        ),
+        (
+            ["--cpus", "999"],
+            "no pool could ever hold it: 999 CPUs per worker is more than any node of pool "
+            "'gpu' has",
+        ),
+        (["--mig", "1g.5gb", "--pool", "gpu"], "no GPU of pool 'gpu' offers MIG slice 1g.5gb"),
+    ],
+)
+def test_a_job_that_could_never_start_is_refused_with_the_reason(
+    shamal: CliRunner, api: ShamalClient, options: list[str], message: str
+) -> None:
+    before = api.list_jobs(limit=1000)
+    result = shamal.invoke(app, ["job", "submit", "--no-snapshot", *options, "--", "true"])
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert api.list_jobs(limit=1000) == before

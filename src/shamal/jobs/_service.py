@@ -15,7 +15,7 @@ import hashlib
 import logging
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,10 +28,11 @@ from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.jobs import _cost, _rules, _store
-from shamal.jobs._convert import record_of
-from shamal.jobs._entities import CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.jobs._convert import record_of, request_of
+from shamal.jobs._entities import ACTIVE_STATES, CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.jobs._fit import ClusterCapacity, quotas_of
 from shamal.scheduler._predictor import RuntimePredictor
-from shamal.scheduler._resources import GPU_MILLI, Pool
+from shamal.scheduler._resources import GPU_MILLI, Node, Pool
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
 
@@ -82,13 +83,21 @@ class JobService:
         settings: SchedulerSettings,
         pools: Iterable[Pool],
         clock: Clock = utc_now,
+        *,
+        nodes: Iterable[Node] = (),
     ) -> None:
+        """``pools`` and ``nodes`` are the configured cluster; with ``nodes``, jobs that
+        could never start on it are refused at submission (without: not checked)."""
         self._db = db
         self._audit = audit
         self._security = security
         self._artifacts = artifacts
         self._settings = settings
         self._pools = {pool.name: pool for pool in pools}
+        nodes = list(nodes)
+        self._capacity = (
+            ClusterCapacity(self._pools.values(), nodes, quotas_of(settings)) if nodes else None
+        )
         self._classes = {c.name: c for c in settings.priority_classes}
         self._clock = clock
 
@@ -173,7 +182,9 @@ class JobService:
         """Queue a job.
 
         Raises:
-            InvalidParameter: a malformed request, an unknown pool, class or snapshot.
+            InvalidParameter: a malformed request, an unknown pool, class or snapshot, or
+                a job that no node (set of nodes, for a gang) of its pool could ever hold
+                or that needs more than its team's quota plus borrow limit.
             NotFound / PermissionDenied: the team is not the caller's, or the role is low.
         """
         principal = ctx.require_principal()
@@ -227,6 +238,11 @@ class JobService:
             predicted_s=None,
         )
 
+        if self._capacity is not None:
+            never = self._capacity.refusal(request_of(job), pool, team)
+            if never is not None:
+                raise InvalidParameter(f"this job could never start: {never}")
+
         def work(s: Session) -> Job:
             stored = _store.insert_job(s, job, team_id, principal.name)
             self._audit.record(
@@ -256,6 +272,16 @@ class JobService:
             return _store.list_jobs(
                 s, _visibility(principal), states=set(states), team=team, user=user, limit=limit
             )
+
+    def waiting(self, jobs: Sequence[Job]) -> dict[str, str]:
+        """What each queued job of ``jobs`` waits for now: quota, resources or the
+        scheduler's next pass (job id -> a sentence; jobs in other states are left out)."""
+        queued = [job for job in jobs if job.state is JobState.QUEUED]
+        if not queued or self._capacity is None:
+            return {}
+        with self._db.unit_of_work(write=False) as s:
+            active = _store.jobs_in_states(s, ACTIVE_STATES)
+        return self._capacity.waiting(queued, active)
 
     def events(self, principal: Principal, job_id: str) -> list[JobEvent]:
         with self._db.unit_of_work(write=False) as s:

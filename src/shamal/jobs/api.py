@@ -86,9 +86,7 @@ class JobIn(_Model):
         examples=["1g.10gb"],
         json_schema_extra={"pattern": _MIG_PROFILE},
     )
-    gpu_models: list[Annotated[_Text, Field(max_length=64)]] = Field(
-        default=[], max_length=16
-    )
+    gpu_models: list[Annotated[_Text, Field(max_length=64)]] = Field(default=[], max_length=16)
     workers: int = Field(default=1, ge=1, le=256)
     pool: str | None = Field(default=None, max_length=64)
     time_limit_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
@@ -168,9 +166,15 @@ class JobOut(_Model):
     stop_request: str | None
     attained_s: float
     predicted_s: float | None
+    waiting: str | None = Field(
+        default=None,
+        description="for a queued job: what it waits for (quota, resources or the "
+        "scheduler's next pass), or why it can never start",
+        examples=["waiting for quota: team 'vision' holds its share of pool 'gpu'; ..."],
+    )
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, waiting: str | None = None) -> JobOut:
         return cls(
             id=job.id,
             name=job.name,
@@ -203,7 +207,14 @@ class JobOut(_Model):
             stop_request=job.stop_request,
             attained_s=job.attained_s,
             predicted_s=job.predicted_s,
+            waiting=waiting,
         )
+
+    @classmethod
+    def each(cls, jobs: list[Job], svc: JobService) -> list[JobOut]:
+        """Jobs as answered, queued ones with what they wait for."""
+        waiting = svc.waiting(jobs)
+        return [cls.of(job, waiting.get(job.id)) for job in jobs]
 
 
 class EventOut(_Model):
@@ -288,7 +299,7 @@ async def put_snapshot(
 def submit_job(
     body: JobIn, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.submit"))]
 ) -> JobOut:
-    return JobOut.of(svc.submit(ctx, body.spec()))
+    return JobOut.each([svc.submit(ctx, body.spec())], svc)[0]
 
 
 @router.get("/jobs", summary="Jobs you can see, newest first")
@@ -301,12 +312,12 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
 ) -> list[JobOut]:
     jobs = svc.list_jobs(principal, states=state, team=team, user=user, limit=limit)
-    return [JobOut.of(job) for job in jobs]
+    return JobOut.each(jobs, svc)
 
 
 @router.get("/jobs/{job_id}", summary="One job (its id or a unique prefix of 6+ characters)")
 def get_job(job_id: JobId, svc: Jobs, principal: CurrentPrincipal) -> JobOut:
-    return JobOut.of(svc.get(principal, job_id))
+    return JobOut.each([svc.get(principal, job_id)], svc)[0]
 
 
 @router.get("/jobs/{job_id}/events", summary="Every state transition of a job, oldest first")

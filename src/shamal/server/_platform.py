@@ -65,7 +65,15 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     registry = RegistryService(db, audit, tracking, files=tracking.files, runs=tracking)
     scheduler_settings = effective_settings(settings.scheduler)
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
-    jobs = JobService(db, audit, security, artifacts, scheduler_settings, cluster.pools.values())
+    jobs = JobService(
+        db,
+        audit,
+        security,
+        artifacts,
+        scheduler_settings,
+        cluster.pools.values(),
+        nodes=cluster.nodes.values(),
+    )
     tune = TuneService(db, audit, settings.resolved_database_url)
     deployments = DeploymentService(db, audit, security, registry)
     return Platform(

@@ -1,0 +1,326 @@
+"""Whether a job could ever run, and what a queued job waits for.
+
+A job that no node of its pool could hold with the whole cluster idle (for a gang: no
+set of nodes), or that needs more than its team's quota plus borrow limit, would stay
+queued forever; submission refuses it and says why. The verdict comes from the
+placement and admission code the scheduler itself runs (:func:`place`,
+:class:`QuotaBook`), asked about an idle copy of the configured cluster, so the two
+never disagree. The explanation (which resource, what the largest node offers) is
+worked out afterwards, for the message only.
+
+For queued jobs the same code tells, given the jobs holding resources now, whether a
+job waits for quota, for resources, or only for the scheduler's next pass. The
+scheduler's policy may still order it behind other jobs: that part is decided in the
+scheduler loop, which records no reason for leaving a job queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from shamal.config import SchedulerSettings
+from shamal.jobs._convert import placement_from_json, request_of
+from shamal.jobs._entities import Job
+from shamal.scheduler._admission import Admission, QuotaBook
+from shamal.scheduler._mig import profiles_for
+from shamal.scheduler._placement import allocate, place
+from shamal.scheduler._resources import (
+    GPU_MILLI,
+    Cluster,
+    Gpu,
+    Node,
+    Pool,
+    Request,
+    Resources,
+    mig_share_milli,
+)
+from shamal.scheduler._state import PriorityClass, SchedJob, TeamQuota
+
+__all__ = ["ClusterCapacity", "quotas_of"]
+
+logger = logging.getLogger(__name__)
+
+
+def quotas_of(settings: SchedulerSettings) -> dict[tuple[str, str], TeamQuota]:
+    """Configured quotas as the scheduler core's values (as the scheduler loop reads them)."""
+    return {
+        (q.team, q.pool): TeamQuota(
+            team=q.team,
+            pool=q.pool,
+            guaranteed=Resources(round(q.cpus * 1000), q.memory_mib, round(q.gpus * 1000)),
+            borrow_limit=Resources(
+                round(q.borrow_cpus * 1000), q.borrow_memory_mib, round(q.borrow_gpus * 1000)
+            ),
+            cohort=q.cohort,
+            weight=q.weight,
+        )
+        for q in settings.quotas
+    }
+
+
+def _idle(node: Node) -> Node:
+    """A copy of ``node`` with nothing allocated."""
+    gpus = [Gpu(g.index, g.model, g.memory_mib, g.uuid, mig_slices=g.mig_slices) for g in node.gpus]
+    return Node(node.name, node.pool, node.cpu_milli, node.memory_mib, gpus, dict(node.labels))
+
+
+def _gib(memory_mib: int) -> str:
+    return f"{memory_mib / 1024:.1f}".removesuffix(".0") + " GiB"
+
+
+def _cpus(cpu_milli: int) -> str:
+    cpus = cpu_milli / 1000
+    return f"{cpus:g} CPU" + ("" if cpus == 1 else "s")
+
+
+def _offer(node: Node) -> str:
+    """What one node offers, the way a refusal names it: '8 CPUs, 32 GiB, 2 GPUs (A100)'."""
+    parts = [_cpus(node.cpu_milli), _gib(node.memory_mib)]
+    plain = sorted({g.model for g in node.gpus if not g.mig_slices})
+    whole = sum(1 for g in node.gpus if not g.mig_slices)
+    if whole:
+        parts.append(f"{whole} GPU{'s' if whole > 1 else ''} ({', '.join(plain)})")
+    partitioned = [g for g in node.gpus if g.mig_slices]
+    if partitioned:
+        parts.append(f"{len(partitioned)} MIG-partitioned GPU{'s' if len(partitioned) > 1 else ''}")
+    return ", ".join(parts)
+
+
+def _needs(request: Request) -> str:
+    """What one worker asks for: '4 CPUs, 16 GiB and 1 GPU'."""
+    parts = [_cpus(request.cpu_milli), _gib(request.memory_mib)]
+    if request.gpus:
+        parts.append(f"{request.gpus} GPU{'s' if request.gpus > 1 else ''}")
+    elif request.gpu_milli:
+        parts.append(f"{request.gpu_milli / GPU_MILLI:g} of a GPU")
+    elif request.mig_profile is not None:
+        parts.append(f"a {request.mig_profile} MIG slice")
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _amount(resources: Resources, mask: Resources) -> str:
+    """The limited components of ``resources`` (those ``mask`` sets)."""
+    parts = []
+    if mask.cpu_milli:
+        parts.append(_cpus(resources.cpu_milli))
+    if mask.memory_mib:
+        parts.append(_gib(resources.memory_mib))
+    if mask.gpu_milli:
+        parts.append(f"{resources.gpu_milli / GPU_MILLI:g} GPUs")
+    return ", ".join(parts)
+
+
+def _allowed(gpu: Gpu, request: Request) -> bool:
+    return not request.gpu_models or gpu.model in request.gpu_models
+
+
+def _gpu_problem(request: Request, pool: str, nodes: Sequence[Node]) -> str | None:
+    """Why no GPU of ``pool`` could ever serve the request's GPU form (None: some could)."""
+    if not (request.gpus or request.gpu_milli or request.mig_profile is not None):
+        return None
+    gpus = [g for node in nodes for g in node.gpus]
+    if not gpus:
+        return f"pool {pool!r} has no GPUs"
+    allowed = [g for g in gpus if _allowed(g, request)]
+    if not allowed:
+        wanted = ", ".join(sorted(request.gpu_models))
+        models = ", ".join(sorted({g.model for g in gpus}))
+        return f"pool {pool!r} has no {wanted} GPU (it has {models})"
+    offered = sorted({name for g in allowed for name in profiles_for(g)}, key=_profile_order)
+    if request.mig_profile is not None:
+        return _mig_problem(request.mig_profile, pool, offered)
+    if all(g.mig_slices for g in allowed):
+        slices = f" ({', '.join(offered)})" if offered else ""
+        return f"the GPUs of pool {pool!r} are MIG-partitioned: ask for a slice with --mig{slices}"
+    return _whole_gpu_problem(request, pool, nodes)
+
+
+def _mig_problem(profile: str, pool: str, offered: Sequence[str]) -> str | None:
+    """Why no GPU of ``pool`` offers a MIG slice ``profile`` (None: one does)."""
+    if profile in offered:
+        return None
+    if not offered:
+        return f"pool {pool!r} has no MIG-partitioned GPU: ask for --gpus or --gpu-fraction"
+    return f"no GPU of pool {pool!r} offers MIG slice {profile} ({', '.join(offered)})"
+
+
+def _whole_gpu_problem(request: Request, pool: str, nodes: Sequence[Node]) -> str | None:
+    """Why no node of ``pool`` holds the whole GPUs a worker asks for (None: one does)."""
+    most = max(
+        sum(1 for g in node.gpus if _allowed(g, request) and not g.mig_slices) for node in nodes
+    )
+    if request.gpus > most:
+        return f"{request.gpus} GPUs per worker is more than any node of pool {pool!r} has ({most})"
+    return None
+
+
+def _profile_order(name: str) -> tuple[int, str]:
+    try:
+        return mig_share_milli(name.split("+", 1)[0]), name
+    except ValueError:
+        return GPU_MILLI, name
+
+
+class ClusterCapacity:
+    """The configured cluster, idle: what jobs could ever get (see the module docstring).
+
+    Thread-safe: the idle cluster is only read, under a lock (placement caches its index
+    on the cluster).
+    """
+
+    def __init__(
+        self,
+        pools: Iterable[Pool],
+        nodes: Iterable[Node],
+        quotas: Mapping[tuple[str, str], TeamQuota],
+    ) -> None:
+        self._pools = list(pools)
+        self._nodes = [_idle(node) for node in nodes]
+        self._quotas = dict(quotas)
+        self._idle = Cluster.of(self._pools, [_idle(node) for node in self._nodes])
+        self._lock = threading.Lock()
+
+    def _quota_pool(self, pool: str | None) -> str:
+        """The pool quotas are checked in before a job is placed (the scheduler's rule):
+        the one it names, else the cluster's only pool; '' when that is not known yet."""
+        if pool is not None:
+            return pool
+        return self._pools[0].name if len(self._pools) == 1 else ""
+
+    def refusal(self, request: Request, pool: str | None, team: str) -> str | None:
+        """Why a job of ``team`` asking ``request`` in ``pool`` (None: any pool) could
+        never start, or None when it could (on an idle cluster)."""
+        with self._lock:
+            return self._refusal(request, pool, team)
+
+    def _refusal(self, request: Request, pool: str | None, team: str) -> str | None:
+        if place(self._idle, request, pool=pool) is None:
+            return self._why_not_placed(request, pool)
+        quota_pool = self._quota_pool(pool)
+        if not quota_pool:
+            return None
+        verdict = QuotaBook(self._quotas, {}).admit(_sched(request, team, pool), quota_pool)
+        if verdict is not Admission.NEVER:
+            return None
+        quota = self._quotas[(team, quota_pool)]
+        limit = quota.guaranteed + quota.borrow_limit
+        return (
+            f"team {team!r} may hold at most {_amount(limit, limit)} in pool {quota_pool!r} "
+            f"(its quota plus what it may borrow) and the job needs "
+            f"{_amount(request.total, limit)}: ask for less, or for a larger quota"
+        )
+
+    def _why_not_placed(self, request: Request, pool: str | None) -> str:
+        names = [pool] if pool is not None else [p.name for p in self._pools]
+        reasons = [self._why_not_in(request, name) for name in names]
+        if len(reasons) == 1:
+            problem, offer = reasons[0]
+            reason = f"{problem}; the largest node offers {offer}" if offer else problem
+        else:
+            reason = "no pool could ever hold it: " + "; ".join(
+                f"{problem} (largest node: {offer})" if offer else problem
+                for problem, offer in reasons
+            )
+        others = [
+            p.name
+            for p in self._pools
+            if pool is not None and p.name != pool and place(self._idle, request, pool=p.name)
+        ]
+        if others:
+            reason += f" (it would fit in pool {others[0]!r}: --pool {others[0]})"
+        return reason
+
+    def _why_not_in(self, request: Request, pool: str) -> tuple[str, str]:
+        """Which resource ``pool`` lacks for ``request``, and what its largest node offers."""
+        nodes = self._idle.pool_nodes(pool)
+        if not nodes:
+            return f"pool {pool!r} has no nodes", ""
+        largest = max(nodes, key=lambda n: (len(n.gpus), n.cpu_milli, n.memory_mib, n.name))
+        offer = _offer(largest)
+        problem = _gpu_problem(request, pool, nodes)
+        if problem is not None:
+            return problem, offer
+        beyond = f"per worker is more than any node of pool {pool!r} has"
+        if request.cpu_milli > max(n.cpu_milli for n in nodes):
+            return f"{_cpus(request.cpu_milli)} {beyond}", offer
+        if request.memory_mib > max(n.memory_mib for n in nodes):
+            return f"{_gib(request.memory_mib)} {beyond}", offer
+        one = dataclasses.replace(request, workers=1)
+        if place(self._idle, one, pool=pool) is None:
+            return f"no node of pool {pool!r} has {_needs(request)} together", offer
+        low, high = 1, request.workers - 1  # the most workers it holds at once: bisect
+        while low < high:
+            middle = (low + high + 1) // 2
+            if place(self._idle, dataclasses.replace(request, workers=middle), pool=pool):
+                low = middle
+            else:
+                high = middle - 1
+        gang = (
+            f"pool {pool!r} holds at most {low} of the gang's {request.workers} workers "
+            f"at once (each: {_needs(request)})"
+        )
+        return gang, offer
+
+    def waiting(self, queued: Sequence[Job], active: Sequence[Job]) -> dict[str, str]:
+        """What each queued job waits for, given the jobs holding resources now."""
+        with self._lock:
+            now = Cluster.of(self._pools, [_idle(node) for node in self._nodes])
+            held: dict[tuple[str, str], Resources] = {}
+            for job in active:
+                if not job.placement:
+                    continue
+                placement = placement_from_json(job.placement)
+                try:
+                    allocate(now, placement)
+                except (ValueError, KeyError):  # placed on a node no longer configured
+                    continue
+                key = (job.team, now.nodes[placement.slots[0].node].pool)
+                held[key] = held.get(key, Resources()) + request_of(job).total
+            book = QuotaBook(self._quotas, held)
+            seen: dict[tuple[Request, str | None, str], str] = {}
+            reasons: dict[str, str] = {}
+            for job in queued:
+                request = request_of(job)
+                shape = (request, job.pool, job.team)
+                if shape not in seen:
+                    seen[shape] = self._waiting(now, book, request, job.pool, job.team)
+                reasons[job.id] = seen[shape]
+            return reasons
+
+    def _waiting(
+        self, now: Cluster, book: QuotaBook, request: Request, pool: str | None, team: str
+    ) -> str:
+        never = self._refusal(request, pool, team)
+        if never is not None:
+            return f"can never start: {never}"
+        quota_pool = self._quota_pool(pool)
+        if quota_pool and book.admit(_sched(request, team, pool), quota_pool) is Admission.WAIT:
+            return (
+                f"waiting for quota: team {team!r} holds its share of pool {quota_pool!r}; "
+                "the job starts when the team's jobs there end or idle quota can be borrowed"
+            )
+        if place(now, request, pool=pool) is None:
+            where = f"pool {pool!r}" if pool is not None else "the cluster"
+            return (
+                f"waiting for resources: no node of {where} has {_needs(request)} free now; "
+                "it starts when running jobs end (or are preempted for it)"
+            )
+        return (
+            "waiting for the scheduler: resources and quota allow it now; it starts on the "
+            "next pass unless jobs ahead of it take them"
+        )
+
+
+def _sched(request: Request, team: str, pool: str | None) -> SchedJob:
+    """The scheduler core's view of a job: enough for the quota book."""
+    return SchedJob(
+        id="",
+        team=team,
+        request=request,
+        submitted_at=0.0,
+        priority=PriorityClass("", 0),
+        pool=pool,
+    )
