@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,3 +292,26 @@ def test_a_job_that_could_never_start_is_refused_with_the_reason(
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
     assert api.list_jobs(limit=1000) == before
+
+
+def test_a_scheduler_named_with_markup_starts_and_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "SHAMAL_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    name = "box [/] [red]1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shamal", "scheduler", "run", "--name", name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # ends when the process does: no sleep needed
+            lines.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        assert f"scheduler {name} with policy" in "".join(lines), "".join(lines)[-3000:]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)

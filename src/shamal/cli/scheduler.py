@@ -9,6 +9,7 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from shamal.cli._common import JsonOption, client, console, handle_errors
 from shamal.config import Settings
@@ -56,7 +57,8 @@ def run(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    console.print(f"scheduler [bold]{loop.name}[/] with policy {loop.policy.name}; Ctrl-C stops it")
+    name, policy = escape(loop.name), escape(loop.policy.name)  # --name is the user's text
+    console.print(f"scheduler [bold]{name}[/] with policy {policy}; Ctrl-C stops it")
     try:
         loop.run(stop)
     finally:
