@@ -434,9 +434,12 @@ def test_missing_and_deleted_things_answer_as_on_a_stock_server(mlflow_env: Live
         assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
 
 
-def test_long_run_tag_values_are_truncated_as_on_a_stock_server(mlflow_env: LiveServer) -> None:
+def test_long_run_tag_and_param_values_are_truncated_as_on_a_stock_server(
+    mlflow_env: LiveServer,
+) -> None:
     """A stock server keeps the first 8000 characters of a longer run tag value (notes
-    included) and answers 200; the column holds them on both databases."""
+    included) and the first 6000 of a param value, and answers 200; the columns hold them on
+    both databases."""
     client = MlflowClient()
     exp_id = client.create_experiment(_name("long-tags"))
     note = "".join(chr(0x41 + i % 26) for i in range(20_000)) + "é"
@@ -451,6 +454,22 @@ def test_long_run_tag_values_are_truncated_as_on_a_stock_server(mlflow_env: Live
     assert tags["exact"] == "x" * 8000
     assert (tags["huge"], tags["at-create"]) == ("h" * 8000, "c" * 8000)
     assert (tags["in-batch"], tags["one-more"]) == ("b" * 8000, "o" * 8000)
+    # Param values are cut at stock's 6000 characters; logging the same long value again is
+    # logging the same param, not changing it.
+    params = {"exact": "p" * 6000, "long": "".join(chr(0x61 + i % 26) for i in range(9000))}
+    for key, value in params.items():
+        client.log_param(run_id, key, value)
+    client.log_param(run_id, "long", params["long"])
+    client.log_batch(run_id, params=[Param("in-batch", "q" * 50_000)])
+    stored = client.get_run(run_id).data.params
+    assert stored == {
+        "exact": params["exact"],
+        "long": params["long"][:6000],
+        "in-batch": "q" * 6000,
+    }
+    with pytest.raises(MlflowException) as changed:
+        client.log_param(run_id, "long", "x" * 7000)
+    assert changed.value.error_code == "INVALID_PARAMETER_VALUE"
     # Experiment tags keep stock's limit: 20,000 characters, more is refused.
     client.set_experiment_tag(exp_id, "long", "e" * 20_000)
     with pytest.raises(MlflowException) as refused:

@@ -54,9 +54,10 @@ logger = logging.getLogger(__name__)
 
 TEAM_TAG = "shamal.team"
 MAX_KEY = 250
-MAX_PARAM_VALUE = 8000
-#: Longer run tag values are cut to this length, as a stock server does by default
-#: (``MLFLOW_TRUNCATE_LONG_VALUES``); the ``run_tags.value`` column is TEXT.
+#: Longer param values and run tag values are cut to these lengths, as a stock server does
+#: by default (``MLFLOW_TRUNCATE_LONG_VALUES``; its ``MAX_PARAM_VAL_LENGTH`` and
+#: ``MAX_TAG_VAL_LENGTH``); both columns are TEXT.
+MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 8000
 MAX_EXPERIMENT_TAG_VALUE = 20_000
 MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
@@ -95,17 +96,23 @@ def check_value(kind: str, key: str, value: str, limit: int) -> str:
     return value
 
 
-def truncate_tag_value(key: str, value: str) -> str:
-    """A run tag value cut to ``MAX_TAG_VALUE`` characters."""
-    if len(value) <= MAX_TAG_VALUE:
+def truncate_value(kind: str, key: str, value: str, limit: int) -> str:
+    """A param or run tag value cut to ``limit`` characters, as a stock server cuts it."""
+    if len(value) <= limit:
         return value
     logger.warning(
-        "Tag '%s' value (%d characters) truncated to %d characters.",
+        "%s '%s' value (%d characters) truncated to %d characters.",
+        kind,
         key,
         len(value),
-        MAX_TAG_VALUE,
+        limit,
     )
-    return value[:MAX_TAG_VALUE]
+    return value[:limit]
+
+
+def truncate_tag_value(key: str, value: str) -> str:
+    """A run tag value cut to ``MAX_TAG_VALUE`` characters."""
+    return truncate_value("Tag", key, value, MAX_TAG_VALUE)
 
 
 def view_type(value: str | None) -> LifecycleView:
@@ -126,12 +133,11 @@ class LoggedData:
     tags: Sequence[tuple[str, str]] = ()
 
     def checked(self) -> LoggedData:
-        """The batch as it is stored: checked, with run tag values over ``MAX_TAG_VALUE``
-        truncated (see :func:`truncate_tag_value`).
+        """The batch as it is stored: checked, with param values over ``MAX_PARAM_VALUE``
+        and run tag values over ``MAX_TAG_VALUE`` truncated (see :func:`truncate_value`).
 
         Raises:
-            InvalidParameter: too many items, a bad key, a param value over
-                ``MAX_PARAM_VALUE``.
+            InvalidParameter: too many items, a bad key.
         """
         total = len(self.metrics) + len(self.params) + len(self.tags)
         for name, count in (
@@ -147,13 +153,19 @@ class LoggedData:
                 )
         for key in dict.fromkeys(m.key for m in self.metrics):  # a batch repeats its keys
             check_key("metric", key)
-        for key, value in self.params:
-            check_value("Param", check_key("param", key), value, MAX_PARAM_VALUE)
+        for key, _ in self.params:
+            check_key("param", key)
         for key, _ in self.tags:
             check_key("tag", key)
-        if all(len(value) <= MAX_TAG_VALUE for _, value in self.tags):
+        if all(len(v) <= MAX_PARAM_VALUE for _, v in self.params) and all(
+            len(v) <= MAX_TAG_VALUE for _, v in self.tags
+        ):
             return self
-        return replace(self, tags=[(k, truncate_tag_value(k, v)) for k, v in self.tags])
+        return replace(
+            self,
+            params=[(k, truncate_value("Param", k, v, MAX_PARAM_VALUE)) for k, v in self.params],
+            tags=[(k, truncate_tag_value(k, v)) for k, v in self.tags],
+        )
 
 
 class TrackingService:

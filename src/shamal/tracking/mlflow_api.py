@@ -91,7 +91,8 @@ def log_metric(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
 
 @mlflow.post("/runs/log-parameter")
 def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
-    value = f.text("value")
+    # Any length: the service keeps the first MAX_PARAM_VALUE characters, as stock does.
+    value = f.text("value", max_len=_ANY_LENGTH)
     if value is None:
         f.required("value")
     svc.log(p, _run_id(f), LoggedData(params=[(f.required("key"), value or "")]))
