@@ -50,13 +50,14 @@ from shamal.jobs._convert import (
     request_of,
 )
 from shamal.jobs._entities import Job, JobState
+from shamal.jobs._fit import quotas_of
 from shamal.jobs._lifecycle import JobLifecycle
 from shamal.jobs._service import NAMESPACE, JobService, log_prefix
 from shamal.jobs._store import Attempt
 from shamal.scheduler._admission import decay_all, decayed_usage
 from shamal.scheduler._placement import allocate
 from shamal.scheduler._predictor import RuntimePredictor
-from shamal.scheduler._resources import Cluster, Placement, Resources
+from shamal.scheduler._resources import Cluster, Placement
 from shamal.scheduler._state import (
     JobPhase,
     Policy,
@@ -65,29 +66,12 @@ from shamal.scheduler._state import (
     SchedJob,
     SchedulerState,
     Start,
-    TeamQuota,
 )
 
 logger = logging.getLogger(__name__)
 
 LOG_SHIP_BYTES = 4 * 1024 * 1024
 """Largest log chunk shipped at once."""
-
-
-def quotas_of(settings: SchedulerSettings) -> dict[tuple[str, str], TeamQuota]:
-    return {
-        (q.team, q.pool): TeamQuota(
-            team=q.team,
-            pool=q.pool,
-            guaranteed=Resources(round(q.cpus * 1000), q.memory_mib, round(q.gpus * 1000)),
-            borrow_limit=Resources(
-                round(q.borrow_cpus * 1000), q.borrow_memory_mib, round(q.borrow_gpus * 1000)
-            ),
-            cohort=q.cohort,
-            weight=q.weight,
-        )
-        for q in settings.quotas
-    }
 
 
 @dataclass(frozen=True)
