@@ -53,7 +53,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shamal.scheduler import DEFAULT_POLICY, Cluster, get_policy, policy_names
+from shamal.scheduler import DEFAULT_POLICY, Cluster, policy_names, simulation_policy
 from shamal.scheduler._pack import run_pack_experiment
 from shamal.scheduler._policies import DEFAULT_LAS_THRESHOLDS
 from shamal.scheduler._strategies import DEFAULT_STRATEGY, STRATEGIES
@@ -121,7 +121,7 @@ def _run(
     metrics = simulate(
         jobs,
         make_cluster(),
-        get_policy(policy, **(options or {})),
+        simulation_policy(policy, **(options or {})),
         record_timeline=False,
         **sim_options,
     ).metrics

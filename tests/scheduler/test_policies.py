@@ -6,10 +6,13 @@ import pytest
 
 from shamal.scheduler import (
     DEFAULT_POLICY,
+    SIMULATION_ONLY,
     PriorityClass,
     Start,
     get_policy,
     policy_names,
+    policy_options,
+    simulation_policy,
 )
 from tests.scheduler.helpers import (
     HIGH,
@@ -24,7 +27,7 @@ from tests.scheduler.helpers import (
 
 
 def test_registry_names_every_policy_and_resolves_lazily() -> None:
-    names = policy_names()
+    names = policy_names(simulation=True)
     assert names == [
         "fifo",
         "priority",
@@ -37,11 +40,52 @@ def test_registry_names_every_policy_and_resolves_lazily() -> None:
     ]
     assert DEFAULT_POLICY in names
     for name in names:
-        assert get_policy(name).name == name
+        assert simulation_policy(name).name == name
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         get_policy("nope")
     with pytest.raises(ValueError, match="fifo"):
         get_policy("fifo", bogus=1)
+
+
+def test_the_live_scheduler_is_refused_the_simulation_only_policies() -> None:
+    live = policy_names()
+    assert DEFAULT_POLICY in live
+    assert set(policy_names(simulation=True)) - set(live) == set(SIMULATION_ONLY)
+    for name in SIMULATION_ONLY:
+        with pytest.raises(ValueError, match="for `shamal sim` only") as refused:
+            get_policy(name)
+        # The hint lists what the server does take, and only that.
+        assert "fifo" in str(refused.value)
+        assert all(
+            other not in str(refused.value).split("takes one of:")[1] for other in SIMULATION_ONLY
+        )
+    with pytest.raises(ValueError, match="unknown policy") as unknown:
+        get_policy("nope")
+    assert "las" in str(unknown.value)
+    assert not any(name in str(unknown.value) for name in SIMULATION_ONLY)
+    # The simulator's own hint lists them.
+    with pytest.raises(ValueError, match="srtf-oracle"):
+        simulation_policy("nope")
+
+
+@pytest.mark.parametrize("name", policy_names(simulation=True))
+def test_every_policy_takes_the_start_protection(name: str) -> None:
+    assert "min_run_s" in policy_options(name)
+    assert simulation_policy(name, min_run_s=5).min_run_s == 5
+    with pytest.raises(ValueError, match="min_run_s must be a number of seconds >= 0"):
+        simulation_policy(name, min_run_s=-1)
+    with pytest.raises(ValueError, match="min_run_s must be"):
+        simulation_policy(name, min_run_s=(1.0, 2.0))
+    with pytest.raises(ValueError, match=r"takes no option 'bogus'; its options: .*min_run_s"):
+        simulation_policy(name, bogus=1)
+
+
+def test_each_policy_says_which_options_it_takes() -> None:
+    assert policy_options("fifo") == ["strict", "min_run_s"]
+    assert policy_options("fair") == ["charge_s", "min_run_s"]
+    assert policy_options("las") == ["thresholds", "min_run_s"]
+    assert policy_options("backfill") == ["max_candidates", "min_run_s"]
+    assert policy_options("priority") == ["min_run_s"]
 
 
 def test_fifo_blocks_at_the_head_and_priority_fills_around_it() -> None:
@@ -72,11 +116,11 @@ def test_decide_leaves_the_cluster_and_jobs_unchanged() -> None:
     queued = [make_job(f"q{i}", 1, submitted=5) for i in range(3)]
     before = snapshot(cluster)
     jobs_before = [(j.phase, j.placement, j.attained_s) for j in running + queued]
-    for name in policy_names():
+    for name in policy_names(simulation=True):
         for job in running + queued:
             job.oracle_s = 100.0
             job.predicted_s = 100.0
-        get_policy(name).decide(state(cluster, queued, running), 10_000)
+        simulation_policy(name).decide(state(cluster, queued, running), 10_000)
         assert snapshot(cluster) == before, name
         assert [(j.phase, j.placement, j.attained_s) for j in running + queued] == jobs_before
 
@@ -84,11 +128,11 @@ def test_decide_leaves_the_cluster_and_jobs_unchanged() -> None:
 def test_sjf_oracle_orders_by_true_runtime_and_refuses_without_it() -> None:
     cluster = make_cluster(1)
     jobs = [make_job("long", oracle=1000, submitted=0), make_job("short", oracle=10, submitted=5)]
-    assert starts(get_policy("sjf-oracle").decide(state(cluster, jobs), 10)) == ["short"]
+    assert starts(simulation_policy("sjf-oracle").decide(state(cluster, jobs), 10)) == ["short"]
     blind = [make_job("x", submitted=0)]
     for name in ("sjf-oracle", "srtf-oracle"):
         with pytest.raises(ValueError, match="simulator only"):
-            get_policy(name).decide(state(cluster, blind), 1)
+            simulation_policy(name).decide(state(cluster, blind), 1)
 
 
 def test_predicted_sjf_orders_by_prediction_and_puts_unknown_last() -> None:
@@ -108,7 +152,7 @@ def test_srtf_preempts_only_a_job_with_more_remaining_time() -> None:
     cluster = make_cluster(1)
     long = run_on(cluster, make_job("long", oracle=1000, attained=100), started=0)
     short = make_job("short", oracle=50, submitted=100)
-    decisions = get_policy("srtf-oracle").decide(state(cluster, [short], [long]), 100)
+    decisions = simulation_policy("srtf-oracle").decide(state(cluster, [short], [long]), 100)
     assert preempts(decisions) == ["long"]
     assert starts(decisions) == ["short"]
     assert decisions.index(decisions[0]) == 0
@@ -117,7 +161,7 @@ def test_srtf_preempts_only_a_job_with_more_remaining_time() -> None:
     cluster = make_cluster(1)
     nearly_done = run_on(cluster, make_job("done-soon", oracle=1000, attained=990), started=0)
     s = state(cluster, [make_job("new", oracle=50, submitted=100)], [nearly_done])
-    assert get_policy("srtf-oracle").decide(s, 990) == []
+    assert simulation_policy("srtf-oracle").decide(s, 990) == []
 
 
 def test_las_preempts_a_job_of_a_higher_level_after_its_protection() -> None:

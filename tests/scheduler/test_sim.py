@@ -118,7 +118,7 @@ def random_trace(n: int, seed: int) -> list[TraceJob]:
     return jobs
 
 
-@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("name", policy_names(simulation=True))
 def test_invariants_on_a_random_trace(name: str) -> None:
     cluster = make_cluster(8, 8, 4, 2, 2)
     capacity = [

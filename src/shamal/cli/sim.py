@@ -135,7 +135,8 @@ def sim(
         ),
     ] = None,
     policy: Annotated[
-        str, typer.Option("--policy", help=f"One of: {', '.join(policy_names())}.")
+        str,
+        typer.Option("--policy", help=f"One of: {', '.join(policy_names(simulation=True))}."),
     ] = DEFAULT_POLICY,
     as_json: bool = JsonOption,
     plot: Annotated[
@@ -181,8 +182,9 @@ def sim(
         raise _fail("--trace is required", "e.g. shamal sim --trace jobs.csv --machines m.csv")
     if machines is None and teams is None:
         raise _fail("--machines is required (or --teams, whose nodes then form the cluster)")
-    if policy not in policy_names():
-        raise _fail(f"unknown policy {policy!r}", f"choose one of: {', '.join(policy_names())}")
+    names = policy_names(simulation=True)
+    if policy not in names:
+        raise _fail(f"unknown policy {policy!r}", f"choose one of: {', '.join(names)}")
     jobs, cluster, quotas = _load(trace, machines, limit, teams, isolated, seed, gpus_per_node)
     result = _run(jobs, cluster, policy, preemption_cost, quotas, as_json)
     metrics = _clean(result.metrics)

@@ -9,7 +9,14 @@ trace simulator (:mod:`shamal.scheduler.sim`) does the same over a trace.
 from shamal.scheduler._admission import Admission, QuotaBook, decay_all, decayed_usage
 from shamal.scheduler._engine import BasePolicy, schedule
 from shamal.scheduler._placement import allocate, place, release
-from shamal.scheduler._policies import DEFAULT_POLICY, get_policy, policy_names
+from shamal.scheduler._policies import (
+    DEFAULT_POLICY,
+    SIMULATION_ONLY,
+    get_policy,
+    policy_names,
+    policy_options,
+    simulation_policy,
+)
 from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor, error_report
 from shamal.scheduler._resources import (
     GPU_MILLI,
@@ -39,6 +46,7 @@ from shamal.scheduler._state import (
 __all__ = [
     "DEFAULT_POLICY",
     "GPU_MILLI",
+    "SIMULATION_ONLY",
     "Admission",
     "BasePolicy",
     "Cluster",
@@ -71,6 +79,8 @@ __all__ = [
     "job_shape",
     "place",
     "policy_names",
+    "policy_options",
     "release",
     "schedule",
+    "simulation_policy",
 ]

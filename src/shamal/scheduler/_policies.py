@@ -24,12 +24,27 @@ same object.
 =============== =====================================================================
 
 Every policy but ``fifo`` orders by priority class first and lets a class with
-``preempts=True`` preempt lower classes (``backfill`` never preempts).
+``preempts=True`` preempt lower classes (``backfill`` never preempts for priority).
+Every policy reclaims borrowed team quota by preemption.
+
+Options (``get_policy(name, **options)``; the server's ``SHAMAL_SCHEDULER__POLICY_OPTIONS``):
+
+* every policy: ``min_run_s``, seconds a (re)started job is protected from preemption,
+  for priority, for its level and for reclaim (default 300; ``srtf-oracle``: 0);
+* ``fifo``: ``strict`` (head-of-line blocking, default true);
+* ``fair``: ``charge_s`` (seconds of usage a start adds per GPU within a round, 3600);
+* ``las``: ``thresholds`` (queue boundaries in GPU-seconds, default 3600, 36000);
+* ``backfill``: ``max_candidates`` (waiting jobs examined for backfill per round, 200).
+
+``sjf-oracle`` and ``srtf-oracle`` need each job's true runtime, which only a trace
+knows: :func:`get_policy` (the live scheduler) refuses them; the simulator builds its
+policy with :func:`simulation_policy`.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +62,24 @@ __all__ = [
     "PriorityFifo",
     "SjfOracle",
     "SrtfOracle",
+    "SIMULATION_ONLY",
     "get_policy",
     "policy_names",
+    "policy_options",
+    "simulation_policy",
 ]
 
 _INF = math.inf
+
+
+def _protection(min_run_s: float) -> float:
+    try:
+        value = float(min_run_s)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not value >= 0 or math.isinf(value):
+        raise ValueError(f"min_run_s must be a number of seconds >= 0, not {min_run_s!r}")
+    return value
 
 
 def _oracle(job: SchedJob, policy: str) -> float:
@@ -71,8 +99,9 @@ class Fifo(BasePolicy):
     strict = True
     description = "submission order, head-of-line blocking"
 
-    def __init__(self, *, strict: bool = True) -> None:
-        self.strict = strict
+    def __init__(self, *, strict: bool = True, min_run_s: float = 300.0) -> None:
+        self.strict = bool(strict)
+        self.min_run_s = _protection(min_run_s)
 
 
 class PriorityFifo(BasePolicy):
@@ -82,7 +111,7 @@ class PriorityFifo(BasePolicy):
     description = "priority class, then submission order; classes preempt lower ones"
 
     def __init__(self, *, min_run_s: float = 300.0) -> None:
-        self.min_run_s = min_run_s
+        self.min_run_s = _protection(min_run_s)
 
 
 class FairShare(BasePolicy):
@@ -99,8 +128,8 @@ class FairShare(BasePolicy):
     description = "weighted fair share among teams by decayed usage"
 
     def __init__(self, *, charge_s: float = 3600.0, min_run_s: float = 300.0) -> None:
-        self.charge_s = charge_s
-        self.min_run_s = min_run_s
+        self.charge_s = float(charge_s)
+        self.min_run_s = _protection(min_run_s)
 
     def merge_key(self, job: SchedJob, rnd: Round) -> Key:
         return (-job.priority.value, self._score(job.team, rnd), job.submitted_at, job.id)
@@ -129,6 +158,9 @@ class SjfOracle(BasePolicy):
     needs = "oracle"
     description = "shortest true runtime first (simulation only)"
 
+    def __init__(self, *, min_run_s: float = 300.0) -> None:
+        self.min_run_s = _protection(min_run_s)
+
     def order_key(self, job: SchedJob) -> Key:
         return (-job.priority.value, _oracle(job, self.name), job.submitted_at, job.id)
 
@@ -142,7 +174,7 @@ class SrtfOracle(BasePolicy):
     description = "shortest true remaining time first, preemptive (simulation only)"
 
     def __init__(self, *, min_run_s: float = 0.0) -> None:
-        self.min_run_s = min_run_s
+        self.min_run_s = _protection(min_run_s)
 
     def order_key(self, job: SchedJob) -> Key:
         remaining = _oracle(job, self.name) - job.attained_s
@@ -163,6 +195,9 @@ class PredictedSjf(BasePolicy):
     name = "predicted-sjf"
     needs = "prediction"
     description = "shortest predicted runtime first"
+
+    def __init__(self, *, min_run_s: float = 300.0) -> None:
+        self.min_run_s = _protection(min_run_s)
 
     def order_key(self, job: SchedJob) -> Key:
         predicted = job.predicted_s if job.predicted_s is not None else _INF
@@ -197,7 +232,7 @@ class LeastAttainedService(BasePolicy):
         self.thresholds = tuple(sorted(float(t) for t in thresholds))
         if any(t <= 0 for t in self.thresholds):
             raise ValueError("LAS thresholds must be positive GPU-seconds")
-        self.min_run_s = min_run_s
+        self.min_run_s = _protection(min_run_s)
 
     def _queue(self, service: float) -> int:
         level = 0
@@ -247,8 +282,9 @@ class Backfill(BasePolicy):
     class_preemption = False
     description = "EASY backfill using predicted runtimes"
 
-    def __init__(self, *, max_candidates: int = 200) -> None:
-        self.max_candidates = max_candidates
+    def __init__(self, *, max_candidates: int = 200, min_run_s: float = 300.0) -> None:
+        self.max_candidates = int(max_candidates)
+        self.min_run_s = _protection(min_run_s)
 
     @staticmethod
     def _predicted_end(job: SchedJob, now: float) -> float:
@@ -333,24 +369,74 @@ DEFAULT_POLICY = "las"
 """The policy the scheduler and the simulator use unless told otherwise."""
 
 
-def policy_names() -> list[str]:
-    """Every registered policy name."""
-    return list(_REGISTRY)
+SIMULATION_ONLY = ("sjf-oracle", "srtf-oracle")
+"""Policies that need each job's true runtime: only a trace knows it (``shamal sim``)."""
+
+
+def policy_names(*, simulation: bool = False) -> list[str]:
+    """The policy names the live scheduler takes; with ``simulation``, every one
+    (the simulation-only oracles too)."""
+    return [name for name in _REGISTRY if simulation or name not in SIMULATION_ONLY]
+
+
+def policy_options(name: str) -> list[str]:
+    """The options the policy called ``name`` takes (see the module docstring).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    return list(inspect.signature(_policy_class(name, simulation=True)).parameters)
+
+
+def _policy_class(name: str, *, simulation: bool) -> type[BasePolicy]:
+    target = _REGISTRY.get(name)
+    if target is None or (name in SIMULATION_ONLY and not simulation):
+        names = ", ".join(policy_names(simulation=simulation))
+        if target is None:
+            raise ValueError(f"unknown policy {name!r}; choose one of: {names}")
+        raise ValueError(
+            f"policy {name!r} needs each job's true runtime, which only a trace knows: it is "
+            f"for `shamal sim` only; the live scheduler takes one of: {names}"
+        )
+    module_name, _, attribute = target.partition(":")
+    cls: type[BasePolicy] = getattr(importlib.import_module(module_name), attribute)
+    return cls
 
 
 def get_policy(name: str, **options: Any) -> BasePolicy:
-    """A fresh policy by name; ``options`` go to its constructor (e.g. ``min_run_s``).
+    """A fresh policy for the live scheduler by name; ``options`` go to its constructor.
+
+    Args:
+        name: one of :func:`policy_names` (the simulation-only oracles are refused).
+        options: the policy's options (:func:`policy_options`, e.g. ``min_run_s``).
 
     Raises:
-        ValueError: unknown name or option.
+        ValueError: unknown name, a simulation-only policy, an option the policy does
+            not take or a bad value (the message says which, and what is allowed).
     """
-    target = _REGISTRY.get(name)
-    if target is None:
-        raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(_REGISTRY)}")
-    module_name, _, attribute = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attribute)
+    return _build(name, options, simulation=False)
+
+
+def simulation_policy(name: str, **options: Any) -> BasePolicy:
+    """:func:`get_policy` for the trace simulator: every policy, the oracles too.
+
+    Raises:
+        ValueError: as :func:`get_policy`.
+    """
+    return _build(name, options, simulation=True)
+
+
+def _build(name: str, options: dict[str, Any], *, simulation: bool) -> BasePolicy:
+    cls = _policy_class(name, simulation=simulation)
+    accepted = policy_options(name)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        takes = ", ".join(accepted) if accepted else "none"
+        raise ValueError(
+            f"policy {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {takes}"
+        )
     try:
         policy: BasePolicy = cls(**options)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"policy {name!r}: {exc}") from None
     return policy

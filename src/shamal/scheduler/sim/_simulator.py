@@ -46,7 +46,7 @@ import numpy as np
 from shamal.scheduler._admission import Admission, QuotaBook, decayed_usage
 from shamal.scheduler._engine import BasePolicy
 from shamal.scheduler._placement import allocate, place, release
-from shamal.scheduler._policies import DEFAULT_POLICY, get_policy
+from shamal.scheduler._policies import DEFAULT_POLICY, simulation_policy
 from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor
 from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Placement, Request, Resources
 from shamal.scheduler._state import (
@@ -187,7 +187,7 @@ class Simulator:
         if options.preemption_cost_s < 0:
             raise ValueError("the preemption cost must be >= 0 seconds")
         self.options = options
-        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.policy = simulation_policy(policy) if isinstance(policy, str) else policy
         self.cluster = cluster
         self.preemption_cost_s = options.preemption_cost_s
         self.quotas = dict(options.quotas or {})
