@@ -272,6 +272,9 @@ class SchedulerLoop:
             preemptions=job.preemptions,
             time_limit_s=job.time_limit_s,
             borrowed=bool(job.placement and job.placement.get("borrowed")),
+            # Told to stop and not exited yet: no victim again, and its capacity is awaited.
+            stopping=(tracked := self.tracked.get(job.id)) is not None
+            and tracked.stopping is not None,
         )
         sched.predicted_s = self.predictor.predict(sched)
         return sched

@@ -5,7 +5,9 @@ A team's :class:`~shamal.scheduler._state.TeamQuota` in a pool guarantees it
 other teams of its cohort, up to ``borrow_limit`` more; what it runs beyond its
 guarantee is reclaimable: when a team within its guarantee cannot start a job, the
 scheduler preempts jobs of teams running over their own guarantee (see
-:mod:`shamal.scheduler._engine`).
+:mod:`shamal.scheduler._engine`, which also lets every job within its guarantee go
+before any job that would borrow, and keeps a team that capacity is being reclaimed
+from from borrowing more there meanwhile: :attr:`QuotaBook.no_borrow`).
 
 Conventions:
 
@@ -103,6 +105,9 @@ class QuotaBook:
     ) -> None:
         self.quotas = quotas
         self.held: dict[tuple[str, str], Resources] = dict(held)
+        self.no_borrow: set[tuple[str, str]] = set()
+        """(team, pool) pairs that borrow nothing now (capacity is being reclaimed from
+        the team there): :meth:`admit` answers ``WAIT`` where it would say ``BORROW``."""
         self._pools: dict[str, _Pool] = {}
         for quota in quotas.values():
             pool = self._pools.setdefault(quota.pool, _Pool({}, {}, {}))
@@ -143,8 +148,8 @@ class QuotaBook:
                 return verdict
         cohort = quota.cohort if quota is not None else _BEST_EFFORT_COHORT
         mask = state.mask.get(cohort, _NONE)
-        if mask == _NONE:
-            return Admission.WAIT  # no cohort to borrow from
+        if mask == _NONE or (job.team, pool) in self.no_borrow:
+            return Admission.WAIT  # no cohort to borrow from, or being reclaimed from
         cohort_held = state.held.get(cohort, _NONE) + need
         if _limited_fits(cohort_held, state.guaranteed.get(cohort, _NONE), mask):
             return Admission.BORROW

@@ -12,14 +12,22 @@ scheduler and the simulator:
    request, same quota, no higher priority), so the whole group is skipped: a round
    costs O(groups + starts), not O(queue).
 2. **Admit.** Team quotas (:mod:`shamal.scheduler._admission`): within the guarantee,
-   by borrowing idle cohort quota, or wait.
+   by borrowing idle cohort quota, or wait. With quotas a round walks the queue twice:
+   first every job that starts within its team's guarantee (a job that would borrow is
+   put off), then the jobs put off, on what is left. So a lender's waiting job always
+   gets its guaranteed capacity before another team borrows it (again).
 3. **Place.** :func:`shamal.scheduler._placement.place`; a gang is all or nothing.
 4. **Preempt.** If the job does not fit, running jobs it outranks are released
    tentatively, lowest first, until it fits (for whole GPUs: only victims on nodes
-   that would then hold a worker); the job's team reclaims capacity that other teams
-   borrowed beyond their guarantee the same way. Preemption happens only when the job
-   can then actually start (else everything is put back), and victims the final
-   placement does not need are kept running.
+   that would then hold a worker). A job within its team's guarantee first reclaims
+   capacity other teams of its cohort borrowed beyond theirs: their jobs that started
+   on borrowed quota first, youngest first, and never so much that a team drops below
+   its own guarantee. Preemption happens only when the job can then actually start
+   (else everything is put back), and victims the final placement does not need are
+   kept running. Jobs already told to stop (``SchedJob.stopping``) count as released
+   first: if the job needs their capacity it waits for them to exit (no new
+   preemption, no start), so a preemption that takes a while is never repeated on
+   another victim.
 
 Preemption never loops. A job may only preempt one it strictly outranks (a lower
 priority class, or within its class a higher level of the policy: more attained service
@@ -31,6 +39,15 @@ sharing, at most once per threshold; with SRTF never). A round never preempts a 
 starts, and the failed preemption searches of a round are bounded
 (``max_failed_searches``) so a long queue cannot make a round expensive.
 
+Reclaim never loops either: jobs within their guarantee go before jobs that would
+borrow (the two passes), and a team that capacity is reclaimed from borrows nothing
+more in that pool in the same round nor while its preempted jobs are still stopping
+(:attr:`~shamal.scheduler._admission.QuotaBook.no_borrow`), so a job preempted to give
+quota back is not re-admitted on borrowed quota ahead of the lender, only to be
+preempted again. Reclaim victims are chosen in a fixed order (borrowed first, then
+lower classes, then the youngest), so repeated rounds while a victim stops pick it
+again rather than another.
+
 ``decide`` is observationally pure: it places tentatively on the state's cluster
 (allocate/release) and undoes every change before it returns.
 """
@@ -38,6 +55,7 @@ starts, and the failed preemption searches of a round are bounded
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +90,9 @@ __all__ = [
 ]
 
 Key = tuple[Any, ...]
+
+_STOPPING = "stopping"
+"""Reason of a tentative release of a job already told to stop (no new preemption)."""
 
 
 class BasePolicy:
@@ -169,6 +190,8 @@ def schedule(policy: BasePolicy, state: SchedulerState, now: float) -> list[Deci
     rnd = Round(policy, state, now)
     try:
         policy.walk(rnd)
+        if rnd.open_borrowing():
+            policy.walk(rnd)  # the jobs that would borrow, with what the first pass left
     finally:
         rnd.work.undo()
     return rnd.decisions
@@ -192,7 +215,7 @@ class QueueWalk:
     """A k-way merge of sorted groups where a whole group can be skipped at once.
 
     With a dynamic key (it may only grow within a round), a head whose key changed is
-    pushed back before it is returned.
+    pushed back before it is returned. Jobs whose ids are in ``skip`` are passed over.
     """
 
     def __init__(
@@ -201,10 +224,12 @@ class QueueWalk:
         key: Callable[[SchedJob], Key],
         *,
         dynamic: bool = False,
+        skip: Collection[str] = (),
     ) -> None:
         self._groups = [g for g in groups if g]
         self._key = key
         self._dynamic = dynamic
+        self._skip = skip
         self._heap: list[tuple[Key, int, int]] = [
             (key(g[0]), i, 0) for i, g in enumerate(self._groups)
         ]
@@ -215,6 +240,9 @@ class QueueWalk:
         while heap:
             key, i, pos = heap[0]
             job = self._groups[i][pos]
+            if self._skip and job.id in self._skip:
+                self.advance()  # started by an earlier pass of the round
+                continue
             if self._dynamic:
                 fresh = self._key(job)
                 if fresh != key:
@@ -323,15 +351,28 @@ class Round:
         self.preempted: set[str] = set()
         self.extra: dict[str, Any] = {}
         """Scratch space for a policy's per-round bookkeeping."""
-        self.book: QuotaBook | None = (
-            QuotaBook(state.quotas, state.allocated_by_team()) if state.quotas else None
-        )
         self._ordered = state.ordered_by == policy.name
         self._running: Sequence[SchedJob] | None = None
-        self._cands: list[_Candidate] = []
+        self._streams: dict[str | None, tuple[list[_Candidate], Iterator[SchedJob]]] = {}
+        self._by_team: dict[str, list[SchedJob]] | None = None
+        self._reclaim_by_team: dict[str, list[tuple[Key, _Candidate]]] = {}
         self._only_pool = next(iter(state.cluster.pools)) if len(state.cluster.pools) == 1 else None
         self.failed_searches: dict[str, int] = {}
-        self._cand_source: Iterator[SchedJob] | None = None
+        self._started_ids: set[str] = set()
+        self.borrowing = not state.quotas
+        """Whether jobs may start on borrowed quota: not in the first pass of a round
+        with quotas (every job within its guarantee goes first), then in a second pass
+        over the jobs the first one put off (see :meth:`open_borrowing`)."""
+        self._deferred: set[str] = set()
+        self._failed: set[str] = set()
+        self._stopping = [job for job in state.stopping_jobs() if job.placement is not None]
+        self.book: QuotaBook | None = None
+        if state.quotas:
+            self.book = QuotaBook(state.quotas, state.allocated_by_team())
+            for job in self._stopping:
+                pool = self.pool_of(job)
+                if self.book.over_guarantee(job.team, pool):
+                    self.book.no_borrow.add((job.team, pool))  # being reclaimed from
 
     # ------------------------------------------------------------- views
     def queue_walk(self) -> QueueWalk:
@@ -340,9 +381,22 @@ class Round:
             groups: Collection[Sequence[SchedJob]] = self.state.queue_groups
         else:
             groups = group_queue(self.state.queued, policy.order_key)
+        skip = self._started_ids
         if policy.dynamic_merge:
-            return QueueWalk(groups, lambda job: policy.merge_key(job, self), dynamic=True)
-        return QueueWalk(groups, policy.order_key)
+            return QueueWalk(
+                groups, lambda job: policy.merge_key(job, self), dynamic=True, skip=skip
+            )
+        return QueueWalk(groups, policy.order_key, skip=skip)
+
+    def open_borrowing(self) -> bool:
+        """End the first pass; whether a second one is needed (a job was put off because
+        it would borrow). The second pass tries again only the jobs put off (and those
+        the first did not reach): the others failed for reasons that starting more jobs
+        cannot change."""
+        if self.borrowing or not self._deferred:
+            return False
+        self.borrowing = True
+        return True
 
     def running(self) -> Sequence[SchedJob]:
         """Running jobs in victim order (sorted once per round when not supplied)."""
@@ -362,14 +416,26 @@ class Round:
 
     # ------------------------------------------------------------- start one job
     def try_start(self, job: SchedJob) -> bool:
-        """Admit, place (preempting if allowed) and record the start of ``job``."""
+        """Admit, place (preempting if allowed) and record the start of ``job``.
+
+        Until :attr:`borrowing` opens, a job that would borrow is put off (``False``)."""
+        if self.book is None:
+            return self._try_start(job)  # no quotas: one pass
+        if self.borrowing and job.id in self._failed:
+            return False  # failed in the first pass: starts since cannot have helped
+        started = self._try_start(job)
+        if started:
+            self._started_ids.add(job.id)
+        elif not self.borrowing and job.id not in self._deferred:
+            self._failed.add(job.id)
+        return started
+
+    def _try_start(self, job: SchedJob) -> bool:
         book = self.book
         pool = self.pool_of(job)
-        admission = Admission.WITHIN
-        if book is not None and pool:
-            admission = book.admit(job, pool)
-            if admission is Admission.NEVER:
-                return False
+        admission = self._admission(job, pool)
+        if admission is None:
+            return False
         placement = None if admission is Admission.WAIT else self.work.place(job)
         victims: list[tuple[SchedJob, str]] = []
         if placement is None:
@@ -385,95 +451,175 @@ class Round:
             self.work.take(placement)
         if book is not None and not pool:
             pool = self.cluster.nodes[placement.slots[0].node].pool
-            admission = book.admit(job, pool)
-            if admission is Admission.WAIT or admission is Admission.NEVER:
+            verdict = self._admission(job, pool)
+            if verdict is None or verdict is Admission.WAIT:
                 # Undo this job only: its placement, then its victims in reverse.
                 self.work.give(placement)
                 self._restore(victim for victim, _ in reversed(victims))
                 return False
+            admission = verdict
         for victim, reason in victims:
             self.preempted.add(victim.id)
             self.decisions.append(Preempt(victim.id, reason))
+            if reason == "reclaim" and book is not None:
+                # Taken back from a borrower: it borrows nothing more here this round.
+                book.no_borrow.add((victim.team, self.pool_of(victim)))
         self.decisions.append(Start(job.id, placement, borrowed=admission is Admission.BORROW))
         self.started.append(job)
         if book is not None and pool:
             book.charge(job, pool)
         return True
 
+    def _admission(self, job: SchedJob, pool: str) -> Admission | None:
+        """What quotas say about starting ``job`` in ``pool`` now; ``None`` when it cannot
+        start in this pass: never, or it would borrow before borrowing opens (it is put
+        off to the second pass)."""
+        if self.book is None or not pool:
+            return Admission.WITHIN
+        admission = self.book.admit(job, pool)
+        if admission is Admission.NEVER:
+            return None
+        if admission is Admission.BORROW and not self.borrowing:
+            self._deferred.add(job.id)
+            return None
+        return admission
+
     # ------------------------------------------------------------- preemption
-    def _candidate(self, i: int) -> _Candidate | None:
-        """The ``i``-th running job that may be preempted at all now, in victim order,
-        with what the search needs of it; computed lazily, once per round."""
-        cands = self._cands
+    def _candidate(self, i: int, team: str | None = None) -> _Candidate | None:
+        """The ``i``-th running job (of ``team``, if given) that may be preempted at all
+        now, in victim order, with what the search needs of it; computed lazily, once
+        per round."""
+        stream = self._streams.get(team)
+        if stream is None:
+            jobs = self.running() if team is None else self._team_jobs().get(team, ())
+            stream = self._streams[team] = ([], iter(jobs))
+        cands, source = stream
         if i < len(cands):
             return cands[i]
-        policy, now, nodes = self.policy, self.now, self.cluster.nodes
-        if self._cand_source is None:
-            self._cand_source = iter(self.running())
-        for victim in self._cand_source:
-            held = victim.placement
-            if held is None or not victim.priority.preemptible:
-                continue
-            started = victim.started_at
-            if started is not None and now - started < policy.min_run_s:
-                continue  # protected: it (re)started too recently
-            slots = held.slots
-            widest = (
-                len(nodes[slots[0].node].gpus)
-                if len(slots) == 1
-                else max(len(nodes[slot.node].gpus) for slot in slots)
-            )
-            level = policy.level(victim, now) if policy.preemptive else 0
-            cands.append(
-                _Candidate(victim, victim.priority.value, level, widest, self.pool_of(victim))
-            )
-            if i < len(cands):
-                return cands[i]
+        for victim in source:
+            cand = self._make_candidate(victim)
+            if cand is not None:
+                cands.append(cand)
+                if i < len(cands):
+                    return cand
         return None
 
-    def _victims(self, job: SchedJob, pool: str, reclaim: bool) -> Iterator[tuple[SchedJob, str]]:
-        """The running jobs ``job`` may preempt, in victim order, with the reason.
+    def _make_candidate(self, victim: SchedJob) -> _Candidate | None:
+        held = victim.placement
+        if held is None or not victim.priority.preemptible or victim.stopping:
+            return None
+        policy, now = self.policy, self.now
+        started = victim.started_at
+        if started is not None and now - started < policy.min_run_s:
+            return None  # protected: it (re)started too recently
+        nodes = self.cluster.nodes
+        slots = held.slots
+        widest = (
+            len(nodes[slots[0].node].gpus)
+            if len(slots) == 1
+            else max(len(nodes[slot.node].gpus) for slot in slots)
+        )
+        level = policy.level(victim, now) if policy.preemptive else 0
+        return _Candidate(victim, victim.priority.value, level, widest, self.pool_of(victim))
 
-        ``job`` outranks a victim of a lower class (when its class preempts) or, with a
-        preemptive policy, one of its class at a strictly higher level. Victim order
-        lists lower classes first and, within a class, higher levels first, so the
-        search stops at the first victim ``job`` does not outrank, unless it may
-        reclaim capacity other teams borrowed (which goes by team, not rank).
+    def _team_jobs(self) -> dict[str, list[SchedJob]]:
+        """The running jobs by team, each in victim order (grouped once per round)."""
+        if self._by_team is None:
+            self._by_team = {}
+            for job in self.running():
+                self._by_team.setdefault(job.team, []).append(job)
+        return self._by_team
+
+    def _victims(self, job: SchedJob, pool: str, reclaim: bool) -> Iterator[tuple[SchedJob, str]]:
+        """The running jobs ``job`` may preempt, in the order to release them, with why.
+
+        First the jobs already stopping (releasing them costs nothing: they are on their
+        way out), then, when ``reclaim``, the jobs of cohort teams over their guarantee
+        (:meth:`_reclaim_victims`), then the jobs ``job`` outranks (:meth:`_outranked`).
+        In a quota-managed pool another team's job is only ever taken by reclaim.
         """
+        book = self.book
+        teams = book is not None and bool(pool) and book.managed(pool)
+        ranked = self._outranked(job, pool, job.team if teams else None)
+        if not self._stopping and not (reclaim and teams):
+            return ranked
+        parts: list[Iterator[tuple[SchedJob, str]]] = []
+        if self._stopping:
+            parts.append(
+                (victim, _STOPPING)
+                for victim in self._stopping
+                if victim.id not in self.preempted and (not pool or self.pool_of(victim) == pool)
+            )
+        if reclaim and book is not None and teams:
+            parts.append((victim, "reclaim") for victim in self._reclaim_victims(job, pool, book))
+        return itertools.chain(*parts, ranked)
+
+    def _outranked(
+        self, job: SchedJob, pool: str, team: str | None
+    ) -> Iterator[tuple[SchedJob, str]]:
+        """The running jobs (of ``team``, if given) ``job`` outranks, in victim order: of
+        a lower class (when its class preempts) or, with a preemptive policy, of its class
+        at a strictly higher level. Victim order lists lower classes first and, within a
+        class, higher levels first, so the search stops at the first victim ``job`` does
+        not outrank."""
         policy = self.policy
         mine = job.priority.value
         by_class = policy.class_aware and policy.class_preemption and job.priority.preempts
         preemptive = policy.preemptive
         my_level = policy.level(job, self.now) if preemptive else 0
         width = job.request.gpus
-        preempted = self.preempted
-        book = self.book
-        teams = book is not None and bool(pool) and book.managed(pool)
         i = 0
-        while (cand := self._candidate(i)) is not None:
+        while (cand := self._candidate(i, team)) is not None:
             i += 1
             if cand.klass < mine:
-                outranks = by_class
+                if not by_class:
+                    continue
             elif cand.klass > mine or not preemptive or not my_level < cand.level:
-                if not reclaim:
-                    return
-                outranks = False
-            else:
-                outranks = True
-            victim = cand.job
-            if (pool and cand.pool != pool) or cand.widest < width or victim.id in preempted:
+                return
+            if (pool and cand.pool != pool) or cand.widest < width:
                 continue
-            if teams and victim.team != job.team:
-                # Across teams only borrowed capacity is taken back, never a guarantee.
-                assert book is not None  # noqa: S101 - teams implies a book
-                if (
-                    reclaim
-                    and book.over_guarantee(victim.team, pool)
-                    and _same_cohort(book, job.team, victim.team, pool)
-                ):
-                    yield victim, "reclaim"
-            elif outranks:
-                yield victim, "priority"
+            if cand.job.id not in self.preempted:
+                yield cand.job, "priority"
+
+    def _reclaimable(self, team: str) -> list[tuple[Key, _Candidate]]:
+        """The running jobs of ``team`` that may be preempted now, in reclaim order:
+        jobs started on borrowed quota first, then lower classes, then the youngest
+        (sorted once per round and team, when first asked for)."""
+        ordered = self._reclaim_by_team.get(team)
+        if ordered is None:
+            i = 0
+            while self._candidate(i, team) is not None:
+                i += 1  # the team's every candidate, computed once
+            now = self.now
+            ordered = []
+            for cand in self._streams[team][0]:
+                victim = cand.job
+                started = victim.started_at if victim.started_at is not None else now
+                key = (not victim.borrowed, cand.klass, -started, victim.id)
+                ordered.append((key, cand))
+            ordered.sort(key=lambda entry: entry[0])
+            self._reclaim_by_team[team] = ordered
+        return ordered
+
+    def _reclaim_victims(self, job: SchedJob, pool: str, book: QuotaBook) -> Iterator[SchedJob]:
+        """The jobs ``job`` may take back: of the other teams of its cohort running over
+        their guarantee in ``pool``, in reclaim order (:meth:`_reclaimable`), each only
+        while its team is still over its guarantee."""
+        teams = sorted(
+            team
+            for team in book.borrowers(pool)
+            if team != job.team and _same_cohort(book, job.team, team, pool)
+        )
+        width = job.request.gpus
+        for _, cand in heapq.merge(*(self._reclaimable(team) for team in teams)):
+            victim = cand.job
+            if (
+                cand.pool == pool
+                and cand.widest >= width
+                and victim.id not in self.preempted
+                and book.over_guarantee(victim.team, pool)
+            ):
+                yield victim
 
     def _preempt_for(
         self, job: SchedJob, pool: str, admission: Admission
@@ -501,7 +647,15 @@ class Round:
             self.failed_searches[job.team] = failed + 1
             return None
         self.work.take(placement)
-        return placement, self._keep_spared(job, pool, released, quota_bound)
+        needed = self._keep_spared(job, pool, released, quota_bound)
+        if any(reason == _STOPPING for _, reason in needed):
+            # It needs the capacity of jobs still stopping: it waits for them to exit
+            # rather than preempt anything more (the next round sees them gone).
+            self.work.give(placement)
+            self._restore(victim for victim, _ in reversed(needed))
+            self.failed_searches[job.team] = failed + 1
+            return None
+        return placement, needed
 
     def _release_until_fits(
         self, job: SchedJob, pool: str, reclaim: bool, quota_bound: bool

@@ -65,6 +65,11 @@ class SchedJob:
         last_preempted_at: when the job was last preempted (queued again since).
         borrowed: the running job holds capacity borrowed beyond its team's guarantee
             (reclaimable by preemption when the lender needs it).
+        stopping: the running job was told to stop (preempted or cancelled) and has not
+            exited yet: it still holds its placement, is no victim for another
+            preemption, and while it stops its team borrows nothing in its pool. The
+            live scheduler sets it for the rounds between a preemption and the exit;
+            the simulator applies preemptions at once and never sets it.
         attained_as_of: when set on a running job, the instant ``attained_s`` was
             computed at; :meth:`attained_at` then adds the running time since. The live
             scheduler leaves it ``None`` (``attained_s`` is current); the simulator sets
@@ -90,6 +95,7 @@ class SchedJob:
     time_limit_s: float | None = None
     borrowed: bool = False
     attained_as_of: float | None = None
+    stopping: bool = False
 
     def attained_at(self, now: float) -> float:
         """Seconds of service received up to ``now`` (the running attempt included)."""
@@ -148,6 +154,9 @@ class SchedulerState:
     """Free capacity per pool, if the builder maintains it; else computed from ``cluster``."""
     allocated: Mapping[tuple[str, str], Resources] | None = None
     """What running jobs hold per (team, pool), if the builder maintains it; else computed."""
+    stopping: Sequence[SchedJob] | None = None
+    """The running jobs with ``stopping`` set, if the builder knows them (the simulator:
+    none); else found in ``running``."""
 
     def free_by_pool(self) -> Mapping[str, Resources]:
         """Free capacity per pool (computed once from the nodes when not supplied)."""
@@ -160,6 +169,12 @@ class SchedulerState:
                 )
             self.free = free
         return self.free
+
+    def stopping_jobs(self) -> Sequence[SchedJob]:
+        """The running jobs told to stop that have not exited (found once when not supplied)."""
+        if self.stopping is None:
+            self.stopping = [job for job in self.running if job.stopping]
+        return self.stopping
 
     def allocated_by_team(self) -> Mapping[tuple[str, str], Resources]:
         """What running jobs hold per (team, pool) (computed once when not supplied)."""

@@ -336,6 +336,7 @@ class Simulator:
             free=self._free,
             allocated=self._held,
             queue_groups=self._gjobs.values(),
+            stopping=(),  # preemptions take effect at once here
         )
         decisions = policy.decide(state, now)
         self.policy_calls += 1
