@@ -165,3 +165,54 @@ def test_pack_is_registered() -> None:
     result = runner.invoke(app, ["sim", "pack", "--help"])
     assert result.exit_code == 0, result.output
     assert "--nodes" in result.output
+
+
+def test_a_cpu_only_cluster_reports_null_gpu_utilization(tmp_path: Path) -> None:
+    trace = tmp_path / "cpu-jobs.csv"
+    trace.write_text(
+        "job_id,submit_time_s,duration_s,num_gpus,num_cpus\n0,0,100,0,4\n1,5,100,0,4\n"
+    )
+    machines = tmp_path / "cpu.csv"
+    machines.write_text("name,gpus,cpus,memory_mib\nc0,0,16,65536\n")
+    args = ["sim", "--trace", str(trace), "--machines", str(machines)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)
+    assert metrics["jobs_finished"] == 2
+    assert metrics["gpu_utilization"] is None
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "n/a (no GPUs)" in result.output
+
+
+def test_machine_lists_that_are_not_are_refused(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, _ = files
+    teams = tmp_path / "vc_nodes.csv"
+    teams.write_text("vc,node num\nred,2\n")
+    for wrong, says in ((teams, "give it as --teams"), (trace, "give it as --trace")):
+        result = runner.invoke(
+            app, ["sim", "--trace", str(trace), "--machines", str(wrong), "--json"]
+        )
+        assert result.exit_code == 1
+        said = " ".join(result.output.split())  # the console wraps long lines
+        assert "is not a machine list" in said
+        assert says in said
+        assert "Traceback" not in said
+    negative = tmp_path / "negative.csv"
+    negative.write_text("machineId, number of GPUs, single GPU mem\nm0,-2, 12GB\n")
+    result = runner.invoke(app, ["sim", "--trace", str(trace), "--machines", str(negative)])
+    assert result.exit_code == 1
+    assert f"{negative}, row 2, column 'number of GPUs'" in " ".join(result.output.split())
+
+
+def test_a_trace_none_of_whose_jobs_fits_fails(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, _ = files
+    cpu_only = tmp_path / "cpu.csv"
+    cpu_only.write_text("name,gpus,cpus\nc0,0,16\n")
+    result = runner.invoke(
+        app, ["sim", "--trace", str(trace), "--machines", str(cpu_only), "--json"]
+    )
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert "none of the 40 jobs" in said
+    assert "the smallest asks for 1 GPU(s); the largest machine has 0 GPU(s)" in said

@@ -69,6 +69,10 @@ def _seconds(value: float) -> str:
     return f"{value:,.1f} s"
 
 
+def _share(value: float | None) -> str:
+    return "n/a (no GPUs)" if value is None else f"{100 * value:.1f}%"
+
+
 def _print_table(metrics: dict[str, Any]) -> None:
     table = Table(
         title=f"Simulation: policy {metrics['policy']}", title_justify="left", header_style="bold"
@@ -84,7 +88,7 @@ def _print_table(metrics: dict[str, Any]) -> None:
         ("p99 JCT", _seconds(metrics["p99_jct_s"])),
         ("average queueing delay", _seconds(metrics["avg_queue_s"])),
         ("p99 queueing delay", _seconds(metrics["p99_queue_s"])),
-        ("GPU utilization", f"{100 * metrics['gpu_utilization']:.1f}%"),
+        ("GPU utilization", _share(metrics["gpu_utilization"])),
         ("makespan", _seconds(metrics["makespan_s"])),
         ("preemptions (jobs)", f"{metrics['preemptions']:,} ({metrics['preempted_jobs']:,})"),
         ("preemption cost", f"{metrics['preemption_cost_s']:g} s each"),
@@ -130,8 +134,11 @@ def sim(
         Path | None,
         typer.Option(
             "--machines",
-            help="Machine list (CSV or JSON; Philly's machines.csv works as is). "
-            "Optional with --teams: then the teams' nodes are the cluster.",
+            help="Machine list, CSV with a header or JSON: a GPU count column (gpus, "
+            "'number of GPUs' or gpu) and optionally name, gpu_model, gpu_memory_mib, cpus "
+            "or cpu_milli, memory_mib, pool, count; Philly's machines.csv and Alibaba's "
+            "openb node lists work as they are. Optional with --teams: then the teams' "
+            "nodes are the cluster.",
         ),
     ] = None,
     policy: Annotated[
@@ -174,7 +181,14 @@ def sim(
 
     JCT is finish - submission; queueing delay is JCT minus the time the job ran, so
     time spent preempted counts as waiting. Every job of the trace runs (failed and
-    cancelled ones too); each preemption adds --preemption-cost seconds of restore.
+    cancelled ones too); each preemption adds --preemption-cost seconds of restore. A
+    job that can never fit the machines is rejected and counted; if no job fits at all
+    the command fails.
+
+    With --json: one JSON object with jobs, jobs_finished, jobs_rejected, gpus,
+    avg/p50/p99_jct_s, avg/p50/p99_queue_s, makespan_s (seconds), gpu_utilization (the
+    share of GPU capacity held over the makespan, between 0 and 1; null when the
+    machines have no GPUs), preemptions, per-team figures with --teams, and plot.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -187,6 +201,12 @@ def sim(
         raise _fail(f"unknown policy {policy!r}", f"choose one of: {', '.join(names)}")
     jobs, cluster, quotas = _load(trace, machines, limit, teams, isolated, seed, gpus_per_node)
     result = _run(jobs, cluster, policy, preemption_cost, quotas, as_json)
+    if result.metrics["jobs_rejected"] == len(jobs):
+        raise _fail(
+            f"none of the {len(jobs):,} jobs of {trace} can ever run on "
+            f"{machines or teams}: {_nothing_fits(jobs, cluster, quotas is not None)}",
+            "check that --machines is the machine list meant for this trace",
+        )
     metrics = _clean(result.metrics)
     if plot is not None:
         metrics["plot"] = str(plot_timeline(result, plot))
@@ -196,6 +216,24 @@ def sim(
         _print_table(metrics)
         if plot is not None:
             console.print(f"plot written to {plot}")
+
+
+def _nothing_fits(jobs: list[TraceJob], cluster: Cluster, teams: bool) -> str:
+    """Why no job fits: the smallest request against the largest machine."""
+    smallest = min(jobs, key=lambda j: (j.gpus, j.cpus or 0, j.memory_mib or 0))
+    nodes = list(cluster.nodes.values())
+    gpus = max(len(n.gpus) for n in nodes)
+    cpus = max(n.cpu_milli for n in nodes) / 1000
+    memory = max(n.memory_mib for n in nodes)
+    asks = f"{smallest.gpus:g} GPU(s)"
+    if smallest.cpus:
+        asks += f", {smallest.cpus:g} CPU(s)"
+    if smallest.memory_mib:
+        asks += f", {smallest.memory_mib:,} MiB"
+    return (
+        f"the smallest asks for {asks}; the largest machine has {gpus} GPU(s), "
+        f"{cpus:g} CPU(s), {memory:,} MiB" + (" (or its team's quota is smaller)" if teams else "")
+    )
 
 
 def _load(

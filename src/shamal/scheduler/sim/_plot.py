@@ -49,16 +49,17 @@ def plot_timeline(result: SimResult, path: str | Path, *, title: str | None = No
     top.set_ylabel("jobs waiting")
     top.grid(alpha=0.3)
     bottom.step(x, utilization, where="post", color="tab:blue", linewidth=0.8)
-    bottom.set_ylabel("GPU utilization (%)")
+    bottom.set_ylabel("GPU utilization (%)" if result.total_gpus else "GPUs: none")
     bottom.set_ylim(0, 105)
     bottom.set_xlabel(f"time ({unit})")
     bottom.grid(alpha=0.3)
     metrics = result.metrics
+    used = metrics.get("gpu_utilization")
     fig.suptitle(
         title
         or f"policy {metrics.get('policy')}: avg JCT {metrics.get('avg_jct_s', 0):,.0f} s, "
         f"avg queue {metrics.get('avg_queue_s', 0):,.0f} s, "
-        f"utilization {100 * metrics.get('gpu_utilization', 0):.1f}%"
+        + (f"utilization {100 * used:.1f}%" if used is not None else "no GPUs")
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,8 @@ Modelling choices (all of them affect the figures, so they are stated here):
 * **JCT** = finish - submission. **Queueing delay** = JCT - the time the job spent
   running (restores included), so time spent preempted counts as waiting.
 * **GPU utilization** = GPU-seconds held by running jobs (restores included) /
-  (cluster GPUs x makespan); **makespan** = last finish - first submission.
+  (cluster GPUs x makespan); ``None`` on a cluster without GPUs (there is nothing to
+  utilize), 0 when no job finished. **Makespan** = last finish - first submission.
 """
 
 from __future__ import annotations
@@ -548,7 +549,13 @@ class Simulator:
                 avg_queue_s=float(queue.mean()),
                 p50_queue_s=float(np.percentile(queue, 50)),
                 p99_queue_s=float(np.percentile(queue, 99)),
-                gpu_utilization=busy_gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0,
+                gpu_utilization=(
+                    None
+                    if not total_gpus
+                    else busy_gpu_s / (total_gpus * makespan)
+                    if makespan > 0
+                    else 0.0
+                ),
                 makespan_s=makespan,
             )
         else:
@@ -559,7 +566,7 @@ class Simulator:
                 avg_queue_s=0.0,
                 p50_queue_s=0.0,
                 p99_queue_s=0.0,
-                gpu_utilization=0.0,
+                gpu_utilization=0.0 if total_gpus else None,
                 makespan_s=0.0,
             )
         metrics.update(

@@ -12,10 +12,12 @@ fingerprint the runtime predictor learns from. ``status`` is kept for reference 
 failed and cancelled jobs are replayed like any other (they held GPUs too).
 
 **Machine lists**: CSV (header required) or JSON. Columns / keys, any case, spaces or
-underscores (aliases in brackets)::
+underscores (aliases in brackets); ``gpus`` is required, every other one optional, and
+a column that is none of these is refused (so a job trace or a team file given as the
+machine list is caught, not read as machines)::
 
+    gpus [number of GPUs, gpu]     GPUs on the node (a whole number >= 0): required
     name [machineId, sn, node]     node name (default: node-<row>)
-    gpus [number of GPUs, gpu]     GPUs on the node
     gpu_model [model]              GPU model (default "gpu")
     gpu_memory_mib [single GPU mem] MiB, or a size such as "12GB" / "24 GiB"
     cpu_milli | cpus [cores]       CPU capacity (milli-cores or cores; default 64 cores)
@@ -23,8 +25,10 @@ underscores (aliases in brackets)::
     pool                           pool name (default "default")
     count                          how many identical nodes the row stands for (default 1)
 
-A JSON machine list is a list of such objects, or ``{"nodes": [...]}``. Philly's
-``machines.csv`` and Alibaba's ``openb_node_list_*.csv`` load as they are.
+Numbers must be finite and not negative (``count`` at least 1); a bad value is refused
+with the file, row (or machine) and column. A JSON machine list is a list of such
+objects, or ``{"nodes": [...]}``. Philly's ``machines.csv`` and Alibaba's
+``openb_node_list_*.csv`` load as they are.
 
 **Teams** (``philly/vc_nodes.csv``: ``vc, node num``): one team per row whose quota is
 its nodes x ``gpus_per_node`` GPUs; :func:`team_cluster` builds those nodes.
@@ -89,9 +93,19 @@ def _float(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise TraceError(f"not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise TraceError(f"not a finite number: {value!r}")
+    return number
+
+
+def _column(row: Mapping[str, str | None], column: str) -> float | None:
+    try:
+        return _float(row.get(column))
+    except TraceError as exc:
+        raise TraceError(f"column {column!r}: {exc}") from None
 
 
 def load_trace(path: str | Path, *, limit: int | None = None) -> list[TraceJob]:
@@ -119,11 +133,11 @@ def load_trace(path: str | Path, *, limit: int | None = None) -> list[TraceJob]:
         for row_number, row in enumerate(reader, start=2):
             row = {k.strip(): v for k, v in row.items() if k is not None}
             try:
-                submit = _float(row.get("submit_time_s"))
-                duration = _float(row.get("duration_s"))
-                gpus = _float(row.get("num_gpus")) or 0.0
-                cpus = _float(row.get("num_cpus"))
-                memory = _float(row.get("mem_mib"))
+                submit = _column(row, "submit_time_s")
+                duration = _column(row, "duration_s")
+                gpus = _column(row, "num_gpus") or 0.0
+                cpus = _column(row, "num_cpus")
+                memory = _column(row, "mem_mib")
             except TraceError as exc:
                 raise TraceError(f"{path}:{row_number}: {exc}") from None
             if submit is None or duration is None:
@@ -131,8 +145,10 @@ def load_trace(path: str | Path, *, limit: int | None = None) -> list[TraceJob]:
                     f"{path}:{row_number}: no submit_time_s or duration_s (the simulator "
                     "replays jobs of known duration)"
                 )
-            if duration < 0 or gpus < 0:
-                raise TraceError(f"{path}:{row_number}: negative duration or GPUs")
+            if duration < 0 or gpus < 0 or (cpus or 0) < 0 or (memory or 0) < 0:
+                raise TraceError(
+                    f"{path}:{row_number}: negative duration_s, num_gpus, num_cpus or mem_mib"
+                )
             jobs.append(
                 TraceJob(
                     id=(row.get("job_id") or str(row_number - 2)).strip(),
@@ -209,48 +225,117 @@ _ALIASES = {
 }
 
 
+_EXPECTED = (
+    "a GPU count column (gpus, 'number of GPUs' or gpu) and optionally: name (machineId, "
+    "sn, node), gpu_model (model), gpu_memory_mib ('single GPU mem'), cpus or cpu_milli, "
+    "memory_mib, pool, count; e.g. philly/machines.csv or "
+    "alibaba_openb/openb_node_list_gpu_node.csv"
+)
+
+
 def _canonical(key: str) -> str | None:
     return _ALIASES.get(re.sub(r"[\s_\-]", "", key.strip().lower()))
 
 
 def _size_mib(value: Any) -> int:
     """MiB from a number (MiB) or a size such as ``12GB`` / ``24 GiB`` / ``16384MiB``."""
+    if isinstance(value, bool):
+        raise TraceError(f"not a memory size: {value!r}")
     if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise TraceError(f"not a memory size >= 0: {value!r}")
         return int(value)
     text = str(value).strip()
-    match = re.fullmatch(r"([0-9.]+)\s*([a-zA-Z]*)", text)
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)", text)
     if not match:
-        raise TraceError(f"not a memory size: {text!r}")
+        raise TraceError(f"not a memory size >= 0: {text!r} (a number of MiB, or e.g. '12GB')")
     number = float(match.group(1))
     unit = match.group(2).lower().rstrip("b").rstrip("i")
     factor = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}.get(unit)
     if factor is None:
-        raise TraceError(f"unknown memory unit in {text!r}")
+        raise TraceError(f"unknown memory unit in {text!r} (MiB, GB/GiB or TB/TiB)")
     return int(number * factor)
 
 
-def _node(fields: Mapping[str, Any], row: int) -> list[Node]:
+def _number(value: Any, *, whole: bool = False, least: float = 0) -> float:
+    """A finite number >= ``least`` (and whole, if asked) from a cell or JSON value."""
+    if isinstance(value, bool):
+        raise TraceError(f"not a number: {value!r}")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise TraceError(f"not a number: {value!r}") from None
+    if not math.isfinite(number) or number < least:
+        raise TraceError(f"not a number >= {least:g}: {value!r}")
+    if whole and not number.is_integer():
+        raise TraceError(f"not a whole number: {value!r}")
+    return number
+
+
+def _columns(keys: Iterable[Any], where: str) -> dict[str, str]:
+    """Canonical name -> the column (or key) as written; refuses a list that is not a
+    machine list, naming what is expected."""
+    columns: dict[str, str] = {}
+    unknown: list[str] = []
+    for key in keys:
+        if key is None:
+            continue
+        canonical = _canonical(str(key))
+        if canonical is None:
+            unknown.append(str(key).strip())
+        elif canonical in columns:
+            raise TraceError(
+                f"{where}: columns {columns[canonical]!r} and {str(key).strip()!r} both give "
+                f"{canonical}; keep one"
+            )
+        else:
+            columns[canonical] = str(key)
+    if "cpus" in columns and "cpu_milli" in columns:
+        raise TraceError(f"{where}: give the CPUs as cpus or as cpu_milli, not both")
+    if unknown or "gpus" not in columns:
+        found = ", ".join(repr(u) for u in unknown)
+        problem = f"unexpected column(s) {found}" if unknown else "no GPU count column"
+        lowered = {u.lower() for u in unknown}
+        if "submit_time_s" in lowered or "job_id" in lowered:
+            problem += " (this looks like a job trace: give it as --trace)"
+        elif "vc" in lowered:
+            problem += " (this looks like a team file: give it as --teams)"
+        raise TraceError(f"{where} is not a machine list: {problem}; expected {_EXPECTED}")
+    return columns
+
+
+def _node(
+    row: Mapping[str, Any], columns: Mapping[str, str], number: int, where: str
+) -> list[Node]:
+    """The nodes one row (or JSON object) stands for; ``where`` names it in errors."""
+
     def get(key: str) -> Any:
-        value = fields.get(key)
+        column = columns.get(key)
+        value = None if column is None else row.get(column)
         return None if value is None or (isinstance(value, str) and not value.strip()) else value
 
-    try:
-        gpus = int(float(get("gpus") or 0))
-        model = str(get("gpu_model") or "gpu").strip()
-        gpu_memory = _size_mib(get("gpu_memory_mib")) if get("gpu_memory_mib") else 0
-        if get("cpu_milli") is not None:
-            cpu = int(float(get("cpu_milli")))
-        elif get("cpus") is not None:
-            cpu = int(float(get("cpus")) * 1000)
-        else:
-            cpu = _DEFAULT_CPU_MILLI
-        memory = (
-            _size_mib(get("memory_mib")) if get("memory_mib") is not None else _DEFAULT_MEMORY_MIB
-        )
-        count = int(float(get("count") or 1))
-    except (TraceError, ValueError) as exc:
-        raise TraceError(f"machine {row}: {exc}") from None
-    base = str(get("name") or f"node-{row}").strip()
+    def parse(key: str, read: Any) -> Any:
+        try:
+            return read(get(key))
+        except TraceError as exc:
+            raise TraceError(f"{where}, column {columns[key].strip()!r}: {exc}") from None
+
+    if get("gpus") is None:
+        raise TraceError(f"{where}, column {columns['gpus'].strip()!r}: no GPU count")
+    gpus = int(parse("gpus", lambda v: _number(v, whole=True)))
+    model = str(get("gpu_model") or "gpu").strip()
+    gpu_memory = parse("gpu_memory_mib", _size_mib) if get("gpu_memory_mib") is not None else 0
+    if get("cpu_milli") is not None:
+        cpu = int(parse("cpu_milli", _number))
+    elif get("cpus") is not None:
+        cpu = int(round(parse("cpus", _number) * 1000))
+    else:
+        cpu = _DEFAULT_CPU_MILLI
+    memory = (
+        parse("memory_mib", _size_mib) if get("memory_mib") is not None else _DEFAULT_MEMORY_MIB
+    )
+    count = int(parse("count", lambda v: _number(v, whole=True, least=1))) if get("count") else 1
+    base = str(get("name") or f"node-{number}").strip()
     pool = str(get("pool") or DEFAULT_POOL).strip()
     return [
         Node(
@@ -268,14 +353,17 @@ def load_machines(path: str | Path) -> Cluster:
     """A cluster from a machine list (CSV or JSON, see the module docstring).
 
     Raises:
-        TraceError: unreadable file, no machines, duplicate names, bad values.
+        TraceError: unreadable file, not a machine list (the columns expected are
+            named), no machines, duplicate names, a bad value (file, row, column).
     """
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise TraceError(f"cannot read machine list {path}: {exc.strerror or exc}") from None
-    rows: list[dict[str, Any]] = []
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text file (expected a CSV or JSON machine list)") from None
+    nodes: list[Node] = []
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -284,22 +372,21 @@ def load_machines(path: str | Path) -> Cluster:
         items = data.get("nodes") if isinstance(data, dict) else data
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise TraceError(f"{path}: expected a list of machines or {{'nodes': [...]}}")
-        rows = items
+        for number, item in enumerate(items):
+            where = f"{path}, machine {number}"
+            nodes.extend(_node(item, _columns(item, where), number, where))
     else:
-        rows = list(csv.DictReader(text.splitlines()))
-    nodes: list[Node] = []
-    for number, row in enumerate(rows):
-        fields = {
-            canonical: value
-            for key, value in row.items()
-            if key is not None and (canonical := _canonical(str(key))) is not None
-        }
-        nodes.extend(_node(fields, number))
+        reader = csv.DictReader(text.splitlines())
+        columns = _columns(reader.fieldnames or (), str(path))
+        for number, row in enumerate(reader):
+            nodes.extend(_node(row, columns, number, f"{path}, row {number + 2}"))
     if not nodes:
         raise TraceError(f"{path}: no machines")
-    names = [n.name for n in nodes]
-    if len(set(names)) != len(names):
-        raise TraceError(f"{path}: duplicate machine names")
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise TraceError(f"{path}: duplicate machine name {node.name!r}")
+        seen.add(node.name)
     pools = [Pool(name) for name in dict.fromkeys(n.pool for n in nodes)]
     return Cluster.of(pools, nodes)
 
