@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from shamal.cli import app
 
@@ -216,3 +216,43 @@ def test_a_trace_none_of_whose_jobs_fits_fails(files: tuple[Path, Path], tmp_pat
     said = " ".join(result.output.split())
     assert "none of the 40 jobs" in said
     assert "the smallest asks for 1 GPU(s); the largest machine has 0 GPU(s)" in said
+
+
+def run_with_plot(files: tuple[Path, Path], plot: Path, *extra: str) -> Result:
+    trace, machines = files
+    return runner.invoke(
+        app,
+        ["sim", "--trace", str(trace), "--machines", str(machines), "--plot", str(plot), *extra],
+    )
+
+
+def test_a_plot_path_that_cannot_be_drawn_is_refused_before_simulating(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    result = run_with_plot(files, tmp_path, "--json")
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert f"--plot {tmp_path} is a folder" in said
+    assert "{" not in said  # refused before the simulation: no metrics
+    assert not tmp_path.with_name(tmp_path.name + ".png").exists()
+    result = run_with_plot(files, tmp_path / "x.txt", "--json")
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert "cannot draw a .txt file; use .png, .svg, .pdf" in said
+    assert "{" not in said
+    assert "Traceback" not in said
+
+
+def test_the_plot_written_is_the_path_reported(files: tuple[Path, Path], tmp_path: Path) -> None:
+    result = run_with_plot(files, tmp_path / "timeline", "--json")
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "timeline.png"
+    assert json.loads(result.output)["plot"] == str(written)
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = run_with_plot(files, tmp_path / "t.svg")
+    assert result.exit_code == 0, result.output
+    assert f"plot written to {tmp_path / 't.svg'}" in " ".join(result.output.split())
+    assert b"<svg" in (tmp_path / "t.svg").read_bytes()[:500]
+    result = run_with_plot(files, tmp_path / "deeper" / "t.PDF", "--json")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "deeper" / "t.PDF").read_bytes()[:5] == b"%PDF-"

@@ -30,6 +30,7 @@ from shamal.scheduler.sim import (
     load_machines,
     load_teams,
     load_trace,
+    plot_path,
     plot_timeline,
     team_cluster,
 )
@@ -148,7 +149,11 @@ def sim(
     as_json: bool = JsonOption,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Write a PNG of queue length and GPU utilization."),
+        typer.Option(
+            "--plot",
+            help="Draw queue length and GPU utilization over time to this file: .png, .svg "
+            "or .pdf (no extension: .png).",
+        ),
     ] = None,
     preemption_cost: Annotated[
         float,
@@ -199,6 +204,7 @@ def sim(
     names = policy_names(simulation=True)
     if policy not in names:
         raise _fail(f"unknown policy {policy!r}", f"choose one of: {', '.join(names)}")
+    plot = _checked_plot(plot)  # before the simulation, not after it
     jobs, cluster, quotas = _load(trace, machines, limit, teams, isolated, seed, gpus_per_node)
     result = _run(jobs, cluster, policy, preemption_cost, quotas, as_json)
     if result.metrics["jobs_rejected"] == len(jobs):
@@ -208,14 +214,36 @@ def sim(
             "check that --machines is the machine list meant for this trace",
         )
     metrics = _clean(result.metrics)
-    if plot is not None:
-        metrics["plot"] = str(plot_timeline(result, plot))
+    failed = _draw(result, plot, metrics) if plot is not None else None
     if as_json:
         typer.echo(json.dumps(metrics))
     else:
         _print_table(metrics)
-        if plot is not None:
-            console.print(f"plot written to {plot}")
+        if metrics.get("plot"):
+            console.print(f"plot written to {metrics['plot']}")
+    if failed is not None:
+        raise _fail(failed)
+
+
+def _checked_plot(plot: Path | None) -> Path | None:
+    """The plot file that will be written (see :func:`plot_path`), or a clean error."""
+    if plot is None:
+        return None
+    try:
+        return plot_path(plot)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _draw(result: SimResult, plot: Path, metrics: dict[str, Any]) -> str | None:
+    """Draw the plot and record its path in ``metrics``; the error, if it failed (the
+    metrics are printed all the same)."""
+    try:
+        metrics["plot"] = str(plot_timeline(result, plot))
+    except (OSError, ValueError) as exc:
+        metrics["plot"] = None
+        return f"could not write the plot {plot}: {getattr(exc, 'strerror', None) or exc}"
+    return None
 
 
 def _nothing_fits(jobs: list[TraceJob], cluster: Cluster, teams: bool) -> str:

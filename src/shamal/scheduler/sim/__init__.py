@@ -1,7 +1,7 @@
 """The trace-driven simulator: replays job traces through the live scheduler's policies,
 admission and placement code (see :mod:`shamal.scheduler.sim._simulator`)."""
 
-from shamal.scheduler.sim._plot import plot_timeline
+from shamal.scheduler.sim._plot import PLOT_FORMATS, plot_path, plot_timeline
 from shamal.scheduler.sim._simulator import (
     DEFAULT_PREEMPTION_COST_S,
     NORMAL,
@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_POOL",
     "DEFAULT_PREEMPTION_COST_S",
     "NORMAL",
+    "PLOT_FORMATS",
     "SimOptions",
     "SimResult",
     "Simulator",
@@ -36,6 +37,7 @@ __all__ = [
     "load_machines",
     "load_teams",
     "load_trace",
+    "plot_path",
     "plot_timeline",
     "simulate",
     "team_cluster",

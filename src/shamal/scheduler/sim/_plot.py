@@ -2,15 +2,50 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from shamal.scheduler.sim._simulator import SimResult
 
-__all__ = ["plot_timeline"]
+__all__ = ["PLOT_FORMATS", "plot_path", "plot_timeline"]
 
 _POINTS = 4000
+
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+"""The file extensions :func:`plot_timeline` writes."""
+
+
+def plot_path(path: str | Path) -> Path:
+    """The file :func:`plot_timeline` will write for ``path``: checked before a long
+    simulation rather than after it. A path without an extension gets ``.png``.
+
+    Raises:
+        ValueError: a folder, an extension other than :data:`PLOT_FORMATS`, or a place
+            that cannot be written (the message says which).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(
+            f"--plot {path} is a folder; give a file name, e.g. {path / 'timeline.png'}"
+        )
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise ValueError(
+            f"--plot {path}: cannot draw a {path.suffix} file; use {', '.join(PLOT_FORMATS)}"
+        )
+    if path.is_dir():
+        raise ValueError(f"--plot {path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the folders missing are created when the plot is written
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--plot {path}: cannot write in {parent}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"--plot {path}: the file exists and cannot be written")
+    return path
 
 
 def _resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -27,13 +62,20 @@ def _resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.nda
 
 
 def plot_timeline(result: SimResult, path: str | Path, *, title: str | None = None) -> Path:
-    """Write a PNG with the queue length and the GPU utilization over time."""
+    """Draw the queue length and the GPU utilization over time; returns the file written.
+
+    ``path`` is checked by :func:`plot_path` (its extension picks PNG, SVG or PDF).
+
+    Raises:
+        ValueError: see :func:`plot_path`.
+        OSError: the file could not be written.
+    """
+    path = plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
     times = result.times
     if len(times):
         grid = np.linspace(float(times[0]), float(times[-1]), _POINTS)
@@ -63,6 +105,6 @@ def plot_timeline(result: SimResult, path: str | Path, *, title: str | None = No
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format=path.suffix.lower().lstrip("."))
     plt.close(fig)
     return path
