@@ -59,7 +59,7 @@ def test_experiment_reports_each_checkpoint(small_trace: tuple[Path, Path]) -> N
     ratios = result["alloc_ratio"]
     assert isinstance(ratios, dict)
     assert list(ratios) == ["0.9", "1.0", "1.3"]
-    assert 80 < ratios["0.9"] <= ratios["1.0"] <= ratios["1.3"] <= 100
+    assert 0.8 < ratios["0.9"] <= ratios["1.0"] <= ratios["1.3"] <= 1
     per_seed = result["alloc_ratio_per_seed"]
     assert isinstance(per_seed, dict)
     assert len(per_seed["1.3"]) == 2
@@ -126,7 +126,8 @@ def test_cli_prints_one_json_object(small_trace: tuple[Path, Path]) -> None:
     report = json.loads(result.stdout)
     assert set(report["alloc_ratio"]) == {"0.9", "1.0", "1.3"}
     assert report["strategy"] == "best-fit"
-    assert report["unit"] == "percent"
+    assert report["unit"] == "ratio"
+    assert all(0 < ratio <= 1 for ratio in report["alloc_ratio"].values())
 
 
 def test_cli_table_by_default(small_trace: tuple[Path, Path]) -> None:

@@ -17,8 +17,8 @@ Method (``../shared/traces/README.md``, "Fractional GPUs"; the FGD artifact's
   nothing to the demand, which counts GPUs only.
 * The allocation ratio at demand ``d`` is the share of the cluster's GPU capacity
   that placed pods hold once every pod arriving while the GPUs asked for so far are
-  at most ``d`` x the cluster's GPUs has been tried; it is reported in percent, mean
-  over the seeds.
+  at most ``d`` x the cluster's GPUs has been tried: a ratio between 0 and 1, mean
+  over the seeds (tables show it in percent).
 
 Fragmentation-aware strategies measure against the pod list's own mix of requests.
 """
@@ -191,7 +191,7 @@ def _run_seed(
     for i, pod in enumerate(workload):
         need = _asked(pod)
         while limits and asked + need > limits[0] * capacity:
-            ratios[_label(limits.pop(0))] = 100.0 * held / capacity
+            ratios[_label(limits.pop(0))] = held / capacity
         asked += need
         placement = place(cluster, pod, strategy=chooser)
         if placement is None:
@@ -203,7 +203,7 @@ def _run_seed(
         if i % 500 == 499:
             tick((i + 1) / len(workload))
     for limit in limits:
-        ratios[_label(limit)] = 100.0 * held / capacity
+        ratios[_label(limit)] = held / capacity
     return _SeedResult(ratios, placed, failed, time.perf_counter() - started)
 
 
@@ -235,8 +235,9 @@ def run_pack_experiment(
     """Run the packing experiment; a JSON-able summary.
 
     Returns a dict with ``alloc_ratio`` (checkpoint label such as ``"1.3"`` -> mean
-    allocation ratio in percent of the cluster's GPU capacity), ``alloc_ratio_per_seed``
-    (label -> list), ``unit`` ("percent"), ``strategy``, ``seeds``, ``demand``, the
+    allocation ratio: the share of the cluster's GPU capacity held, 0 to 1),
+    ``alloc_ratio_per_seed`` (label -> list), ``unit`` ("ratio"), ``strategy``,
+    ``seeds``, ``demand``, the
     cluster's ``total_gpus`` and ``nodes``, ``pods`` (in the list), ``placed_mean`` and
     ``failed_mean`` (pods per seed), ``seconds`` (wall time) and ``seconds_per_seed``.
     Checkpoints above ``demand`` are dropped; ``demand`` is always one.
@@ -267,7 +268,7 @@ def run_pack_experiment(
     return {
         "alloc_ratio": {k: statistics.fmean(r.ratios[k] for r in results) for k in labels},
         "alloc_ratio_per_seed": {k: [r.ratios[k] for r in results] for k in labels},
-        "unit": "percent",
+        "unit": "ratio",
         "strategy": strategy,
         "seeds": seeds,
         "demand": demand,
