@@ -272,3 +272,30 @@ def test_cli_db_upgrade_and_current(
     again = runner.invoke(cli_app, ["db", "upgrade"])
     assert "already current" in again.output
     assert "current" in runner.invoke(cli_app, ["db", "current"]).output
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [
+        (["server"], "SHAMAL_PORT", "abc"),
+        (["db", "upgrade"], "SHAMAL_SCHEDULER__TICK_S", "-1"),
+    ],
+)
+def test_invalid_settings_are_one_clear_line_that_keeps_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], variable: str, value: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from shamal.cli import app
+
+    monkeypatch.setenv("SHAMAL_HOME", str(tmp_path))
+    monkeypatch.setenv("SHAMAL_DATABASE_URL", "postgresql+psycopg://u:hunter2@127.0.0.1:1/db")
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert f"invalid settings: {variable}:" in said
+    assert "SHAMAL_* environment variables" in said
+    assert "hunter2" not in said
+    assert "Traceback" not in said
+    assert result.exception is None or isinstance(result.exception, SystemExit)

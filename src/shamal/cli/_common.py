@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -73,13 +74,38 @@ def client() -> ShamalClient:
     return opened
 
 
+SETTINGS_HINT = (
+    "settings come from SHAMAL_* environment variables and command options; the README's "
+    "'Running it for a team' lists them"
+)
+
+
+def explain_invalid(exc: ValidationError) -> str:
+    """A pydantic error in one line, naming each field (as its ``SHAMAL_*`` variable for the
+    platform's settings) but never echoing the value given, which may be a secret."""
+    settings = exc.title == "Settings"
+    said = []
+    for error in exc.errors()[:5]:
+        path = [str(part) for part in error["loc"]]
+        name = "SHAMAL_" + "__".join(path).upper() if settings else ".".join(path)
+        said.append(f"{name}: {error['msg']}")
+    more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    what = "invalid settings" if settings else "invalid input"
+    return f"{what}: {'; '.join(said)}{more}"
+
+
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn Shamal errors into a one-line message, a hint and exit code 1."""
+    """Turn Shamal errors (and invalid settings) into a one-line message, a hint and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
+        except ValidationError as exc:
+            err_console.print(f"[bold red]error:[/] {escape(explain_invalid(exc))}")
+            if exc.title == "Settings":
+                err_console.print(f"[yellow]hint:[/] {SETTINGS_HINT}")
+            raise typer.Exit(1) from None
         except ShamalError as exc:
             # Messages quote names users chose: never read as markup.
             err_console.print(f"[bold red]error:[/] {escape(exc.message)} [dim]({exc.code})[/]")

@@ -7,9 +7,11 @@ import threading
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
+from rich.markup import escape
 from rich.panel import Panel
 
-from shamal.cli._common import console, err_console
+from shamal.cli._common import SETTINGS_HINT, console, err_console, explain_invalid
 from shamal.cli._quickstart import run_quickstart, wait_until_up
 from shamal.client import ShamalClient
 from shamal.config import Settings
@@ -82,6 +84,10 @@ def server(
                 _quickstart_in_background(settings, url)
 
         serve(settings, on_ready=on_ready)
+    except ValidationError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(explain_invalid(exc))}")
+        err_console.print(f"[yellow]hint:[/] {SETTINGS_HINT}")
+        raise typer.Exit(1) from None
     except ShamalError as exc:
         err_console.print(f"[bold red]error:[/] {exc.message}")
         raise typer.Exit(1) from None
