@@ -23,6 +23,7 @@ from typer.testing import CliRunner, Result
 
 from shamal.cli import app
 from shamal.client import ShamalClient
+from tests.jobs.test_scheduling import stop_all_jobs
 from tests.live import LiveServer
 from tests.polling import wait_for
 
@@ -87,10 +88,7 @@ def api(server: LiveServer) -> Iterator[ShamalClient]:
         try:
             yield client
         finally:
-            active = ["queued", "admitted", "running"]
-            for job in client.list_jobs(states=active, limit=1000):
-                client.cancel_job(job["id"])
-            wait_for(lambda: not client.list_jobs(states=active), "every job to stop", 30)
+            stop_all_jobs(client)
 
 
 @pytest.fixture

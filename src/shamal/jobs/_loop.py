@@ -147,7 +147,7 @@ class SchedulerLoop:
         self._usage: dict[str, float] = {}
         self._usage_at: float | None = None
         self._rates: dict[str, float] = {}
-        self._adopted_at = float("-inf")
+        self._adopted_at = self._beat_at = float("-inf")
         self.periodic: list[tuple[float, Callable[[], object]]] = []
         """Housekeeping other domains hand the loop: (every N seconds, task)."""
 
@@ -180,6 +180,7 @@ class SchedulerLoop:
     def recover(self) -> None:
         """Re-attach to this scheduler's jobs after a restart (see the module docstring)."""
         self._life.heartbeat()
+        self._beat_at = time.monotonic()
         self.learn_history()
         self.restore_usage()
         for job in self._life.mine():
@@ -216,9 +217,11 @@ class SchedulerLoop:
         return [job.id for job in adopted]
 
     def tick(self) -> None:
-        """One pass: beat, adopt orphans when it is time, reconcile, decide, apply."""
-        self._life.heartbeat()
+        """One pass: beat and adopt orphans when it is time, reconcile, decide, apply."""
         now_mono = time.monotonic()
+        if now_mono - self._beat_at >= self.lease_s / 5:  # a write a tick would be 1/s
+            self._beat_at = now_mono
+            self._life.heartbeat()
         if now_mono - self._adopted_at >= self.lease_s / 4:
             self._adopted_at = now_mono
             self.adopt_orphans()

@@ -7,6 +7,7 @@ MLflow client already speaks; this router only reads.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -154,23 +155,14 @@ class VersionDetailOut(VersionOut):
             {
                 **VersionOut.of(version).model_dump(),
                 "model": version.name,
-                "lineage": LineageOut(
-                    run_id=found.run_id,
-                    run_name=found.run_name,
-                    experiment_id=found.experiment_id,
-                    run_visible=found.run_visible,
-                    logged_model_id=version.model_id,
-                    datasets=[
-                        DatasetUseOut(
-                            name=d.name,
-                            digest=d.digest,
-                            source_type=d.source_type,
-                            source=d.source,
-                            context=d.context,
-                        )
-                        for d in found.datasets
-                    ],
-                ),
+                "lineage": {
+                    "run_id": found.run_id,
+                    "run_name": found.run_name,
+                    "experiment_id": found.experiment_id,
+                    "run_visible": found.run_visible,
+                    "logged_model_id": version.model_id,
+                    "datasets": [asdict(d) for d in found.datasets],
+                },
             }
         )
 
