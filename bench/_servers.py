@@ -177,6 +177,20 @@ def mlflow_server(home: Path, workers: int, backend_uri: str | None) -> ServerPr
     )
 
 
+def replay_server(home: Path, pages: Path) -> ServerProcess:
+    """``bench/_replay.py``: the recorded history pages in ``pages``, answered from memory."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    return ServerProcess(
+        name="replay",
+        argv=[sys.executable, str(REPO / "bench" / "_replay.py"), str(port), str(pages)],
+        env={},
+        log=home / "replay.log",
+        port=port,
+        ready_path="/health",
+    )
+
+
 def _venv_has(python: Path, code: str) -> bool:
     done = subprocess.run([str(python), "-c", code], capture_output=True, check=False)
     return done.returncode == 0

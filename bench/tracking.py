@@ -10,7 +10,9 @@ data, and prints both figures side by side with their ratio and the target for t
    over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
    first page, then one pass through every page. Target: >= 5x.
 3. ``get_metric_history`` of 100,000 points of one key on one run: median of full reads (the
-   client pages through them). Target: >= 5x.
+   client pages through them). Target: >= 5x. The same read is then timed against
+   ``bench/_replay.py`` answering each server's recorded pages from memory: what the client
+   itself costs, so MLflow's read over Shamal's replay is the best ratio any server could reach.
 4. 8 concurrent logger processes, each with its own run in one experiment, each logging
    50 x ``log_batch`` of 100 metrics and 20 ``log_metric``: total metrics/s. Target: >= 5x.
 
@@ -64,6 +66,8 @@ TS0 = 1_700_000_000_000  # a fixed epoch (ms) so both servers store identical po
 SEARCH_FILTER = "metrics.acc > 0.5"
 SEARCH_ORDER = ["metrics.acc DESC"]
 HISTORY_PAGE = 25_000  # the page size MlflowClient.get_metric_history asks for
+# Rows whose two figures come from different measures: (Shamal's, MLflow's).
+CROSS_ROWS = {"history_ceiling": ("history_floor", "history")}
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,20 @@ def measures(sizes: Sizes) -> list[Measure]:
         ),
         Measure("history_http", "  same reads, HTTP only (no client parsing)", "s", False, None),
         Measure(
+            "history_floor",
+            "  same reads, its answers replayed from memory (client's own work)",
+            "s",
+            False,
+            None,
+        ),
+        Measure(
+            "history_ceiling",
+            "  best ratio any server can reach: MLflow's read / Shamal's replay",
+            "s",
+            False,
+            None,
+        ),
+        Measure(
             "concurrent",
             f"{sizes.loggers} concurrent loggers, {sizes.logger_batches} x log_batch("
             f"{sizes.logger_batch_size}) + {sizes.logger_singles} log_metric each",
@@ -227,16 +245,31 @@ class RawApi:
         return len(self._ok(self.http.post("/runs/search", json=body)).get("runs", []))
 
     def history(self, run_id: str, key: str) -> int:
-        points, token = 0, None
+        return sum(len(body.get("metrics", [])) for _, _, body in self._history_pages(run_id, key))
+
+    def record_history(self, run_id: str, key: str, folder: Path) -> None:
+        """Write every page of a history read as sent, for :mod:`_replay` (``index.json`` maps
+        each page's token, "" for the first, to its file)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        index = {}
+        for number, (token, raw, _) in enumerate(self._history_pages(run_id, key)):
+            name = f"page-{number}.json"
+            (folder / name).write_bytes(raw)
+            index[token] = name
+        (folder / "index.json").write_text(json.dumps(index))
+
+    def _history_pages(self, run_id: str, key: str) -> Iterable[tuple[str, bytes, dict[str, Any]]]:
+        token = ""
         while True:
             params = {"run_id": run_id, "metric_key": key, "max_results": HISTORY_PAGE}
             if token:
                 params["page_token"] = token
-            body = self._ok(self.http.get("/metrics/get-history", params=params))
-            points += len(body.get("metrics", []))
-            token = body.get("next_page_token")
+            response = self.http.get("/metrics/get-history", params=params)
+            body = self._ok(response)
+            yield token, response.content, body
+            token = body.get("next_page_token") or ""
             if not token:
-                return points
+                return
 
     @staticmethod
     def _ok(response: httpx.Response) -> dict[str, Any]:
@@ -413,6 +446,26 @@ def bench_history(bench: Bench) -> None:
     figures["history_http"], _ = _median_of(
         sizes.history_reads, lambda: bench.raw.history(run_id, "loss")
     )
+    figures["history_floor"] = _replayed_history(bench, run_id)
+
+
+def _replayed_history(bench: Bench, run_id: str) -> float:
+    """Median seconds of the same client read against :mod:`_replay` serving this server's
+    own answers from memory: the client's part of the read, the least any server can reach."""
+    folder = bench.server.log.parent / "history-pages"
+    bench.raw.record_history(run_id, "loss", folder)
+    replay = _servers.replay_server(folder.parent, folder)
+    replay.start(deadline_s=30.0)
+    try:
+        client = MlflowClient(tracking_uri=replay.url)
+        seconds, points = _median_of(
+            bench.sizes.history_reads, lambda: client.get_metric_history(run_id, "loss")
+        )
+    finally:
+        replay.stop()
+    if len(points) != bench.sizes.history_points:
+        raise RuntimeError(f"the replayed read gave {len(points)} points")
+    return seconds
 
 
 # ---------------------------------------------------------------------- concurrent loggers
@@ -575,14 +628,18 @@ def report_rows(
         "search_all": "search",
         "seed_search": "search",
         "history_http": "history",
+        "history_floor": "history",
+        "history_ceiling": "history",
         "seed_history": "history",
     }
     rows = []
     for measure in measures(sizes):
         if workload_of.get(measure.key, measure.key) not in only:
             continue
-        shamal = results["Shamal"].figures.get(measure.key)
-        mlflow = results["MLflow"].figures.get(measure.key)
+        # The ceiling row sets MLflow's whole read against Shamal's replayed one.
+        shamal_key, mlflow_key = CROSS_ROWS.get(measure.key, (measure.key, measure.key))
+        shamal = results["Shamal"].figures.get(shamal_key)
+        mlflow = results["MLflow"].figures.get(mlflow_key)
         ratio = _ratio(measure, shamal, mlflow)
         wrong = {
             name: r.wrong[measure.key] for name, r in results.items() if measure.key in r.wrong
