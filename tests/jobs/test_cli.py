@@ -39,13 +39,13 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     ],
 )
 def test_memory_sizes_binary_decimal_and_bare(text: str, mib: int) -> None:
-    assert parse_memory_mib(text) == mib
+    assert parse_memory_mib(text, "--memory") == mib
 
 
 @pytest.mark.parametrize("text", ["0", "0GiB", "0.0Mi", "lots", "-1", "4Gx", ""])
 def test_memory_sizes_that_are_refused(text: str) -> None:
     with pytest.raises(InvalidParameter, match="--memory"):
-        parse_memory_mib(text)
+        parse_memory_mib(text, "--memory")
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_memory_sizes_that_are_refused(text: str) -> None:
     ],
 )
 def test_durations_in_the_forms_people_write(text: str, seconds: float) -> None:
-    assert parse_duration_s(text) == seconds
+    assert parse_duration_s(text, "--time-limit") == seconds
 
 
 @pytest.mark.parametrize("text", ["forever", "", "h", "1h30", "2hh", "1x", "2h-"])

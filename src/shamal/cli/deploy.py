@@ -131,7 +131,10 @@ def deploy(
     spec: dict[str, Any] = {
         "primary": primary,
         "shadows": [parse_shadow(s) for s in shadow or ()],
-        "rollout": {"steps": parse_steps(steps), "interval_s": parse_duration_s(interval)},
+        "rollout": {
+            "steps": parse_steps(steps),
+            "interval_s": parse_duration_s(interval, "--interval"),
+        },
         "slo": {
             "max_error_rate": slo_error_rate,
             "max_p99_ms": slo_p99_ms,

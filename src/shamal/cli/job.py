@@ -47,9 +47,14 @@ _DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
 DURATION_EXAMPLES = "90s, 30min, 2h, 1h30m or 7d (a bare number is seconds)"
 
 
-def parse_memory_mib(text: str, option: str = "--memory") -> int:
+def parse_memory_mib(text: str, option: str) -> int:
     """A memory size -> whole MiB (rounded up): '4GiB', '4Gi', '512Mi', '4G' and '4GB'
     (decimal), '1536' (MiB). Units are case-insensitive.
+
+    Args:
+        text: what the user typed.
+        option: the flag it came from (``--memory``), named in every error so the user
+            knows which option to correct.
 
     Raises:
         InvalidParameter: not a size, or less than 1 MiB.
@@ -71,8 +76,13 @@ def parse_memory_mib(text: str, option: str = "--memory") -> int:
     return math.ceil(mib - 1e-9)
 
 
-def parse_duration_s(text: str, option: str | None = None) -> float:
+def parse_duration_s(text: str, option: str) -> float:
     """'90s', '30min', '2h', '2 H', '1h30m', '7d' or plain seconds -> seconds.
+
+    Args:
+        text: what the user typed.
+        option: the flag it came from (``--time-limit``, ``--interval``), named in every
+            error so the user knows which option to correct.
 
     Raises:
         InvalidParameter: anything else (the message gives examples).
@@ -89,8 +99,7 @@ def parse_duration_s(text: str, option: str | None = None) -> float:
         position = part.end()
     if 0 < position == len(cleaned):
         return total
-    what = f"{option} takes" if option else "expected"
-    raise InvalidParameter(f"{what} a duration such as {DURATION_EXAMPLES}, not {text!r}")
+    raise InvalidParameter(f"{option} takes a duration such as {DURATION_EXAMPLES}, not {text!r}")
 
 
 def _why(job: dict[str, Any]) -> str:
@@ -190,7 +199,7 @@ def submit(
     Example: shamal job submit --team vision --gpus 1 --time-limit 2h -- python train.py
     """
     variables = _environment(env or [])
-    memory_mib = parse_memory_mib(memory)
+    memory_mib = parse_memory_mib(memory, "--memory")
     time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
     if mig is not None:
         check_mig_profile(mig)
@@ -374,7 +383,7 @@ def _since(text: str) -> datetime:
     else:
         return start if start.tzinfo else start.replace(tzinfo=UTC)
     try:
-        seconds = parse_duration_s(text)
+        seconds = parse_duration_s(text, "--since")
     except InvalidParameter:
         raise InvalidParameter(
             f"--since takes a duration such as 7d, 24h or 90min, or an ISO date such as "

@@ -94,8 +94,8 @@ def tune(
     options = TuneOptions(
         study=study, command=command, trials=trials, parallel=parallel, team=team,
         direction=direction, sampler=sampler, pruner=pruner, seed=seed, workdir=workdir,
-        job={"cpus": cpus, "memory_mib": parse_memory_mib(memory), "gpus": gpus,
-             "time_limit_s": parse_duration_s(time_limit) if time_limit else None,
+        job={"cpus": cpus, "memory_mib": parse_memory_mib(memory, "--memory"), "gpus": gpus,
+             "time_limit_s": parse_duration_s(time_limit, "--time-limit") if time_limit else None,
              "priority": priority},
         env=_env(env), poll_s=poll,
     )  # fmt: skip

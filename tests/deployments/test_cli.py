@@ -1,0 +1,37 @@
+"""`shamal deploy` as users type it: what the CLI refuses before it asks the server."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from shamal.cli import app
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    # Nothing listens here: every refusal below must come before a request.
+    monkeypatch.setenv("SHAMAL_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("SHAMAL_TOKEN", "not-used")
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--interval", "forever"], "--interval takes a duration such as 90s, 30min, 2h"),
+        (["--interval", "5mm"], "--interval takes a duration such as 90s, 30min, 2h"),
+        (["--steps", "10,x"], "--steps takes percentages such as 10,25,50,100"),
+        (["--weights", "models:/m/1"], "--weights takes URI=WEIGHT,URI=WEIGHT"),
+    ],
+)
+def test_deploy_names_the_option_whose_value_is_refused(
+    cli: CliRunner, options: list[str], message: str
+) -> None:
+    primary = [] if "--weights" in options else ["--model", "models:/m/1"]
+    result = cli.invoke(app, ["deploy", "d", *primary, *options])
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
