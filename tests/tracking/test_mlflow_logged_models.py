@@ -9,6 +9,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModel, Metric
+from mlflow.exceptions import MlflowException
 
 from tests.live import LiveServer
 
@@ -134,3 +135,83 @@ def test_logged_model_search_page_sizes_match_stock(mlflow_env: LiveServer) -> N
         url, headers=headers, json={"experiment_ids": [exp_id], "max_results": -1}
     )
     assert (negative.status_code, negative.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+
+
+def test_logged_model_search_by_datasets(mlflow_env: LiveServer) -> None:
+    """``datasets`` narrows a logged-model search as on a stock server: metric clauses count
+    only the points logged against one of the datasets (by name, and digest when given), and
+    without metric clauses a model needs some metric logged against one of them."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("lm-datasets"))
+    run_id = client.create_run(exp_id).info.run_id
+    plan: list[list[tuple[str, float, str | None, str | None]]] = [
+        [("acc", 0.9, "dA", "dgA")],
+        [("acc", 0.5, "dA", "dgB")],
+        [("acc", 0.7, "dB", "dgB")],
+        [("acc", 0.3, None, None)],
+        [("loss", 0.1, "dA", "dgA")],
+        [("acc", 0.4, "dA", "dgA"), ("acc", 0.95, "dB", "dgB")],
+        [],
+    ]
+    ids: list[str] = []
+    for i, points in enumerate(plan):
+        model_id = client.create_logged_model(exp_id, name=f"m{i}").model_id
+        metrics = [
+            Metric(k, v, 1000, 0, model_id=model_id, dataset_name=d, dataset_digest=g)
+            for k, v, d, g in points
+        ]
+        if metrics:
+            client.log_batch(run_id, metrics=metrics)
+        ids.append(model_id)
+
+    def found(**kwargs: object) -> set[int]:
+        models = client.search_logged_models(experiment_ids=[exp_id], **kwargs)  # type: ignore[arg-type]
+        return {ids.index(m.model_id) for m in models}
+
+    assert found() == set(range(7))
+    a_digest_a = {"dataset_name": "dA", "dataset_digest": "dgA"}
+    assert found(datasets=[a_digest_a]) == {0, 4, 5}
+    assert found(datasets=[{"dataset_name": "dA", "dataset_digest": "dgB"}]) == {1}
+    # No digest: any digest of the dataset (the client's documented meaning).
+    assert found(datasets=[{"dataset_name": "dA"}]) == {0, 1, 4, 5}
+    assert found(datasets=[a_digest_a, {"dataset_name": "dB", "dataset_digest": "dgB"}]) == {
+        0, 2, 4, 5,
+    }  # fmt: skip
+    assert found(datasets=[{"dataset_name": "nowhere"}]) == set()
+    # With a metric clause only the points on the datasets count: model 5 has acc 0.95
+    # on dB, but 0.4 on dA.
+    assert found(filter_string="metrics.acc > 0.6") == {0, 2, 5}
+    assert found(filter_string="metrics.acc > 0.6", datasets=[a_digest_a]) == {0}
+    assert found(filter_string="metrics.acc > 0.6", datasets=[{"dataset_name": "dB"}]) == {2, 5}
+    assert found(filter_string="metrics.acc < 0.6", datasets=[{"dataset_name": "dA"}]) == {1, 5}
+    # Pages follow the same search.
+    paged: list[str] = []
+    token = None
+    while True:
+        page = client.search_logged_models(
+            experiment_ids=[exp_id], datasets=[a_digest_a], max_results=1, page_token=token
+        )
+        paged += [m.model_id for m in page]
+        token = page.token
+        if not token:
+            break
+    assert paged == [ids[5], ids[4], ids[0]]
+    # A dataset without a name, and malformed items, are a clean 400 as on a stock server.
+    with pytest.raises(MlflowException) as no_name:
+        client.search_logged_models(experiment_ids=[exp_id], datasets=[{"dataset_name": ""}])
+    assert no_name.value.error_code == "INVALID_PARAMETER_VALUE"
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    url = f"{mlflow_env.url}/api/2.0/mlflow/logged-models/search"
+    for bad in (
+        {"dataset_name": "dA"},
+        ["dA"],
+        [{"dataset_digest": "dgA"}],
+        [{"dataset_name": 5}],
+        [{"dataset_name": "dA", "dataset_digest": ["x"]}],
+        [{"dataset_name": "d\x00A"}],
+        [{"dataset_name": "x" * 10_000}],
+        [{"dataset_name": "dA"}] * 101,
+    ):
+        r = httpx.post(url, headers=headers, json={"experiment_ids": [exp_id], "datasets": bad})
+        assert (r.status_code, r.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE"), bad
+        assert "Traceback" not in r.text

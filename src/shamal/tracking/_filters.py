@@ -52,6 +52,7 @@ __all__ = [
     "REGISTERED_MODELS",
     "RUNS",
     "Comparison",
+    "DatasetFilter",
     "Entity",
     "Grammar",
     "Op",
@@ -59,6 +60,7 @@ __all__ = [
     "Rule",
     "decode_page_token",
     "encode_page_token",
+    "parse_dataset_filters",
     "parse_filter",
     "parse_order_by",
     "parse_order_by_objects",
@@ -81,6 +83,7 @@ MAX_KEY_LENGTH: Final = 250
 MAX_ORDER_BY_ITEMS: Final = 20
 MAX_ORDER_BY_ITEM_LENGTH: Final = 1_000
 MAX_DATASET_FIELD_LENGTH: Final = 500
+MAX_DATASET_FILTERS: Final = 100
 MAX_PAGE_OFFSET: Final = 2**31 - 1
 MAX_PAGE_TOKEN_LENGTH: Final = 200
 
@@ -145,6 +148,17 @@ class OrderBy:
     ascending: bool
     dataset_name: str | None = None
     dataset_digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetFilter:
+    """One item of a logged-model search's ``datasets``: metrics logged against this dataset.
+
+    ``digest`` None means any digest of the named dataset.
+    """
+
+    name: str
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -749,6 +763,51 @@ def parse_order_by_objects(items: Sequence[object] | None, grammar: Grammar) -> 
     except InvalidParameter as exc:
         logger.debug("%s order_by refused: %s", grammar.name, exc.message)
         raise
+
+
+def _dataset_text(value: object, field: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_DATASET_FIELD_LENGTH
+        or _unsafe_char(value, controls=True)
+    ):
+        raise _error(
+            "datasets", f"{field} must be text of at most {MAX_DATASET_FIELD_LENGTH} characters"
+        )
+    return value
+
+
+def _dataset_filter(item: object) -> DatasetFilter:
+    name = (
+        _dataset_text(item.get("dataset_name"), "dataset_name")
+        if isinstance(item, Mapping)
+        else None
+    )
+    if name is None or not isinstance(item, Mapping):
+        # The stock server's words for the same refusal.
+        raise InvalidParameter("`dataset_name` in the `datasets` clause must be specified.")
+    return DatasetFilter(name, _dataset_text(item.get("dataset_digest"), "dataset_digest"))
+
+
+def parse_dataset_filters(items: object) -> list[DatasetFilter]:
+    """Parse the ``datasets`` of a logged-model search, as the MLflow client sends them::
+
+        [{"dataset_name": "eval", "dataset_digest": "3f2a"}, {"dataset_name": "test"}]
+
+    ``dataset_name`` is required; ``dataset_digest`` is optional (absent or empty: any
+    digest of that dataset). None or an empty list means no dataset filter.
+
+    Raises:
+        InvalidParameter: not a list, more than ``MAX_DATASET_FILTERS`` items, an item
+            without a ``dataset_name``, a field that is not short text.
+    """
+    if items is None:
+        return []
+    if not isinstance(items, list) or len(items) > MAX_DATASET_FILTERS:
+        raise _error("datasets", f"give a list of at most {MAX_DATASET_FILTERS} objects")
+    return [_dataset_filter(item) for item in items]
 
 
 def encode_page_token(offset: int) -> str:

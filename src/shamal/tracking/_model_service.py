@@ -15,6 +15,7 @@ from shamal.tracking._entities import LOGGED_MODEL_STATUSES, LoggedModel, Logged
 from shamal.tracking._filters import (
     LOGGED_MODELS,
     decode_page_token,
+    parse_dataset_filters,
     parse_filter,
     parse_order_by_objects,
 )
@@ -106,6 +107,7 @@ class LoggedModelService:
         order_by: Sequence[object],
         max_results: int,
         page_token: str | None,
+        datasets: object = None,
         unknown_experiments: UnknownExperiments = "error",
     ) -> Page[LoggedModel]:
         """One page of the logged models of the experiments that match the filter.
@@ -115,9 +117,14 @@ class LoggedModelService:
                 "dataset_digest"}``, as the MLflow client sends them
                 (see :func:`~shamal.tracking._filters.parse_order_by_objects`).
             max_results: the page size, 1 to ``MAX_LOGGED_MODEL_RESULTS``.
+            datasets: ``[{"dataset_name", "dataset_digest"}]`` as the MLflow client sends
+                them: metric clauses count only the points logged against one of these
+                datasets, and without metric clauses a model needs a metric logged
+                against one (see :func:`~shamal.tracking._filters.parse_dataset_filters`).
 
         Raises:
-            InvalidParameter: a bad page size, filter, order, page token or experiment id.
+            InvalidParameter: a bad page size, filter, datasets, order, page token or
+                experiment id.
             NotFound: see :meth:`TrackingService.searched_experiment_ids`.
         """
         check_page_size(max_results, MAX_LOGGED_MODEL_RESULTS)
@@ -126,6 +133,7 @@ class LoggedModelService:
             ids,
             parse_filter(filter_string, LOGGED_MODELS),
             parse_order_by_objects(order_by, LOGGED_MODELS),
+            parse_dataset_filters(datasets),
         )
         offset = decode_page_token(page_token)
         with self._db.unit_of_work(write=False) as s:

@@ -46,6 +46,7 @@ from sqlalchemy import (
     literal,
     not_,
     null,
+    or_,
     select,
     true,
 )
@@ -72,7 +73,7 @@ from shamal.db.models import (
     RunTagRow,
 )
 from shamal.errors import InvalidParameter
-from shamal.tracking._filters import NULL_OPS, Comparison, Op, OrderBy
+from shamal.tracking._filters import NULL_OPS, Comparison, DatasetFilter, Op, OrderBy
 
 __all__ = [
     "compare",
@@ -443,10 +444,31 @@ _MODEL_SORT_COLUMNS: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
 }
 
 
-def _logged_model_condition(c: Comparison) -> ColumnElement[bool]:
+def _on_datasets(datasets: Sequence[DatasetFilter]) -> ColumnElement[bool]:
+    """The metric point was logged against one of the datasets (by name, and digest if given)."""
+    return or_(
+        *(
+            and_(
+                MetricRow.dataset_name == literal(d.name, String()),
+                true()
+                if d.digest is None
+                else MetricRow.dataset_digest == literal(d.digest, String()),
+            )
+            for d in datasets
+        )
+    )
+
+
+def _logged_model_condition(
+    c: Comparison, datasets: Sequence[DatasetFilter]
+) -> ColumnElement[bool]:
     if c.entity == "metric":
-        # Any logged value of the key for this model (metrics rows carry model_id).
-        return _metric_matches(MetricRow, MetricRow.model_id == LoggedModelRow.model_id, c)
+        # Any logged value of the key for this model (metrics rows carry model_id), among
+        # the points of the searched datasets when the search names some.
+        owner = MetricRow.model_id == LoggedModelRow.model_id
+        if datasets:
+            owner = and_(owner, _on_datasets(datasets))
+        return _metric_matches(MetricRow, owner, c)
     if c.entity == "param":
         owner = LoggedModelParamRow.model_id == LoggedModelRow.model_id
         return _keyed_matches(LoggedModelParamRow, owner, c)
@@ -455,6 +477,14 @@ def _logged_model_condition(c: Comparison) -> ColumnElement[bool]:
         return _keyed_matches(LoggedModelTagRow, owner, c)
     col, numeric = _MODEL_ATTRIBUTES[c.key]
     return compare(col, c.op, c.value, numeric=numeric)
+
+
+def _has_metrics_on(datasets: Sequence[DatasetFilter]) -> ColumnElement[bool]:
+    return (
+        select(MetricRow.key)
+        .where(MetricRow.model_id == LoggedModelRow.model_id, _on_datasets(datasets))
+        .exists()
+    )
 
 
 def _latest_model_metric(item: OrderBy) -> ScalarSelect[Any]:
@@ -477,21 +507,30 @@ def _latest_model_metric(item: OrderBy) -> ScalarSelect[Any]:
 
 
 def logged_models_query(
-    experiment_ids: Sequence[int], filters: list[Comparison], order_by: list[OrderBy]
+    experiment_ids: Sequence[int],
+    filters: list[Comparison],
+    order_by: list[OrderBy],
+    datasets: Sequence[DatasetFilter] = (),
 ) -> Select[LoggedModelRow]:
     """The active logged models of the experiments that match every filter.
 
     A metric clause matches when any logged value of that key for the model (a
-    ``metrics`` row with its ``model_id``) satisfies it. A metric sort key sorts on the
+    ``metrics`` row with its ``model_id``) satisfies it. With ``datasets``, as on a stock
+    server, only the points logged against one of them count for the metric clauses, and
+    a search without metric clauses keeps the models with any metric logged against one
+    of them. A metric sort key sorts on the
     model's latest value of it (see :func:`_latest_model_metric`); models without one
     come last in both directions. As on a stock server, every order is followed by
     ``creation_timestamp DESC`` and ``model_id ASC`` (unless it sorts on them), so the
     default order is newest first.
     """
+    conditions = [_logged_model_condition(c, datasets) for c in filters]
+    if datasets and all(c.entity != "metric" for c in filters):
+        conditions.append(_has_metrics_on(datasets))
     stmt = select(LoggedModelRow).where(
         LoggedModelRow.experiment_id.in_([int(e) for e in experiment_ids]),
         LoggedModelRow.lifecycle_stage == literal("active", String()),
-        *(_logged_model_condition(c) for c in filters),
+        *conditions,
     )
     terms: list[UnaryExpression[Any]] = []
     for o in order_by:

@@ -373,6 +373,7 @@ def search_logged_models(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
         # As on a stock server, 0 is "not given".
         max_results=f.integer("max_results") or DEFAULT_LOGGED_MODEL_RESULTS,
         page_token=f.text("page_token"),
+        datasets=f.raw("datasets"),
         unknown_experiments="skip",
     )
     return proto_json(
