@@ -215,3 +215,42 @@ def test_logged_model_search_by_datasets(mlflow_env: LiveServer) -> None:
         r = httpx.post(url, headers=headers, json={"experiment_ids": [exp_id], "datasets": bad})
         assert (r.status_code, r.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE"), bad
         assert "Traceback" not in r.text
+
+
+def test_logged_model_filters_take_lists_and_every_string_column(mlflow_env: LiveServer) -> None:
+    """As on a stock server, params, tags and string attributes take IN / NOT IN lists,
+    and status_message and artifact_location are attributes a filter may name."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("lm-lists"))
+    ids = [
+        client.create_logged_model(
+            exp_id,
+            name=f"lm{i}",
+            params={"opt": "adam" if i % 2 else "sgd"},
+            tags={"t": f"v{i}"},
+            model_type="clf" if i < 2 else "reg",
+        ).model_id
+        for i in range(4)
+    ]
+
+    def found(filter_string: str) -> set[int]:
+        models = client.search_logged_models(experiment_ids=[exp_id], filter_string=filter_string)
+        return {ids.index(m.model_id) for m in models}
+
+    assert found("params.opt IN ('adam', 'other')") == {1, 3}
+    assert found("params.opt NOT IN ('adam')") == {0, 2}
+    assert found("tags.t IN ('v1', 'v2')") == {1, 2}
+    assert found("tags.t not in ('v1', 'v2')") == {0, 3}
+    assert found("name IN ('lm1', 'lm3') AND model_type = 'clf'") == {1}
+    assert found("model_type NOT IN ('clf')") == {2, 3}
+    assert found(f"model_id IN ('{ids[2]}')") == {2}
+    assert found("artifact_location LIKE '%/models/%/artifacts'") == {0, 1, 2, 3}
+    assert found(f"artifact_location = 'mlflow-artifacts:/{exp_id}/models/{ids[0]}/artifacts'") == {
+        0
+    }
+    assert found("status_message = 'x'") == set()
+    # Lists stay lists of quoted strings, and numbers stay numeric-only.
+    for bad in ("params.opt IN (1, 2)", "metrics.m IN ('1')", "creation_timestamp IN ('1')"):
+        with pytest.raises(MlflowException) as refused:
+            found(bad)
+        assert refused.value.error_code == "INVALID_PARAMETER_VALUE", bad

@@ -274,13 +274,15 @@ MODEL_VERSIONS: Final = _grammar(
 )
 LOGGED_MODELS: Final = _grammar(
     "logged_models",
-    {"metric": _NUMBER, "param": _STRING, "tag": _STRING},
+    {"metric": _NUMBER, "param": _STRING_OR_LIST, "tag": _STRING_OR_LIST},
     {
-        ("attribute", "name"): _STRING,
-        ("attribute", "model_id"): _STRING,
-        ("attribute", "model_type"): _STRING,
-        ("attribute", "status"): _STRING,
-        ("attribute", "source_run_id"): _STRING,
+        ("attribute", "name"): _STRING_OR_LIST,
+        ("attribute", "model_id"): _STRING_OR_LIST,
+        ("attribute", "model_type"): _STRING_OR_LIST,
+        ("attribute", "status"): _STRING_OR_LIST,
+        ("attribute", "source_run_id"): _STRING_OR_LIST,
+        ("attribute", "status_message"): _STRING_OR_LIST,
+        ("attribute", "artifact_location"): _STRING_OR_LIST,
         ("attribute", "creation_timestamp"): _NUMBER,
         ("attribute", "last_updated_timestamp"): _NUMBER,
     },

@@ -424,6 +424,8 @@ _MODEL_ATTRIBUTES: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
     "model_type": (LoggedModelRow.model_type, False),
     "status": (LoggedModelRow.status, False),
     "source_run_id": (LoggedModelRow.source_run_id, False),
+    "status_message": (LoggedModelRow.status_message, False),
+    "artifact_location": (LoggedModelRow.artifact_location, False),
     "creation_timestamp": (LoggedModelRow.creation_timestamp_ms, True),
     "last_updated_timestamp": (LoggedModelRow.last_updated_timestamp_ms, True),
 }
