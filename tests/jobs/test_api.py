@@ -5,13 +5,20 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from shamal import snapshot
+from shamal.errors import Conflict
+from shamal.jobs import JobLifecycle, JobState, effective_settings
+from shamal.jobs._entities import Job
+from shamal.jobs._service import JobService
+from shamal.security import AuditContext, utc_now
 from shamal.server._platform import Platform
+from tests.jobs.test_lifecycle import _run, _submit
 
 JOB = {"command": ["python", "-c", "print('hi')"], "cpus": 0.5, "memory_mib": 256}
 
@@ -179,3 +186,97 @@ def test_query_parameters_are_strict(api: TestClient) -> None:
     assert (twice.status_code, "only once" in twice.json()["message"]) == (400, True)
     many = api.get("/api/v1/jobs?state=queued&state=running")
     assert many.status_code == 200  # a list parameter may repeat
+
+
+def _running(platform: Platform, job_id: str) -> None:
+    """Admit and start a job as a scheduler would (no scheduler runs in these tests)."""
+    life = JobLifecycle(platform.db, platform.audit, "test-scheduler")
+    _run(life, life.get(job_id))
+
+
+def test_cancel_and_preempt_answer_what_the_job_waits_for_as_show_does(
+    api: TestClient, platform: Platform
+) -> None:
+    queued = api.post("/api/v1/jobs", json=JOB).json()
+    assert queued["waiting"] is not None  # a queued job waits for something
+    cancelled = api.post(f"/api/v1/jobs/{queued['id']}/cancel").json()
+    shown = api.get(f"/api/v1/jobs/{queued['id']}").json()
+    assert (cancelled["state"], cancelled["waiting"], shown["waiting"]) == ("cancelled", None, None)
+
+    job_id = api.post("/api/v1/jobs", json=JOB).json()["id"]
+    _running(platform, job_id)
+    stopping = api.post(f"/api/v1/jobs/{job_id}/cancel").json()
+    assert (stopping["state"], stopping["stop_request"], stopping["waiting"]) == (
+        "running",
+        "cancel",
+        None,
+    )
+
+    job_id = api.post("/api/v1/jobs", json=JOB).json()["id"]
+    _running(platform, job_id)
+    preempting = api.post(f"/api/v1/jobs/{job_id}/preempt")
+    assert preempting.status_code == 200, preempting.text
+    answer = preempting.json()
+    assert (answer["state"], answer["stop_request"], answer["waiting"]) == (
+        "running",
+        "preempt",
+        None,  # it still runs: its scheduler requeues it after the grace period
+    )
+    life = JobLifecycle(platform.db, platform.audit, "test-scheduler")
+    requeued = life.ended(life.get(job_id), JobState.PREEMPTED, reason="preempted by an admin")
+    assert requeued is not None
+    assert requeued.state is JobState.QUEUED
+    shown = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert shown["waiting"].startswith("waiting for")  # requeued: it waits again
+    again = api.post(f"/api/v1/jobs/{job_id}/preempt")
+    assert (again.status_code, again.json()["error_code"]) == (409, "INVALID_STATE")
+    assert "is queued: only running jobs preempt" in again.json()["message"]
+
+
+def test_a_preempt_racing_the_schedulers_requeue_never_cancels_the_job(
+    platform: Platform,
+) -> None:
+    """The scheduler requeues the job while an admin's preempt is in flight: here when the
+    service reads its clock, after it read the job (running) and before it writes."""
+    job_id = _submit(platform).id
+    _running(platform, job_id)
+    life = JobLifecycle(platform.db, platform.audit, "test-scheduler")
+    requeued: list[Job | None] = []
+
+    def clock() -> datetime:
+        if not requeued:
+            requeued.append(life.ended(life.get(job_id), JobState.PREEMPTED, reason="priority"))
+        return utc_now()
+
+    scheduler = platform.settings.scheduler
+    jobs = JobService(
+        platform.db,
+        platform.audit,
+        platform.security,
+        platform.artifacts,
+        effective_settings(scheduler),
+        platform.cluster.pools.values(),
+        clock,
+    )
+    admin = platform.security.authenticate(platform.admin_secret or "")
+    ctx = AuditContext(action="job.preempt", actor=admin.name, principal=admin)
+
+    def preempt() -> Job | Conflict:
+        try:
+            return jobs.preempt(ctx, job_id)
+        except Conflict as exc:
+            return exc
+
+    outcome = preempt()
+    job = life.get(job_id)
+    assert job.state is not JobState.CANCELLED
+    if isinstance(outcome, Conflict) or requeued:
+        # Requeued before the request landed: it waits in the queue, untouched.
+        assert "only running jobs preempt" in getattr(outcome, "message", "")
+        assert (job.state, job.stop_request, job.reason) == (
+            JobState.QUEUED,
+            None,
+            "requeued after preemption",
+        )
+    else:
+        assert (job.state, job.stop_request) == (JobState.RUNNING, "preempt")

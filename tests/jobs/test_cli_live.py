@@ -236,7 +236,9 @@ def test_the_job_and_cost_commands_with_the_flags_of_the_issue(
 
     assert "job" in run(shamal, "job", "cancel", shared["id"][:10]).stdout
     wait_for(lambda: in_state(api, shared["id"], "cancelled"), "the cancelled job to stop")
-    assert "preempting job" in run(shamal, "job", "preempt", job_id[:10]).stdout
+    preempting = " ".join(run(shamal, "job", "preempt", job_id[:10]).stdout.split())
+    assert "preempting job" in preempting
+    assert f"shamal job show {job_id[:12]}` then says what it waits for" in preempting
     wait_for(lambda: (marks / "running-whole-2").exists(), "the preempted job to run again")
     (marks / "go-whole").touch()
     finished = wait_for(lambda: in_state(api, job_id, "succeeded", "failed"), "the job to end")

@@ -346,27 +346,48 @@ def logs(
         time.sleep(interval)  # polling the server for more log, as `tail -f` does
 
 
+def _print_stop(job: dict[str, Any], what: str) -> None:
+    """What a cancel or preempt request did, and what the job waits for if it is queued."""
+    short = job["id"][:12]
+    if job["state"] == "cancelled":
+        console.print(f"cancelled job {short}")
+    elif what == "preempt":
+        console.print(
+            f"preempting job {short}: its scheduler stops it (SIGTERM, then the grace period) "
+            f"and puts it back in the queue; `shamal job show {short}` then says what it waits for"
+        )
+    else:
+        console.print(f"stopping job {short} (it is {job['state']})")
+    if job["state"] == "queued" and job.get("waiting"):
+        console.print(Text(job["waiting"], style="dim"))
+
+
 @app.command("cancel")
 @handle_errors
 def cancel(
     job_id: Annotated[str, typer.Argument(help="Job id (or its first 6+ characters).")],
+    as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job: at once if queued; a running job is stopped by its scheduler."""
     job = client().cancel_job(job_id)
-    if job["state"] == "cancelled":
-        console.print(f"cancelled job {job['id'][:12]}")
-    else:
-        console.print(f"stopping job {job['id'][:12]} (it is {job['state']})")
+    if as_json:
+        console.print_json(data=job)
+        return
+    _print_stop(job, "cancel")
 
 
 @app.command("preempt")
 @handle_errors
 def preempt(
     job_id: Annotated[str, typer.Argument(help="Job id (or its first 6+ characters).")],
+    as_json: bool = JsonOption,
 ) -> None:
     """(Admins) Preempt a running job: SIGTERM, grace period, SIGKILL, then requeue."""
     job = client().preempt_job(job_id)
-    console.print(f"preempting job {job['id'][:12]}; it goes back to the queue")
+    if as_json:
+        console.print_json(data=job)
+        return
+    _print_stop(job, "preempt")
 
 
 NO_TEAM = "(no team)"

@@ -313,48 +313,69 @@ class JobService:
 
     # ------------------------------------------------------------------ stop
     def cancel(self, ctx: AuditContext, job_id: str) -> Job:
-        """Cancel: at once when queued; a running job is stopped by its scheduler."""
+        """Cancel: at once when queued; a running job is stopped by its scheduler.
+
+        Returns:
+            The job: cancelled, or still admitted/running with ``stop_request="cancel"``.
+
+        Raises:
+            Conflict: the job has already ended.
+        """
         principal = ctx.require_principal()
         job = self.get(principal, job_id)
         if not principal.user.is_admin:
             principal.require_team_role(job.team, Role.MEMBER)
-        return self._stop(ctx, job, "cancel")
-
-    def preempt(self, ctx: AuditContext, job_id: str) -> Job:
-        """Push a running job through the preemption path (admins only)."""
-        principal = ctx.require_principal()
-        principal.require_admin()
-        job = self.get(principal, job_id)
-        if job.state not in (JobState.ADMITTED, JobState.RUNNING):
-            raise Conflict(f"job {job.id[:12]} is {job.state.value}: only running jobs preempt")
-        return self._stop(ctx, job, "preempt")
-
-    def _stop(self, ctx: AuditContext, job: Job, what: str) -> Job:
         now = self._clock()
 
         def work(s: Session) -> Job:
-            done = _store.transition(
-                s,
-                job.id,
-                JobState.QUEUED,
-                JobState.CANCELLED,
-                at=now,
-                actor=ctx.actor,
-                reason=f"cancelled by {ctx.actor}",
-                finished_at=now,
-            )
-            if done is None or what != "cancel":
+            # Two rounds: a running job may go back to the queue between the two
+            # statements (preempted, or retried), and must then be cancelled there.
+            for _ in range(2):
+                done = _store.transition(
+                    s,
+                    job.id,
+                    JobState.QUEUED,
+                    JobState.CANCELLED,
+                    at=now,
+                    actor=ctx.actor,
+                    reason=f"cancelled by {ctx.actor}",
+                    finished_at=now,
+                )
+                if done is None and _store.request_stop(s, job.id, "cancel"):
+                    done = _store.get_job(s, job.id)
+                if done is not None:
+                    self._audit.record(s, ctx, f"job:{job.id}", request="cancel")
+                    return done
+            current = _store.get_job(s, job.id)
+            raise Conflict(f"job {job.id[:12]} is {current.state.value}: nothing to cancel")
+
+        return self._db.run(work)
+
+    def preempt(self, ctx: AuditContext, job_id: str) -> Job:
+        """Push a running job through the preemption path (admins only): its scheduler
+        sends SIGTERM, waits the grace period, and puts the job back in the queue.
+
+        Returns:
+            The job, still admitted or running, with ``stop_request="preempt"``.
+
+        Raises:
+            Conflict: the job is not admitted or running when the request lands (a job
+                that is queued, even one just requeued, is never touched).
+        """
+        principal = ctx.require_principal()
+        principal.require_admin()
+        job = self.get(principal, job_id)
+
+        def work(s: Session) -> Job:
+            # One conditional UPDATE: a job the scheduler requeued (or ended) since it was
+            # read above is left as it is, never cancelled or flagged in the queue.
+            if not _store.request_stop(s, job.id, "preempt"):
                 current = _store.get_job(s, job.id)
-                if current.state not in (JobState.ADMITTED, JobState.RUNNING):
-                    if what == "cancel" and done is None:
-                        raise Conflict(
-                            f"job {job.id[:12]} is {current.state.value}: nothing to cancel"
-                        )
-                else:
-                    _store.set_fields(s, job.id, stop_request=what)
-                done = _store.get_job(s, job.id)
-            self._audit.record(s, ctx, f"job:{job.id}", request=what)
-            return done
+                raise Conflict(
+                    f"job {job.id[:12]} is {current.state.value}: only running jobs preempt"
+                )
+            self._audit.record(s, ctx, f"job:{job.id}", request="preempt")
+            return _store.get_job(s, job.id)
 
         return self._db.run(work)
 

@@ -235,6 +235,22 @@ def set_fields(s: Session, job_id: str, **changes: Any) -> None:
     )
 
 
+def request_stop(s: Session, job_id: str, what: str) -> bool:
+    """Ask the job's scheduler to stop it (``cancel`` or ``preempt``) if it is admitted or
+    running at this UPDATE; False if it is not (it ended, or went back to the queue)."""
+    result = s.execute(
+        update(JobRow)
+        .where(
+            JobRow.id == job_id,
+            JobRow.state.in_((JobState.ADMITTED.value, JobState.RUNNING.value)),
+        )
+        .values(stop_request=what)
+        .returning(JobRow.id)
+        .execution_options(synchronize_session=False)
+    ).first()
+    return result is not None
+
+
 def events(s: Session, job_id: str) -> list[JobEvent]:
     rows = s.scalars(
         select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)

@@ -174,7 +174,9 @@ class JobOut(_Model):
     )
 
     @classmethod
-    def of(cls, job: Job, waiting: str | None = None) -> JobOut:
+    def of(cls, job: Job, waiting: str | None) -> JobOut:
+        """``job`` as answered; ``waiting`` as :meth:`JobService.waiting` says (endpoints
+        use :meth:`one` or :meth:`each`, which ask it, so every answer fills it alike)."""
         return cls(
             id=job.id,
             name=job.name,
@@ -209,6 +211,11 @@ class JobOut(_Model):
             predicted_s=job.predicted_s,
             waiting=waiting,
         )
+
+    @classmethod
+    def one(cls, job: Job, svc: JobService) -> JobOut:
+        """A job as answered, with what it waits for if it is queued."""
+        return cls.each([job], svc)[0]
 
     @classmethod
     def each(cls, jobs: list[Job], svc: JobService) -> list[JobOut]:
@@ -299,7 +306,7 @@ async def put_snapshot(
 def submit_job(
     body: JobIn, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.submit"))]
 ) -> JobOut:
-    return JobOut.each([svc.submit(ctx, body.spec())], svc)[0]
+    return JobOut.one(svc.submit(ctx, body.spec()), svc)
 
 
 @router.get("/jobs", summary="Jobs you can see, newest first")
@@ -317,7 +324,7 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", summary="One job (its id or a unique prefix of 6+ characters)")
 def get_job(job_id: JobId, svc: Jobs, principal: CurrentPrincipal) -> JobOut:
-    return JobOut.each([svc.get(principal, job_id)], svc)[0]
+    return JobOut.one(svc.get(principal, job_id), svc)
 
 
 @router.get("/jobs/{job_id}/events", summary="Every state transition of a job, oldest first")
@@ -354,14 +361,14 @@ def job_logs(
 def cancel_job(
     job_id: JobId, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.cancel"))]
 ) -> JobOut:
-    return JobOut.of(svc.cancel(ctx, job_id))
+    return JobOut.one(svc.cancel(ctx, job_id), svc)
 
 
 @router.post("/jobs/{job_id}/preempt", summary="Preempt a running job and requeue it (admin)")
 def preempt_job(
     job_id: JobId, svc: Jobs, ctx: Annotated[AuditContext, Depends(audited("job.preempt"))]
 ) -> JobOut:
-    return JobOut.of(svc.preempt(ctx, job_id))
+    return JobOut.one(svc.preempt(ctx, job_id), svc)
 
 
 class PredictorOut(_Model):
