@@ -130,7 +130,7 @@ def test_every_endpoint_under_both_prefixes(client: TestClient, prefix: str) -> 
     every = call("GET", "registered-models/get-latest-versions", params={"name": name})
     assert sorted(v["version"] for v in every["model_versions"]) == ["1", "2"]
     found = call("GET", "model-versions/search", params={"filter": f"name = '{name}'"})
-    assert [v["version"] for v in found["model_versions"]] == ["2", "1"]
+    assert sorted(v["version"] for v in found["model_versions"]) == ["1", "2"]
     call("POST", "registered-models/set-tag", json={"name": name, "key": "t", "value": "1"})
     call("DELETE", "registered-models/delete-tag", json={"name": name, "key": "t"})
     call("POST", "registered-models/alias", json={"name": name, "alias": "a", "version": "2"})

@@ -429,15 +429,30 @@ def test_search_filters_orders_pages_and_visibility(
     assert [m.name for m in registry.list_registered_models(otto, search="%")] == []
 
 
-def test_search_model_versions(registry: RegistryService, people: People) -> None:
+def test_search_model_versions(
+    platform: Platform, people: People, sources: ArtifactSources
+) -> None:
+    registry = RegistryService(platform.db, platform.audit, sources, SteppingClock())
     ctx = people.ctx("admin")
     admin = people.principals["admin"]
     for name in ("a", "b"):
         registry.create_registered_model(ctx, name)
         for _ in range(3):
             registry.create_model_version(ctx, name, SRC, run_id="r" + name)
+    # As on a stock server: by default the version changed last comes first ...
+    registry.update_model_version(ctx, "a", 2, description="touched")
     every = registry.search_model_versions(admin)
     assert [(v.name, v.version) for v in every.items] == [
+        ("a", 2),
+        ("b", 3),
+        ("b", 2),
+        ("b", 1),
+        ("a", 3),
+        ("a", 1),
+    ]
+    # ... and any order ends with name ASC, version DESC.
+    by_name = registry.search_model_versions(admin, order_by=["name"])
+    assert [(v.name, v.version) for v in by_name.items] == [
         ("a", 3),
         ("a", 2),
         ("a", 1),

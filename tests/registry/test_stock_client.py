@@ -221,8 +221,13 @@ def test_versions_create_get_search_update_tags_stages_delete(
     found = client.search_model_versions(f"name = '{name}'", order_by=["version_number ASC"])
     assert [v.version for v in found] == ["1", "2", "3"]
     page = client.search_model_versions(f"name = '{name}'", max_results=2)
-    assert [v.version for v in page] == ["3", "2"]
+    # As on a stock server, the version changed last comes first (version 1, described
+    # above), then by version, newest first.
+    assert [v.version for v in page] == ["1", "3"]
     assert page.token
+    rest = client.search_model_versions(f"name = '{name}'", max_results=2, page_token=page.token)
+    assert [v.version for v in rest] == ["2"]
+    assert not rest.token
     by_run = client.search_model_versions(f"run_id = '{run_id}' AND name = '{name}'")
     assert len(by_run) == 3
     for version, archive in (("1", False), ("2", True)):

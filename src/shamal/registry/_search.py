@@ -93,16 +93,18 @@ def model_versions_query(
     """The model versions that match every filter, joined to their registered model.
 
     Filters: ``name`` (the registered model's), ``version_number``, ``run_id``,
-    ``source_path`` (the version's ``source``) and ``tags.<key>``. Default order
-    ``name ASC, version DESC``; every order ends with those two (unique together).
+    ``source_path`` (the version's ``source``) and ``tags.<key>``. Default order, as on
+    a stock server, ``last_updated_timestamp DESC`` (the version changed last comes
+    first); every order ends with ``name ASC, version DESC`` (unique together).
     """
     stmt = (
         select(ModelVersionRow)
         .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
         .where(*(_version_condition(c) for c in filters))
     )
-    terms = [sort_key(_VERSION_ATTRIBUTES[o.key][0], o.ascending, nullable=False) for o in order_by]
-    sorted_on = {o.key for o in order_by}
+    items = order_by or [OrderBy("attribute", "last_updated_timestamp", ascending=False)]
+    terms = [sort_key(_VERSION_ATTRIBUTES[o.key][0], o.ascending, nullable=False) for o in items]
+    sorted_on = {o.key for o in items}
     if "name" not in sorted_on:
         terms.append(RegisteredModelRow.name.asc())
     if "version_number" not in sorted_on:
