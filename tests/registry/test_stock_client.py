@@ -250,6 +250,34 @@ def test_versions_create_get_search_update_tags_stages_delete(
     assert client.create_model_version(name, source, run_id=run_id).version == "4"
 
 
+def test_search_filters_a_stock_server_takes(mlflow_env: LiveServer, tmp_path: Path) -> None:
+    """Name lists (IN / NOT IN) for registered models and versions, and a version number
+    written as a quoted string, are filters a stock server answers; they were 400s here."""
+    client = MlflowClient()
+    run_id, artifact_uri = _run_with_model(tmp_path)
+    a, b, c = _name("in-a"), _name("in-b"), _name("in-c")
+    for name in (a, b, c):
+        client.create_registered_model(name)
+    for name in (a, a, a, b):
+        client.create_model_version(name, f"{artifact_uri}/model", run_id=run_id)
+    models = client.search_registered_models(f"name IN ('{a}', '{c}', 'nobody')")
+    assert sorted(m.name for m in models) == sorted([a, c])
+    versions = client.search_model_versions(
+        f"name IN ('{a}', '{b}') AND version_number <= 2", order_by=["name", "version_number"]
+    )
+    assert [(v.name, v.version) for v in versions] == [(a, "1"), (a, "2"), (b, "1")]
+    others = client.search_model_versions(f"run_id = '{run_id}' AND name NOT IN ('{a}')")
+    assert [(v.name, v.version) for v in others] == [(b, "1")]
+    quoted = client.search_model_versions(f"name = '{a}' AND version_number = '2'")
+    assert [v.version for v in quoted] == ["2"]
+    newer = client.search_model_versions(f"name = '{a}' AND version_number > '1'")
+    assert sorted(v.version for v in newer) == ["2", "3"]
+    for bad in (f"name = '{a}' AND version_number = 'two'", "name IN (1, 2)"):
+        with pytest.raises(MlflowException) as refused:
+            client.search_model_versions(bad)
+        assert _code(refused) == "INVALID_PARAMETER_VALUE", bad
+
+
 def test_register_alias_move_and_load_by_alias(mlflow_env: LiveServer, tmp_path: Path) -> None:
     import mlflow.pyfunc
 

@@ -246,7 +246,9 @@ def test_runs_grammar_whitelist(text: str) -> None:
     [
         (REGISTERED_MODELS, "version_number = 1"),
         (REGISTERED_MODELS, "metrics.a > 1"),
-        (REGISTERED_MODELS, "name IN ('a')"),
+        (REGISTERED_MODELS, "name IN (1)"),
+        (MODEL_VERSIONS, "version_number = 'x'"),
+        (MODEL_VERSIONS, "version_number = '1.5'"),
         (MODEL_VERSIONS, "run_id LIKE 'a%'"),
         (MODEL_VERSIONS, "version_number IN ('x')"),
         (MODEL_VERSIONS, "version_number IN (1.5)"),

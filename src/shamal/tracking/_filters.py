@@ -181,6 +181,8 @@ class Grammar:
         order_any_key: entities whose free keys may be sorted on.
         order_keys: attribute keys that may be sorted on.
         lowercase_lists: attribute keys (ids) whose ``IN`` lists drop items with upper case.
+        quoted_integers: numeric attribute keys that also take an integer written as a
+            quoted string (``version_number = '2'``), as a stock server does.
     """
 
     name: str
@@ -190,6 +192,7 @@ class Grammar:
     order_any_key: frozenset[Entity]
     order_keys: frozenset[str]
     lowercase_lists: frozenset[str] = frozenset()
+    quoted_integers: frozenset[str] = frozenset()
 
 
 def _grammar(
@@ -200,6 +203,7 @@ def _grammar(
     order_any_key: set[Entity],
     order_keys: set[str],
     lowercase_lists: set[str] | None = None,
+    quoted_integers: set[str] | None = None,
 ) -> Grammar:
     return Grammar(
         name=name,
@@ -209,6 +213,7 @@ def _grammar(
         order_any_key=frozenset(order_any_key),
         order_keys=frozenset(order_keys),
         lowercase_lists=frozenset(lowercase_lists or ()),
+        quoted_integers=frozenset(quoted_integers or ()),
     )
 
 
@@ -253,7 +258,7 @@ EXPERIMENTS: Final = _grammar(
 REGISTERED_MODELS: Final = _grammar(
     "registered_models",
     {"tag": _STRING},
-    {("attribute", "name"): _STRING},
+    {("attribute", "name"): _STRING_OR_LIST},
     {"timestamp": "last_updated_timestamp"},
     set(),
     {"name", "creation_timestamp", "last_updated_timestamp"},
@@ -262,7 +267,7 @@ MODEL_VERSIONS: Final = _grammar(
     "model_versions",
     {"tag": _STRING},
     {
-        ("attribute", "name"): _STRING,
+        ("attribute", "name"): _STRING_OR_LIST,
         ("attribute", "version_number"): Rule("number", NUMERIC_OPS | {"IN"}),
         ("attribute", "run_id"): Rule("string", frozenset({"=", "!=", "IN", "NOT IN"})),
         ("attribute", "source_path"): _STRING,
@@ -271,6 +276,7 @@ MODEL_VERSIONS: Final = _grammar(
     set(),
     {"name", "version_number", "creation_timestamp", "last_updated_timestamp"},
     {"run_id"},
+    {"version_number"},
 )
 LOGGED_MODELS: Final = _grammar(
     "logged_models",
@@ -602,6 +608,12 @@ def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
         raise scanner.error("IN and NOT IN take a list, other comparators a single value")
     if isinstance(raw, list):
         return Comparison(entity, key, op, _list_value(scanner, rule, key, raw, grammar))
+    if kind == "string" and rule.kind == "number" and key in grammar.quoted_integers:
+        text = str(raw).strip()
+        if not text.isascii() or not text.isdigit() or len(text) > MAX_ID_DIGITS:
+            scanner.pos = value_start
+            raise scanner.error("expected an integer")
+        return Comparison(entity, key, op, float(int(text)))
     if kind != ("string" if rule.kind == "id" else rule.kind):
         scanner.pos = value_start
         raise scanner.error(f"expected a {'number' if rule.kind == 'number' else 'quoted string'}")
