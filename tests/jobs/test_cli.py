@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from shamal.cli import app
 from shamal.cli.job import parse_duration_s, parse_memory_mib
@@ -131,3 +131,57 @@ def test_help_still_shows_the_types_of_options_that_take_values(cli: CliRunner) 
     assert "<str>" in lines["--memory"]
     assert "4Gi or 4GiB (binary), 4G or 4GB (decimal" in result.output
     assert "<bool>" not in lines["--no-snapshot"]
+
+
+def _one_clean_error(result: Result, message: str) -> None:
+    """One error line that says what to do: no traceback, exit 1."""
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("since", "message"),
+    [
+        ("99999999999999999999d", "--since takes a duration such as 7d, 24h or 90min"),
+        ("9" * 400, "--since takes a duration such as 7d, 24h or 90min"),
+        ("9999-12-31", "--since '9999-12-31' is in the future: give a past date"),
+        ("7d\x1b[2J", "not '7d\\x1b[2J'"),
+        ("x" * 5000, "... (5000 characters)"),
+    ],
+)
+def test_cost_report_refuses_hostile_since_values_cleanly(
+    cli: CliRunner, since: str, message: str
+) -> None:
+    _one_clean_error(cli.invoke(app, ["cost", "report", "--since", since, "--no-csv"]), message)
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("missing/cost.csv", "its folder does not exist"), (".", "it is a folder")],
+)
+def test_cost_report_refuses_a_csv_path_it_cannot_write_before_asking(
+    cli: CliRunner, tmp_path: Path, where: str, message: str
+) -> None:
+    result = cli.invoke(app, ["cost", "report", "--csv", str(tmp_path / where)])
+    _one_clean_error(result, message)
+    assert "name a file in a folder that exists, or give --no-csv" in " ".join(
+        result.output.split()
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--time-limit", "9" * 400], "--time-limit takes a duration of at most 100 years"),
+        (["--time-limit", "99999999999999999999d"], "--time-limit takes a duration of at most"),
+        (["--memory", "99999999999999999999999GiB"], "--memory may be at most 16TiB"),
+        (["--memory", "x" * 5000], "... (5000 characters)"),
+    ],
+)
+def test_submit_refuses_sizes_and_durations_too_large_to_mean_anything(
+    cli: CliRunner, options: list[str], message: str
+) -> None:
+    _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)

@@ -28,6 +28,7 @@ app = typer.Typer(
 )
 cost = typer.Typer(help="Cost: GPU-, CPU- and memory-seconds per team, pool, user or job.")
 
+MAX_MEMORY_MIB = 16 * 1024 * 1024
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _MEMORY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt]i?)b?|b)?\s*", re.IGNORECASE)
@@ -45,6 +46,14 @@ _SECONDS_PER = {
 }
 _DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
 DURATION_EXAMPLES = "90s, 30min, 2h, 1h30m or 7d (a bare number is seconds)"
+MAX_DURATION_S = 100 * 365 * 86400
+"""Longer than any duration a command takes (each then checks its own limit): beyond it,
+a duration is refused here, before it overflows a float or a date."""
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """A value the user typed, quoted for an error message: escapes visible, cut short."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def parse_memory_mib(text: str, option: str) -> int:
@@ -62,7 +71,7 @@ def parse_memory_mib(text: str, option: str) -> int:
     match = _MEMORY.fullmatch(text)
     if not match:
         raise InvalidParameter(
-            f"{option} takes sizes such as 4GiB, 4Gi, 512Mi or 4G (decimal), not {text!r}"
+            f"{option} takes sizes such as 4GiB, 4Gi, 512Mi or 4G (decimal), not {shown(text)}"
         )
     number, unit = float(match.group(1)), (match.group(2) or "").lower()
     if match.group(2) is None and not text.strip().lower().endswith("b"):
@@ -72,7 +81,9 @@ def parse_memory_mib(text: str, option: str) -> int:
     else:
         mib = number * (_BINARY.get(unit) or _DECIMAL[unit]) / 2**20
     if mib <= 0:
-        raise InvalidParameter(f"{option} must be at least 1MiB, not {text!r}")
+        raise InvalidParameter(f"{option} must be at least 1MiB, not {shown(text)}")
+    if not mib <= MAX_MEMORY_MIB:
+        raise InvalidParameter(f"{option} may be at most 16TiB, not {shown(text)}")
     return math.ceil(mib - 1e-9)
 
 
@@ -85,11 +96,12 @@ def parse_duration_s(text: str, option: str) -> float:
             error so the user knows which option to correct.
 
     Raises:
-        InvalidParameter: anything else (the message gives examples).
+        InvalidParameter: anything else (the message gives examples), or more than
+            :data:`MAX_DURATION_S`.
     """
     cleaned = text.strip().lower()
     if re.fullmatch(r"[0-9]+(\.[0-9]+)?", cleaned):
-        return float(cleaned)
+        return _bounded(float(cleaned), text, option)
     total, position = 0.0, 0
     for part in _DURATION_PART.finditer(cleaned):
         if part.start() != position or part.group(2) not in _SECONDS_PER:
@@ -98,8 +110,16 @@ def parse_duration_s(text: str, option: str) -> float:
         total += float(part.group(1)) * _SECONDS_PER[part.group(2)]
         position = part.end()
     if 0 < position == len(cleaned):
-        return total
-    raise InvalidParameter(f"{option} takes a duration such as {DURATION_EXAMPLES}, not {text!r}")
+        return _bounded(total, text, option)
+    raise InvalidParameter(
+        f"{option} takes a duration such as {DURATION_EXAMPLES}, not {shown(text)}"
+    )
+
+
+def _bounded(seconds: float, text: str, option: str) -> float:
+    if not seconds <= MAX_DURATION_S:  # also NaN and infinity, from hundreds of digits
+        raise InvalidParameter(f"{option} takes a duration of at most 100 years, not {shown(text)}")
+    return seconds
 
 
 def _why(job: dict[str, Any]) -> str:
@@ -402,13 +422,19 @@ def _since(text: str) -> datetime:
     except ValueError:
         pass
     else:
-        return start if start.tzinfo else start.replace(tzinfo=UTC)
+        start = start if start.tzinfo else start.replace(tzinfo=UTC)
+        if start >= datetime.now(UTC):
+            raise InvalidParameter(
+                f"--since {shown(text)} is in the future: give a past date, or a duration "
+                "such as 7d"
+            )
+        return start
     try:
         seconds = parse_duration_s(text, "--since")
     except InvalidParameter:
         raise InvalidParameter(
-            f"--since takes a duration such as 7d, 24h or 90min, or an ISO date such as "
-            f"2026-01-31 or 2026-01-31T12:00, not {text!r}"
+            f"--since takes a duration such as 7d, 24h or 90min (at most ten years), or an "
+            f"ISO date such as 2026-01-31 or 2026-01-31T12:00, not {shown(text)}"
         ) from None
     return datetime.now(UTC) - timedelta(seconds=seconds)
 
@@ -418,8 +444,27 @@ def _key(line: dict[str, Any], by: str) -> str:
     return NO_TEAM if by == "team" and key in ("", "-") else key
 
 
+def _unwritable(path: Path, why: str) -> InvalidParameter:
+    return InvalidParameter(
+        f"--csv cannot write {shown(str(path), 80)}: {why}; name a file in a folder that "
+        "exists, or give --no-csv"
+    )
+
+
+def _check_csv_path(path: Path) -> None:
+    """Refuse a CSV path that cannot be written before asking the server for the report."""
+    if path.is_dir():
+        raise _unwritable(path, "it is a folder")
+    if not path.parent.is_dir():
+        raise _unwritable(path, "its folder does not exist")
+
+
 def _write_csv(path: Path, lines: list[dict[str, Any]], by: str) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
+    try:
+        handle = path.open("w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise _unwritable(path, exc.strerror or "not writable") from None
+    with handle:
         writer = csv.writer(handle)
         writer.writerow([by, "jobs", "attempts", *_FIGURES, "cost"])
         for line in lines:
@@ -454,6 +499,8 @@ def cost_report(
     without a team show as "(no team)".
     """
     start = _since(since)
+    if csv_path is not None and not no_csv:
+        _check_csv_path(csv_path)
     lines = client().cost_report(by=by, since=start)
     if csv_path is None and not as_json and not no_csv:
         csv_path = Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
