@@ -185,3 +185,26 @@ def test_submit_refuses_sizes_and_durations_too_large_to_mean_anything(
     cli: CliRunner, options: list[str], message: str
 ) -> None:
     _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--cpus", "nan"], "--cpus takes a number such as 0.5 or 2, not nan"),
+        (["--cpus", "inf"], "--cpus takes a number such as 0.5 or 2, not inf"),
+        (["--cpus", "1e309"], "--cpus takes a number such as 0.5 or 2, not inf"),
+        (["--gpu-fraction", "nan"], "--gpu-fraction takes a number such as 0.5 or 2"),
+        (["--cpus", "-1"], "--cpus: Input should be greater than 0"),
+        (["--gpus", "99999999999999999999"], "--gpus: Input should be less than or equal to 64"),
+        (["--workers", "0"], "--workers: Input should be greater than or equal to 1"),
+        (["--time-limit", "31d"], "--time-limit: Input should be less than or equal to 2592000"),
+        (["--retries", "-1"], "--retries: Input should be greater than or equal to 0"),
+        (["--name", "x" * 5000], "--name: String should have at most"),
+        (["--team", "t" * 65], "--team: String should have at most 64 characters"),
+    ],
+)
+def test_submit_checks_the_request_before_uploading_and_names_the_flag(
+    cli: CliRunner, options: list[str], message: str
+) -> None:
+    # The server is unreachable: an error about it would mean the check came too late.
+    _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)

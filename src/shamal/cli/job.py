@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -20,6 +21,7 @@ from rich.text import Text
 from shamal.cli._common import JsonOption, client, console, err_console, fmt, handle_errors
 from shamal.errors import InvalidParameter
 from shamal.jobs._rules import check_env, check_mig_profile
+from shamal.jobs.api import JobIn
 
 app = typer.Typer(
     help="Jobs: submit a command with its code to the scheduler, list, show, follow logs, "
@@ -159,6 +161,48 @@ def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
     console.print(table)
 
 
+_FLAGS = {
+    "command": "COMMAND",
+    "name": "--name",
+    "team": "--team",
+    "priority": "--priority",
+    "cpus": "--cpus",
+    "memory_mib": "--memory",
+    "gpus": "--gpus",
+    "gpu_fraction": "--gpu-fraction",
+    "mig_profile": "--mig",
+    "workers": "--workers",
+    "pool": "--pool",
+    "time_limit_s": "--time-limit",
+    "retries": "--retries",
+    "env": "--env",
+}
+"""The flag of each field of the API's JobIn, for errors in the user's words."""
+_UNITS = {"memory_mib": " (MiB)", "time_limit_s": " (seconds; 30d at most)"}
+
+
+def _check_request(command: list[str], options: dict[str, Any]) -> None:
+    """Check the job as the server will, before the snapshot is uploaded: a refusal names
+    the flag and changes nothing.
+
+    Raises:
+        InvalidParameter: the first field the API would refuse, named by its flag.
+    """
+    for field in ("cpus", "gpu_fraction"):
+        if not math.isfinite(options[field]):
+            raise InvalidParameter(
+                f"{_FLAGS[field]} takes a number such as 0.5 or 2, not {options[field]!r}"
+            )
+    body = {"command": command, **{k: v for k, v in options.items() if v is not None}}
+    try:
+        JobIn.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        flag = _FLAGS.get(field, field)
+        raise InvalidParameter(f"{flag}: {error['msg']}{_UNITS.get(field, '')}") from None
+
+
 def _environment(items: list[str]) -> dict[str, str]:
     variables: dict[str, str] = {}
     for item in items:
@@ -223,6 +267,22 @@ def submit(
     time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
     if mig is not None:
         check_mig_profile(mig)
+    options: dict[str, Any] = {
+        "name": name,
+        "team": team,
+        "priority": priority,
+        "cpus": cpus,
+        "memory_mib": memory_mib,
+        "gpus": gpus,
+        "gpu_fraction": gpu_fraction,
+        "mig_profile": mig,
+        "workers": workers,
+        "pool": pool,
+        "time_limit_s": time_limit_s,
+        "retries": retries,
+        "env": variables,
+    }
+    _check_request(command, options)
     if not no_snapshot and not workdir.is_dir():
         raise InvalidParameter(
             f"--workdir {workdir} is not a folder: give the folder to snapshot, "
@@ -233,23 +293,7 @@ def submit(
     if not no_snapshot:
         with console.status(f"snapshotting {escape(str(workdir.resolve()))} ..."):
             digest = api.upload_snapshot(workdir)
-    job = api.submit_job(
-        command,
-        name=name,
-        team=team,
-        priority=priority,
-        cpus=cpus,
-        memory_mib=memory_mib,
-        gpus=gpus,
-        gpu_fraction=gpu_fraction,
-        mig_profile=mig,
-        workers=workers,
-        pool=pool,
-        time_limit_s=time_limit_s,
-        retries=retries,
-        env=variables,
-        snapshot=digest,
-    )
+    job = api.submit_job(command, **options, snapshot=digest)
     if as_json:
         console.print_json(data=job)
         return
