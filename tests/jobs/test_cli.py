@@ -208,3 +208,16 @@ def test_submit_checks_the_request_before_uploading_and_names_the_flag(
 ) -> None:
     # The server is unreachable: an error about it would mean the check came too late.
     _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
+
+
+@pytest.mark.parametrize("command", ["show", "logs", "cancel", "preempt"])
+@pytest.mark.parametrize(
+    "job_id",
+    ["", "abc", "../../etc/passwd", "%2e%2e%2fabcdef", "abcdef;id", "[red]abcdef", "a" * 5000,
+     "abcdef\x00", "\uff41\uff42\uff43\uff44\uff45\uff46"],
+)  # fmt: skip
+def test_job_ids_that_cannot_be_one_are_refused_before_any_request(
+    cli: CliRunner, command: str, job_id: str
+) -> None:
+    result = cli.invoke(app, ["job", command, job_id])
+    _one_clean_error(result, "a job id is 6 to 32 hexadecimal digits, as `shamal job list` shows")

@@ -203,6 +203,24 @@ def _check_request(command: list[str], options: dict[str, Any]) -> None:
         raise InvalidParameter(f"{flag}: {error['msg']}{_UNITS.get(field, '')}") from None
 
 
+_JOB_ID = re.compile(r"[0-9a-f]{6,32}")
+
+
+def job_id_of(text: str) -> str:
+    """A job id (or a prefix of 6+ characters) as typed -> as the API takes it.
+
+    Raises:
+        InvalidParameter: not 6 to 32 hexadecimal digits (checked before any request).
+    """
+    cleaned = text.strip().lower()
+    if not _JOB_ID.fullmatch(cleaned):
+        raise InvalidParameter(
+            "a job id is 6 to 32 hexadecimal digits, as `shamal job list` shows them "
+            f"(e.g. 1a2b3c4d5e6f), not {shown(text)}"
+        )
+    return cleaned
+
+
 def _environment(items: list[str]) -> dict[str, str]:
     variables: dict[str, str] = {}
     for item in items:
@@ -332,7 +350,7 @@ def show(
 ) -> None:
     """Show a job, where it runs and every state it went through."""
     api = client()
-    job = api.get_job(job_id)
+    job = api.get_job(job_id_of(job_id))
     events = api.job_events(job["id"])
     if as_json:
         console.print_json(data={**job, "events": events})
@@ -389,6 +407,7 @@ def logs(
     interval: Annotated[float, typer.Option("--interval", min=0.1, max=60)] = 1.0,
 ) -> None:
     """Print a job's log; with -f, follow it (and its later attempts) until the job ends."""
+    job_id = job_id_of(job_id)
     api = client()
     offset, current = 0, attempt
     while True:
@@ -433,7 +452,7 @@ def cancel(
     as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job: at once if queued; a running job is stopped by its scheduler."""
-    job = client().cancel_job(job_id)
+    job = client().cancel_job(job_id_of(job_id))
     if as_json:
         console.print_json(data=job)
         return
@@ -447,7 +466,7 @@ def preempt(
     as_json: bool = JsonOption,
 ) -> None:
     """(Admins) Preempt a running job: SIGTERM, grace period, SIGKILL, then requeue."""
-    job = client().preempt_job(job_id)
+    job = client().preempt_job(job_id_of(job_id))
     if as_json:
         console.print_json(data=job)
         return
