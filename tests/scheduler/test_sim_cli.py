@@ -256,3 +256,29 @@ def test_the_plot_written_is_the_path_reported(files: tuple[Path, Path], tmp_pat
     result = run_with_plot(files, tmp_path / "deeper" / "t.PDF", "--json")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "deeper" / "t.PDF").read_bytes()[:5] == b"%PDF-"
+
+
+def _refused(result: Result, message: str, exit_code: int = 1) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_hostile_sim_inputs_are_one_clean_error(files: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, machines = files
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00job_id")
+    run = ["sim", "--trace", str(binary), "--machines", str(machines)]
+    _refused(runner.invoke(app, run), "binary.csv: not a text file (expected a trace CSV)")
+    huge = tmp_path / "huge.csv"
+    huge.write_text("name,gpus\nm1,99999999999999\n")  # was expanded GPU by GPU: out of memory
+    run = ["sim", "--trace", str(trace), "--machines", str(huge)]
+    _refused(runner.invoke(app, run), "column 'gpus': more than 1,024: '99999999999999'")
+    many = tmp_path / "many.csv"
+    many.write_text("name,gpus,count\nm1,8,99999999999999\n")
+    run = ["sim", "--trace", str(trace), "--machines", str(many)]
+    _refused(runner.invoke(app, run), "column 'count': more than 100,000")
+    run = ["sim", "--trace", str(trace), "--machines", str(machines)]
+    _refused(runner.invoke(app, [*run, "--policy", "[red]x:x:"]), "unknown policy '[red]x:x:'")
+    _refused(runner.invoke(app, [*run, "--preemption-cost", "inf"]), "--preemption-cost", 2)

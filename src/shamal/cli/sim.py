@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -42,12 +43,15 @@ app = typer.Typer(
 app.command("pack")(pack)
 
 _PROGRESS_MIN_JOBS = 20_000
+MAX_PREEMPTION_COST_S = 7 * 86400.0
+"""A week per restore: more is no cost a simulation can mean (and inf broke the table)."""
 
 
 def _fail(message: str, hint: str | None = None) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
+    # Messages quote file contents and names users chose: never read as markup or emoji.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {hint}")
+        err_console.print(f"[yellow]hint:[/] {escape(hint)}", emoji=False)
     return typer.Exit(1)
 
 
@@ -158,7 +162,10 @@ def sim(
     preemption_cost: Annotated[
         float,
         typer.Option(
-            "--preemption-cost", min=0, help="Checkpoint/restore seconds added per preemption."
+            "--preemption-cost",
+            min=0,
+            max=MAX_PREEMPTION_COST_S,
+            help="Checkpoint/restore seconds added per preemption.",
         ),
     ] = DEFAULT_PREEMPTION_COST_S,
     limit: Annotated[

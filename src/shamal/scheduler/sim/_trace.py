@@ -44,7 +44,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Pool, Request, Resources
 from shamal.scheduler._state import TeamQuota
@@ -121,6 +121,13 @@ def load_trace(path: str | Path, *, limit: int | None = None) -> list[TraceJob]:
         handle = path.open(newline="")
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    try:
+        return _read_trace(path, handle, limit)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text file (expected a trace CSV)") from None
+
+
+def _read_trace(path: Path, handle: IO[str], limit: int | None) -> list[TraceJob]:
     jobs: list[TraceJob] = []
     with handle:
         reader = csv.DictReader(handle)
@@ -257,8 +264,15 @@ def _size_mib(value: Any) -> int:
     return int(number * factor)
 
 
-def _number(value: Any, *, whole: bool = False, least: float = 0) -> float:
-    """A finite number >= ``least`` (and whole, if asked) from a cell or JSON value."""
+MAX_GPUS_PER_MACHINE = 1024
+MAX_MACHINES_PER_ROW = 100_000
+"""Caps on what one row of a machine list may declare: each GPU and each machine is an
+object of the simulation, so a count of 10^14 would exhaust memory before it started."""
+
+
+def _number(value: Any, *, whole: bool = False, least: float = 0, most: float = math.inf) -> float:
+    """A finite number in [``least``, ``most``] (and whole, if asked) from a cell or JSON
+    value."""
     if isinstance(value, bool):
         raise TraceError(f"not a number: {value!r}")
     try:
@@ -269,6 +283,8 @@ def _number(value: Any, *, whole: bool = False, least: float = 0) -> float:
         raise TraceError(f"not a number >= {least:g}: {value!r}")
     if whole and not number.is_integer():
         raise TraceError(f"not a whole number: {value!r}")
+    if number > most:
+        raise TraceError(f"more than {most:,g}: {value!r}")
     return number
 
 
@@ -322,7 +338,7 @@ def _node(
 
     if get("gpus") is None:
         raise TraceError(f"{where}, column {columns['gpus'].strip()!r}: no GPU count")
-    gpus = int(parse("gpus", lambda v: _number(v, whole=True)))
+    gpus = int(parse("gpus", lambda v: _number(v, whole=True, most=MAX_GPUS_PER_MACHINE)))
     model = str(get("gpu_model") or "gpu").strip()
     gpu_memory = parse("gpu_memory_mib", _size_mib) if get("gpu_memory_mib") is not None else 0
     if get("cpu_milli") is not None:
@@ -334,7 +350,11 @@ def _node(
     memory = (
         parse("memory_mib", _size_mib) if get("memory_mib") is not None else _DEFAULT_MEMORY_MIB
     )
-    count = int(parse("count", lambda v: _number(v, whole=True, least=1))) if get("count") else 1
+    count = (
+        int(parse("count", lambda v: _number(v, whole=True, least=1, most=MAX_MACHINES_PER_ROW)))
+        if get("count")
+        else 1
+    )
     base = str(get("name") or f"node-{number}").strip()
     pool = str(get("pool") or DEFAULT_POOL).strip()
     return [
