@@ -208,10 +208,11 @@ def test_stages_latest_versions_and_archiving(registry: RegistryService, people:
         4: Stage.PRODUCTION,
     }
     model = registry.get_registered_model(admin, "m")
+    # In a stock server's order: the stage of the oldest version first.
     assert [(v.current_stage, v.version) for v in model.latest_versions] == [
+        (Stage.ARCHIVED, 2),
         (Stage.STAGING, 3),
         (Stage.PRODUCTION, 4),
-        (Stage.ARCHIVED, 2),
     ]
     with pytest.raises(InvalidParameter):
         registry.transition_model_version_stage(ctx, "m", 1, Stage.ARCHIVED, True)
@@ -525,3 +526,27 @@ def test_a_team_that_owns_models_cannot_be_deleted(
     # Once its models are gone, the team can go.
     registry.delete_registered_model(people.ctx("admin"), "red-m")
     platform.security.delete_team(people.ctx("admin", "team.delete"), "red")
+
+
+def test_latest_versions_are_listed_in_a_stock_servers_order(
+    registry: RegistryService, people: People
+) -> None:
+    """A stock server lists each stage's newest version in the order it meets the stages
+    walking the versions up (the stage of the oldest version first), not by stage name."""
+    ctx = people.ctx("admin")
+    admin = people.principals["admin"]
+    registry.create_registered_model(ctx, "m")
+    for _ in range(4):
+        registry.create_model_version(ctx, "m", SRC)
+    for version, stage in ((1, Stage.PRODUCTION), (2, Stage.STAGING), (3, Stage.PRODUCTION)):
+        registry.transition_model_version_stage(ctx, "m", version, stage, False)
+    latest = registry.get_latest_versions(admin, "m")
+    assert [(v.version, v.current_stage) for v in latest] == [
+        (3, Stage.PRODUCTION),
+        (2, Stage.STAGING),
+        (4, Stage.NONE),
+    ]
+    asked = registry.get_latest_versions(admin, "m", [Stage.NONE, Stage.STAGING])
+    assert [v.version for v in asked] == [2, 4]
+    model = registry.get_registered_model(admin, "m")
+    assert [v.version for v in model.latest_versions] == [3, 2, 4]

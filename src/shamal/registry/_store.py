@@ -497,7 +497,10 @@ def delete_version_tag(s: Session, ref: ModelRef, version: int, key: str) -> Non
 def latest_versions(
     s: Session, ref: ModelRef, stages: Collection[Stage] | None
 ) -> list[ModelVersion]:
-    """The newest READY version in each of ``stages`` (None: every stage), by stage order."""
+    """The newest READY version in each of ``stages`` (None: every stage).
+
+    Listed in a stock server's order: the stages ordered by the oldest version in each.
+    """
     return _latest_versions(s, [ref.id], {ref.id: ref.name}, stages)
 
 
@@ -505,12 +508,14 @@ def _latest_versions(
     s: Session, ids: Sequence[str], names: Mapping[str, str], stages: Collection[Stage] | None
 ) -> list[ModelVersion]:
     rows: list[ModelVersionRow] = []
+    firsts: dict[tuple[str, str], int] = {}
     for chunk in _chunks(ids):
         newest = (
             select(
                 ModelVersionRow.model_id,
                 ModelVersionRow.current_stage,
                 func.max(ModelVersionRow.version).label("version"),
+                func.min(ModelVersionRow.version).label("first"),
             )
             .where(
                 ModelVersionRow.model_id.in_(chunk),
@@ -521,19 +526,19 @@ def _latest_versions(
         if stages is not None:
             newest = newest.where(ModelVersionRow.current_stage.in_([st.value for st in stages]))
         sub = newest.subquery()
-        rows.extend(
-            s.scalars(
-                select(ModelVersionRow).join(
-                    sub,
-                    and_(
-                        ModelVersionRow.model_id == sub.c.model_id,
-                        ModelVersionRow.version == sub.c.version,
-                    ),
-                )
+        for row, first in s.execute(
+            select(ModelVersionRow, sub.c.first).join(
+                sub,
+                and_(
+                    ModelVersionRow.model_id == sub.c.model_id,
+                    ModelVersionRow.version == sub.c.version,
+                ),
             )
-        )
-    order = {stage.value: i for i, stage in enumerate(Stage)}
-    rows.sort(key=lambda r: (r.model_id, order.get(r.current_stage, len(order)), r.version))
+        ):
+            rows.append(row)
+            firsts[(row.model_id, row.current_stage)] = first
+    # A stock server lists each stage when it first meets it walking the versions up.
+    rows.sort(key=lambda r: (r.model_id, firsts[(r.model_id, r.current_stage)]))
     return _versions(s, rows, names)
 
 
