@@ -24,6 +24,9 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
         (["--interval", "5mm"], "--interval takes a duration such as 90s, 30min, 2h"),
         (["--steps", "10,x"], "--steps takes percentages such as 10,25,50,100"),
         (["--weights", "models:/m/1"], "--weights takes URI=WEIGHT,URI=WEIGHT"),
+        (["--sample-rate", "nan"], "--sample-rate takes a number such as 0.5 or 2, not nan"),
+        (["--slo-p99-ms", "inf"], "--slo-p99-ms takes a number such as 0.5 or 2, not inf"),
+        (["--slo-error-rate", "1e309"], "--slo-error-rate takes a number such as 0.5 or 2"),
     ],
 )
 def test_deploy_names_the_option_whose_value_is_refused(

@@ -113,6 +113,16 @@ def test_the_sdk_refuses_a_missing_folder_as_an_invalid_parameter(tmp_path: Path
         api.upload_snapshot(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_the_sdk_refuses_a_number_json_cannot_carry_before_sending(number: float) -> None:
+    # Nothing listens at port 9: the refusal must come before any connection is tried.
+    with (
+        ShamalClient("http://127.0.0.1:9", "t") as api,
+        pytest.raises(InvalidParameter, match="NaN or infinite"),
+    ):
+        api.submit_job(["true"], cpus=number)
+
+
 @pytest.mark.parametrize(
     "command",
     [[], ["job"], ["job", "submit"], ["cost", "report"], ["job", "list"], ["tune"], ["db"]],

@@ -24,6 +24,8 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
         (["--time-limit", "1h30"], "--time-limit takes a duration such as 90s, 30min, 2h"),
         (["--memory", "lots"], "--memory takes sizes such as 4GiB"),
         (["--memory", "0"], "--memory must be at least 1MiB"),
+        (["--cpus", "nan"], "--cpus takes a number such as 0.5 or 2, not nan"),
+        (["--poll", "inf"], "--poll takes a number such as 0.5 or 2, not inf"),
     ],
 )
 def test_tune_names_the_option_whose_value_is_refused(

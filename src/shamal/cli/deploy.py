@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
-from shamal.cli.job import parse_duration_s
+from shamal.cli.job import parse_duration_s, require_finite
 from shamal.errors import InvalidParameter
 
 deployments = typer.Typer(
@@ -127,6 +127,13 @@ def deploy(
     """
     if (model is None) == (weights is None):
         raise InvalidParameter("give the primary with --model, or A/B primaries with --weights")
+    require_finite(
+        {
+            "--slo-error-rate": slo_error_rate,
+            "--slo-p99-ms": slo_p99_ms,
+            "--sample-rate": sample_rate,
+        }
+    )
     primary = parse_weights(weights) if weights else [{"model": model, "weight": 100}]
     spec: dict[str, Any] = {
         "primary": primary,

@@ -58,6 +58,21 @@ def shown(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
+def require_finite(numbers: dict[str, float | None]) -> None:
+    """Refuse NaN and the infinities, naming the flag: typer reads ``nan``, ``inf`` and
+    ``1e309`` as floats, and no option means any of them.
+
+    Args:
+        numbers: each flag (``--cpus``) with the value given; None (not given) passes.
+
+    Raises:
+        InvalidParameter: the first flag whose value is not a finite number.
+    """
+    for flag, value in numbers.items():
+        if value is not None and not math.isfinite(value):
+            raise InvalidParameter(f"{flag} takes a number such as 0.5 or 2, not {value!r}")
+
+
 def parse_memory_mib(text: str, option: str) -> int:
     """A memory size -> whole MiB (rounded up): '4GiB', '4Gi', '512Mi', '4G' and '4GB'
     (decimal), '1536' (MiB). Units are case-insensitive.
@@ -188,11 +203,7 @@ def _check_request(command: list[str], options: dict[str, Any]) -> None:
     Raises:
         InvalidParameter: the first field the API would refuse, named by its flag.
     """
-    for field in ("cpus", "gpu_fraction"):
-        if not math.isfinite(options[field]):
-            raise InvalidParameter(
-                f"{_FLAGS[field]} takes a number such as 0.5 or 2, not {options[field]!r}"
-            )
+    require_finite({_FLAGS[field]: options[field] for field in ("cpus", "gpu_fraction")})
     body = {"command": command, **{k: v for k, v in options.items() if v is not None}}
     try:
         JobIn.model_validate(body)

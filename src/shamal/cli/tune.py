@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from shamal.cli._common import client, console, err_console, handle_errors
-from shamal.cli.job import parse_duration_s, parse_memory_mib
+from shamal.cli.job import parse_duration_s, parse_memory_mib, require_finite
 from shamal.errors import InvalidParameter
 from shamal.tune._driver import TuneDriver, TuneOptions, register_best
 
@@ -91,6 +91,7 @@ def tune(
 
     Example: shamal tune --study lr --trials 20 --parallel 4 --pruner asha -- python train.py
     """
+    require_finite({"--cpus": cpus, "--poll": poll})
     options = TuneOptions(
         study=study, command=command, trials=trials, parallel=parallel, team=team,
         direction=direction, sampler=sampler, pruner=pruner, seed=seed, workdir=workdir,

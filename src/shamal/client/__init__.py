@@ -9,6 +9,7 @@ subclass.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -102,7 +103,18 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         Raises:
             ShamalError: the server's error, as its subclass.
             ServiceUnavailable: the server could not be reached.
+            InvalidParameter: the ``json`` body holds NaN or an infinity, which JSON cannot
+                carry (nothing is sent).
         """
+        if "json" in kwargs:
+            try:
+                body = json.dumps(kwargs.pop("json"), allow_nan=False).encode()
+            except ValueError:
+                raise InvalidParameter(
+                    "a number in the request is NaN or infinite; give finite numbers"
+                ) from None
+            headers = {"Content-Type": "application/json", **(kwargs.pop("headers", None) or {})}
+            kwargs.update(content=body, headers=headers)
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
