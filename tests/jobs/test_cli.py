@@ -231,3 +231,21 @@ def test_job_ids_that_cannot_be_one_are_refused_before_any_request(
 ) -> None:
     result = cli.invoke(app, ["job", command, job_id])
     _one_clean_error(result, "a job id is 6 to 32 hexadecimal digits, as `shamal job list` shows")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--state", "bogus"], "--state takes one of queued, admitted, running, succeeded"),
+        (["--state", "running", "--state", "[red]x"], "not '[red]x'"),
+        (["--state", ""], "--state takes one of"),
+        (["--team", "t" * 65], "--team takes a name of 1 to 64 characters"),
+        (["--team", ""], "--team takes a name of 1 to 64 characters"),
+        (["--user", "u" * 257], "--user takes a name of 1 to 256 characters"),
+    ],
+)
+def test_job_list_names_the_flag_of_a_filter_it_refuses_before_any_request(
+    cli: CliRunner, options: list[str], message: str
+) -> None:
+    result = cli.invoke(app, ["job", "list", *options])
+    _one_clean_error(result, message)

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from shamal.cli._common import JsonOption, client, console, err_console, fmt, handle_errors
 from shamal.errors import InvalidParameter
+from shamal.jobs import JobState
 from shamal.jobs._rules import check_env, check_mig_profile
 from shamal.jobs.api import JobIn
 
@@ -334,6 +335,18 @@ def submit(
     console.print(f"[dim]follow it with:[/] shamal job logs -f {job['id'][:12]}")
 
 
+def _states(given: list[str]) -> list[str]:
+    """The --state values in lower case, each one of the job states."""
+    known = [state.value for state in JobState]
+    states = [value.strip().lower() for value in given]
+    for value, typed in zip(states, given, strict=True):
+        if value not in known:
+            raise InvalidParameter(f"--state takes one of {', '.join(known)}, not {shown(typed)}")
+    if len(set(states)) > 8:
+        raise InvalidParameter("--state may be given at most 8 times")
+    return list(dict.fromkeys(states))
+
+
 @app.command("list")
 @handle_errors
 def list_jobs(
@@ -346,7 +359,13 @@ def list_jobs(
     as_json: bool = JsonOption,
 ) -> None:
     """List jobs, newest first."""
-    jobs = client().list_jobs(states=state or (), team=team, user=user, limit=limit)
+    states = _states(state or [])
+    for flag, value, most in (("--team", team, 64), ("--user", user, 256)):
+        if value is not None and not 0 < len(value) <= most:
+            raise InvalidParameter(
+                f"{flag} takes a name of 1 to {most} characters, not {shown(value)}"
+            )
+    jobs = client().list_jobs(states=states, team=team, user=user, limit=limit)
     if as_json:
         console.print_json(data=jobs)
         return
