@@ -7,12 +7,14 @@ import random
 import re
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import mlflow
 import pytest
 import sqlalchemy as sa
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from typer.testing import CliRunner
 
 from shamal.cli import app
@@ -308,3 +310,65 @@ def test_run_ids_as_shown_are_taken_back(cli: CliRunner, mlflow_env: LiveServer)
         assert refused.exit_code == 1, refused.output
         assert "is not a run id" in refused.stderr
         assert "at least the first 8" in refused.stderr
+
+
+def test_runs_show_draws_curves_and_runs_plot_writes_a_chart(
+    cli: CliRunner, mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    mlflow.set_experiment(f"cli-curves-{uuid.uuid4().hex[:8]}")
+    ids = []
+    for scale in (1.0, 2.0):
+        with mlflow.start_run() as run:
+            for step in range(40):
+                mlflow.log_metric("loss", scale / (1 + step), step=step)
+            mlflow.log_metric("acc", 0.5, step=0)
+            mlflow.log_metric("acc", float("nan"), step=1)
+        ids.append(run.info.run_id)
+
+    shown = cli.invoke(app, ["runs", "show", ids[1]])
+    assert shown.exit_code == 0, shown.output
+    loss_row = next(line for line in shown.output.splitlines() if "│ loss" in line)
+    cells = [cell.strip() for cell in loss_row.split("│")[1:-1]]
+    # key, latest, step, min, max, points, curve: a falling loss, highest block first.
+    assert cells[:6] == ["loss", "0.05", "39", "0.05", "2", "40"]
+    assert cells[6][0] == "█"
+    assert cells[6][-1] == "▁"
+    acc_row = next(line for line in shown.output.splitlines() if "│ acc" in line)
+    assert [c.strip() for c in acc_row.split("│")[1:-1]][3:6] == ["0.5", "0.5", "2"]
+    plain = cli.invoke(app, ["runs", "show", ids[1], "--no-curves"])
+    assert plain.exit_code == 0, plain.output
+    assert "curve" not in plain.output
+
+    chart = tmp_path / "charts" / "loss"
+    drawn = cli.invoke(
+        app, ["runs", "plot", ids[0][:12], ids[1], "--metric", "loss", "--out", str(chart)]
+    )
+    assert drawn.exit_code == 0, drawn.output
+    assert (tmp_path / "charts" / "loss.png").read_bytes().startswith(b"\x89PNG")
+    assert "loss of 2 run(s)" in " ".join(drawn.output.split())
+
+    for options, message in (
+        (["--metric", "nope"], "no run given has the metric 'nope'"),
+        (["--out", str(tmp_path)], "is a folder; give a file name"),
+        (["--out", str(tmp_path / "x.txt")], "cannot draw a .txt file"),
+        (["--x", "epoch"], "--x takes step or time"),
+    ):
+        refused = cli.invoke(app, ["runs", "plot", ids[0], *options])
+        assert refused.exit_code == 1, refused.output
+        assert message in " ".join(refused.output.split())
+        assert "Traceback" not in refused.output
+
+
+def test_the_sdk_reads_a_long_history_page_after_page(mlflow_env: LiveServer) -> None:
+    from shamal.client import ShamalClient
+
+    mlflow.set_experiment(f"sdk-history-{uuid.uuid4().hex[:8]}")
+    with mlflow.start_run() as run:
+        MlflowClient().log_batch(
+            run.info.run_id,
+            metrics=[Metric("m", float(s), 1_700_000_000_000 + s, s) for s in range(25)],
+        )
+    with ShamalClient(mlflow_env.url, mlflow_env.token) as api:
+        points = api.metric_history(run.info.run_id, "m", page_size=7)
+    assert [p["step"] for p in points] == list(range(25))
+    assert [p["value"] for p in points] == [float(s) for s in range(25)]

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Final
 
 import typer
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from shamal.cli._common import (
@@ -25,11 +26,18 @@ from shamal.cli._common import (
     handle_errors,
     print_table,
 )
+from shamal.cli._curves import Curve, plot_curves, summarize
 from shamal.client import ShamalClient
-from shamal.errors import NotFound
+from shamal.errors import InvalidParameter, NotFound
+from shamal.plotfile import plot_path
 
 #: Characters of a run id the tables show (the quickstart prints as many).
 SHORT_ID: Final = 12
+#: Metrics whose history `runs show` reads for its curves; panels and lines of `runs plot`.
+MAX_CURVES: Final = 20
+CURVE_WIDTH: Final = 16
+MAX_PANELS: Final = 8
+MAX_LINES: Final = 20
 #: The order run states are listed in; others follow by name.
 _STATUS_ORDER: Final = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 _RUN_ID_HELP: Final = "A run id, or its first 8 or more characters (as tables show them)."
@@ -37,7 +45,9 @@ _LIST_EXPERIMENTS: Final = "`shamal experiments list` shows the experiments you 
 _LIST_RUNS: Final = "`shamal runs list EXPERIMENT` shows the runs of an experiment and their ids"
 
 experiments = typer.Typer(help="Experiments: list, show and compare.", no_args_is_help=True)
-runs = typer.Typer(help="Runs: list, show and compare side by side.", no_args_is_help=True)
+runs = typer.Typer(
+    help="Runs: list, show with metric curves, compare side by side, plot.", no_args_is_help=True
+)
 models = typer.Typer(
     help="Registered models: list, show versions and aliases, compare versions.",
     no_args_is_help=True,
@@ -242,10 +252,19 @@ def list_runs(
 @runs.command("show")
 @handle_errors
 def show_run(
-    run_id: Annotated[str, typer.Argument(help=_RUN_ID_HELP)], as_json: bool = JsonOption
+    run_id: Annotated[str, typer.Argument(help=_RUN_ID_HELP)],
+    curves: Annotated[
+        bool,
+        typer.Option(
+            "--curves/--no-curves",
+            help=f"Read each metric's history for its range and curve (the first {MAX_CURVES}).",
+        ),
+    ] = True,
+    as_json: bool = JsonOption,
 ) -> None:
-    """Show a run: status, params, latest metrics and tags."""
-    run = _run(client(), run_id)
+    """Show a run: status, params, its metrics with their curves, and tags."""
+    api = client()
+    run = _run(api, run_id)
     if as_json:
         console.print_json(data=run)
         return
@@ -258,14 +277,119 @@ def show_run(
         ["key", "value"],
         [{"key": k, "value": v} for k, v in sorted(run["params"].items())],
     )
-    print_table(
-        "Metrics (latest)",
-        ["key", "value", "step"],
-        [
-            {"key": k, "value": metric_text(p), "step": p["step"]}
-            for k, p in sorted(run["metrics"].items())
-        ],
+    keys = sorted(run["metrics"])
+    drawn = keys[:MAX_CURVES] if curves else []
+    histories = _histories(api, [(run["run_id"], key) for key in drawn])
+    rows = []
+    for key in keys:
+        latest = run["metrics"][key]
+        row = {"key": key, "latest": metric_text(latest), "step": latest["step"]}
+        if curves:
+            found = histories.get((run["run_id"], key))
+            summary = summarize(found, CURVE_WIDTH) if found is not None else None
+            row |= {
+                "min": metric_text({"value": summary.low}) if summary else "-",
+                "max": metric_text({"value": summary.high}) if summary else "-",
+                "points": f"{summary.points:,}" if summary else "-",
+                "curve": summary.curve if summary else "",
+            }
+        rows.append(row)
+    _print_metrics(rows, curves)
+    if curves and len(keys) > MAX_CURVES:
+        console.print(
+            f"[dim]curves of the first {MAX_CURVES} of {len(keys)} metrics; "
+            f"`shamal runs plot {run['run_id'][:SHORT_ID]} --metric KEY` draws any[/]"
+        )
+
+
+def _print_metrics(rows: list[dict[str, Any]], curves: bool) -> None:
+    if not rows:
+        console.print("[dim]Metrics: none[/]")
+        return
+    cells = [{column: fmt(value) for column, value in row.items()} for row in rows]
+    table = Table(title="Metrics", title_justify="left", header_style="bold")
+    table.add_column("key", overflow="fold")  # long keys wrap; numbers and curves never do
+    for column in ("latest", "step", *(("min", "max", "points") if curves else ())):
+        widest = max(len(column), *(len(row[column]) for row in cells))
+        table.add_column(column, justify="right", no_wrap=True, min_width=widest)
+    if curves:
+        table.add_column("curve", no_wrap=True, min_width=CURVE_WIDTH)
+    for row in cells:
+        table.add_row(*(escape(value) for value in row.values()))
+    console.print(table)
+
+
+@runs.command("plot")
+@handle_errors
+def plot_runs(
+    run_ids: Annotated[list[str], typer.Argument(help=f"One or more runs. {_RUN_ID_HELP}")],
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            "-m",
+            help=f"A metric to draw (repeatable); default: the runs' metrics, up to {MAX_PANELS}.",
+        ),
+    ] = None,
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="The file to write: .png, .svg or .pdf.")
+    ] = "metrics.png",
+    x: Annotated[str, typer.Option("--x", help="step, or time (minutes).")] = "step",
+) -> None:
+    """Draw metric histories, one panel per metric and one line per run, into a file.
+
+    Example: shamal runs plot 3f2a9c1d0b7e 8e41d2aa90c3 --metric loss --metric val_loss
+    """
+    try:
+        path = plot_path(out, "--out")
+    except ValueError as exc:
+        raise InvalidParameter(str(exc)) from None
+    if x not in ("step", "time"):
+        raise InvalidParameter(f"--x takes step or time, not {x!r}")
+    if len(run_ids) > MAX_LINES:
+        raise InvalidParameter(f"give at most {MAX_LINES} runs; a chart of more cannot be read")
+    api = client()
+    found = list({r["run_id"]: r for r in (_run(api, r) for r in run_ids)}.values())
+    keys = (
+        list(dict.fromkeys(metric or []))
+        or sorted({k for r in found for k in r["metrics"]})[:MAX_PANELS]
     )
+    if not keys:
+        raise InvalidParameter("these runs have no metrics to draw")
+    if len(keys) > MAX_PANELS:
+        raise InvalidParameter(f"give at most {MAX_PANELS} metrics; one chart holds that many")
+    wanted = [(r["run_id"], k) for k in keys for r in found if k in r["metrics"]]
+    missing = [k for k in keys if not any(k in r["metrics"] for r in found)]
+    if missing:
+        raise InvalidParameter(
+            f"no run given has the metric {missing[0]!r}; `shamal runs show RUN` lists them"
+        )
+    histories = _histories(api, wanted)
+    width = short_id_width(r["run_id"] for r in found)
+    names = {r["run_id"]: f"{r['run_name']} ({r['run_id'][:width]})" for r in found}
+    curves = [Curve(k, names[run_id], histories[(run_id, k)]) for run_id, k in wanted]
+    written = plot_curves(curves, path, x=x, title=", ".join(keys))
+    console.print(f"wrote {escape(str(written))}: {escape(', '.join(keys))} of {len(found)} run(s)")
+
+
+def _histories(
+    api: ShamalClient, wanted: list[tuple[str, str]]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The whole history of each (run id, metric), with a progress bar when it is long work."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with Progress(
+        TextColumn("reading metric histories"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        transient=True,
+        disable=len(wanted) < 2 or not err_console.is_terminal,
+    ) as progress:
+        task = progress.add_task("histories", total=len(wanted))
+        for run_id, key in wanted:
+            found[(run_id, key)] = api.metric_history(run_id, key)
+            progress.advance(task)
+    return found
 
 
 @runs.command("compare")

@@ -178,7 +178,21 @@ class TrackingCalls(ClientCalls):
         logger.debug("run id prefix %s is run %s", text, run_id)
         return run_id
 
-    def metric_history(self, run_id: str, key: str) -> list[dict[str, Any]]:
+    def metric_history(
+        self, run_id: str, key: str, *, page_size: int = 100_000
+    ) -> list[dict[str, Any]]:
+        """Every point of a metric (``step``, ``timestamp``, ``value``; ``value`` is None
+        for NaN and the infinities, named in ``special``), in step order, read
+        ``page_size`` points a request."""
         url = f"/api/v1/runs/{quote(run_id, safe='')}/metrics/{quote(key, safe='')}"
-        result: dict[str, Any] = self.request("GET", url)
-        return list(result["items"])
+        points: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"max_results": page_size}
+            if token:
+                params["page_token"] = token
+            result: dict[str, Any] = self.request("GET", url, params=params)
+            points.extend(result["items"])
+            token = result.get("next_page_token")
+            if not token:
+                return points

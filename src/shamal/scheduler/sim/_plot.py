@@ -2,50 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from shamal.plotfile import PLOT_FORMATS, plot_path, pyplot, save_figure
 from shamal.scheduler.sim._simulator import SimResult
 
 __all__ = ["PLOT_FORMATS", "plot_path", "plot_timeline"]
 
 _POINTS = 4000
-
-PLOT_FORMATS = (".png", ".svg", ".pdf")
-"""The file extensions :func:`plot_timeline` writes."""
-
-
-def plot_path(path: str | Path) -> Path:
-    """The file :func:`plot_timeline` will write for ``path``: checked before a long
-    simulation rather than after it. A path without an extension gets ``.png``.
-
-    Raises:
-        ValueError: a folder, an extension other than :data:`PLOT_FORMATS`, or a place
-            that cannot be written (the message says which).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(
-            f"--plot {path} is a folder; give a file name, e.g. {path / 'timeline.png'}"
-        )
-    if not path.suffix:
-        path = path.with_name(path.name + ".png")
-    if path.suffix.lower() not in PLOT_FORMATS:
-        raise ValueError(
-            f"--plot {path}: cannot draw a {path.suffix} file; use {', '.join(PLOT_FORMATS)}"
-        )
-    if path.is_dir():
-        raise ValueError(f"--plot {path} is a folder; give a file name")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the folders missing are created when the plot is written
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--plot {path}: cannot write in {parent}")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"--plot {path}: the file exists and cannot be written")
-    return path
 
 
 def _resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -71,10 +37,7 @@ def plot_timeline(result: SimResult, path: str | Path, *, title: str | None = No
         OSError: the file could not be written.
     """
     path = plot_path(path)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     times = result.times
     if len(times):
@@ -104,7 +67,4 @@ def plot_timeline(result: SimResult, path: str | Path, *, title: str | None = No
         + (f"utilization {100 * used:.1f}%" if used is not None else "no GPUs")
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, format=path.suffix.lower().lstrip("."))
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
