@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
 
 from shamal.config import Settings
 from shamal.db import open_database, upgrade
@@ -178,3 +179,13 @@ def mlflow_env(mlflow_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Li
     mlflow.set_tracking_uri(mlflow_server.url)
     mlflow.set_registry_uri(mlflow_server.url)
     return mlflow_server
+
+
+@pytest.fixture
+def offline_cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """The CLI pointed at a port nothing listens on: what a test runs with it must be
+    refused before any request is sent."""
+    monkeypatch.setenv("SHAMAL_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("SHAMAL_TOKEN", "not-used")
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()

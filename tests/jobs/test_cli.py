@@ -6,21 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from shamal.cli import app
 from shamal.cli.job import parse_duration_s, parse_memory_mib
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    # Nothing listens here: every refusal below must come before a request.
-    monkeypatch.setenv("SHAMAL_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("SHAMAL_TOKEN", "not-used")
-    monkeypatch.setenv("COLUMNS", "200")
-    return CliRunner()
+from tests.cli_checks import one_clean_error
 
 
 @pytest.mark.parametrize(
@@ -88,17 +80,14 @@ def test_garbage_durations_are_refused_with_examples(text: str) -> None:
     ],
 )
 def test_submit_refuses_bad_options_with_a_clear_message(
-    cli: CliRunner, options: list[str], message: str
+    offline_cli: CliRunner, options: list[str], message: str
 ) -> None:
-    result = cli.invoke(app, ["job", "submit", *options, "--", "true"])
-    assert result.exit_code == 1, result.output
-    assert message in " ".join(result.output.split())
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
+    result = offline_cli.invoke(app, ["job", "submit", *options, "--", "true"])
+    one_clean_error(result, message)
 
 
-def test_cost_report_since_names_both_accepted_forms(cli: CliRunner) -> None:
-    result = cli.invoke(app, ["cost", "report", "--since", "forever"])
+def test_cost_report_since_names_both_accepted_forms(offline_cli: CliRunner) -> None:
+    result = offline_cli.invoke(app, ["cost", "report", "--since", "forever"])
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
     assert "--since takes a duration such as 7d" in text
@@ -127,28 +116,20 @@ def test_the_sdk_refuses_a_number_json_cannot_carry_before_sending(number: float
     "command",
     [[], ["job"], ["job", "submit"], ["cost", "report"], ["job", "list"], ["tune"], ["db"]],
 )
-def test_help_shows_no_value_type_for_flags(cli: CliRunner, command: list[str]) -> None:
-    result = cli.invoke(app, [*command, "--help"])
+def test_help_shows_no_value_type_for_flags(offline_cli: CliRunner, command: list[str]) -> None:
+    result = offline_cli.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "--help" in result.output
     assert "<bool>" not in result.output
 
 
-def test_help_still_shows_the_types_of_options_that_take_values(cli: CliRunner) -> None:
-    result = cli.invoke(app, ["job", "submit", "--help"])
+def test_help_still_shows_the_types_of_options_that_take_values(offline_cli: CliRunner) -> None:
+    result = offline_cli.invoke(app, ["job", "submit", "--help"])
     lines = {line.split()[1]: line for line in result.output.splitlines() if "--" in line[:6]}
     assert "<float>" in lines["--cpus"]
     assert "<str>" in lines["--memory"]
     assert "4Gi or 4GiB (binary), 4G or 4GB (decimal" in result.output
     assert "<bool>" not in lines["--no-snapshot"]
-
-
-def _one_clean_error(result: Result, message: str) -> None:
-    """One error line that says what to do: no traceback, exit 1."""
-    assert result.exit_code == 1, result.output
-    assert message in " ".join(result.output.split())
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
 @pytest.mark.parametrize(
@@ -162,9 +143,11 @@ def _one_clean_error(result: Result, message: str) -> None:
     ],
 )
 def test_cost_report_refuses_hostile_since_values_cleanly(
-    cli: CliRunner, since: str, message: str
+    offline_cli: CliRunner, since: str, message: str
 ) -> None:
-    _one_clean_error(cli.invoke(app, ["cost", "report", "--since", since, "--no-csv"]), message)
+    one_clean_error(
+        offline_cli.invoke(app, ["cost", "report", "--since", since, "--no-csv"]), message
+    )
 
 
 @pytest.mark.parametrize(
@@ -172,10 +155,10 @@ def test_cost_report_refuses_hostile_since_values_cleanly(
     [("missing/cost.csv", "its folder does not exist"), (".", "it is a folder")],
 )
 def test_cost_report_refuses_a_csv_path_it_cannot_write_before_asking(
-    cli: CliRunner, tmp_path: Path, where: str, message: str
+    offline_cli: CliRunner, tmp_path: Path, where: str, message: str
 ) -> None:
-    result = cli.invoke(app, ["cost", "report", "--csv", str(tmp_path / where)])
-    _one_clean_error(result, message)
+    result = offline_cli.invoke(app, ["cost", "report", "--csv", str(tmp_path / where)])
+    one_clean_error(result, message)
     assert "name a file in a folder that exists, or give --no-csv" in " ".join(
         result.output.split()
     )
@@ -192,9 +175,9 @@ def test_cost_report_refuses_a_csv_path_it_cannot_write_before_asking(
     ],
 )
 def test_submit_refuses_sizes_and_durations_too_large_to_mean_anything(
-    cli: CliRunner, options: list[str], message: str
+    offline_cli: CliRunner, options: list[str], message: str
 ) -> None:
-    _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
+    one_clean_error(offline_cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
 
 
 @pytest.mark.parametrize(
@@ -214,10 +197,10 @@ def test_submit_refuses_sizes_and_durations_too_large_to_mean_anything(
     ],
 )
 def test_submit_checks_the_request_before_uploading_and_names_the_flag(
-    cli: CliRunner, options: list[str], message: str
+    offline_cli: CliRunner, options: list[str], message: str
 ) -> None:
     # The server is unreachable: an error about it would mean the check came too late.
-    _one_clean_error(cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
+    one_clean_error(offline_cli.invoke(app, ["job", "submit", *options, "--", "true"]), message)
 
 
 @pytest.mark.parametrize("command", ["show", "logs", "cancel", "preempt"])
@@ -227,10 +210,10 @@ def test_submit_checks_the_request_before_uploading_and_names_the_flag(
      "abcdef\x00", "\uff41\uff42\uff43\uff44\uff45\uff46"],
 )  # fmt: skip
 def test_job_ids_that_cannot_be_one_are_refused_before_any_request(
-    cli: CliRunner, command: str, job_id: str
+    offline_cli: CliRunner, command: str, job_id: str
 ) -> None:
-    result = cli.invoke(app, ["job", command, job_id])
-    _one_clean_error(result, "a job id is 6 to 32 hexadecimal digits, as `shamal job list` shows")
+    result = offline_cli.invoke(app, ["job", command, job_id])
+    one_clean_error(result, "a job id is 6 to 32 hexadecimal digits, as `shamal job list` shows")
 
 
 @pytest.mark.parametrize(
@@ -245,7 +228,7 @@ def test_job_ids_that_cannot_be_one_are_refused_before_any_request(
     ],
 )
 def test_job_list_names_the_flag_of_a_filter_it_refuses_before_any_request(
-    cli: CliRunner, options: list[str], message: str
+    offline_cli: CliRunner, options: list[str], message: str
 ) -> None:
-    result = cli.invoke(app, ["job", "list", *options])
-    _one_clean_error(result, message)
+    result = offline_cli.invoke(app, ["job", "list", *options])
+    one_clean_error(result, message)
