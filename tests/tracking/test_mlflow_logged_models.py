@@ -8,7 +8,7 @@ import httpx
 import mlflow
 import pytest
 from mlflow import MlflowClient
-from mlflow.entities import LoggedModel, Metric
+from mlflow.entities import LoggedModel, LoggedModelStatus, Metric
 from mlflow.exceptions import MlflowException
 
 from tests.live import LiveServer
@@ -254,3 +254,27 @@ def test_logged_model_filters_take_lists_and_every_string_column(mlflow_env: Liv
         with pytest.raises(MlflowException) as refused:
             found(bad)
         assert refused.value.error_code == "INVALID_PARAMETER_VALUE", bad
+
+
+def test_finalize_takes_every_status_a_stock_server_takes(mlflow_env: LiveServer) -> None:
+    """A stock server lets ``finalize_logged_model`` set any status of the enum, PENDING
+    and UNSPECIFIED included; anything else is a clean 400 that changes nothing."""
+    client = MlflowClient()
+    exp_id = client.create_experiment(_name("lm-finalize"))
+    model_id = client.create_logged_model(exp_id, name="m").model_id
+    for status in (
+        LoggedModelStatus.READY,
+        LoggedModelStatus.PENDING,
+        LoggedModelStatus.UNSPECIFIED,
+        LoggedModelStatus.FAILED,
+    ):
+        assert client.finalize_logged_model(model_id, status).status == status
+        assert client.get_logged_model(model_id).status == status
+    url = f"{mlflow_env.url}/api/2.0/mlflow/logged-models/{model_id}"
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    for bad in ("BOGUS", "logged_model_ready", "READY"):
+        answer = httpx.patch(url, headers=headers, json={"model_id": model_id, "status": bad})
+        assert answer.status_code == 400
+        assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert "LOGGED_MODEL_PENDING" in answer.json()["message"]
+    assert client.get_logged_model(model_id).status == LoggedModelStatus.FAILED

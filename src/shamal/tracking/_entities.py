@@ -13,6 +13,8 @@ LOGGED_MODEL_STATUSES = (
     "LOGGED_MODEL_PENDING",
     "LOGGED_MODEL_READY",
     "LOGGED_MODEL_UPLOAD_FAILED",
+    # The proto enum's zero value: a stock server lets a finalize set it too.
+    "LOGGED_MODEL_STATUS_UNSPECIFIED",
 )
 
 

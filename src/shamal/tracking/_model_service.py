@@ -62,9 +62,16 @@ class LoggedModelService:
         return self._db.run(work)
 
     def finalize(self, ctx: AuditContext, model_id: str, status: str) -> LoggedModel:
-        if status not in LOGGED_MODEL_STATUSES[1:]:
+        """Set a logged model's status: any value of the proto enum, as on a stock server
+        (``MlflowClient().finalize_logged_model(id, LoggedModelStatus.PENDING)`` included).
+
+        Raises:
+            InvalidParameter: a status that is not one of ``LOGGED_MODEL_STATUSES``.
+            NotFound: no such model.
+        """
+        if status not in LOGGED_MODEL_STATUSES:
             raise InvalidParameter(
-                "status must be LOGGED_MODEL_READY or LOGGED_MODEL_UPLOAD_FAILED."
+                "status must be one of " + ", ".join(LOGGED_MODEL_STATUSES) + "."
             )
         principal = ctx.require_principal()
         self.get(principal, model_id, Role.MEMBER)
