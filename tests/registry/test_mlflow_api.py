@@ -314,8 +314,11 @@ def test_search_pages_with_tokens_and_caps(client: TestClient) -> None:
         if not token:
             break
     assert seen == ["p4", "p3", "p2", "p1", "p0"]
-    for bad in (0, 1001, "ten"):
+    for bad in (1001, "ten"):
         r = client.get(f"{API}/registered-models/search", params={"max_results": bad})
+        _error(r, 400, "INVALID_PARAMETER_VALUE")
+    for bad in (0, -1):
+        r = client.get(f"{API}/model-versions/search", params={"max_results": bad})
         _error(r, 400, "INVALID_PARAMETER_VALUE")
     r = client.get(f"{API}/model-versions/search", params={"max_results": 200_001})
     _error(r, 400, "INVALID_PARAMETER_VALUE")

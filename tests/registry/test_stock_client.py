@@ -129,6 +129,29 @@ def test_search_registered_models_filter_order_and_pages(mlflow_env: LiveServer)
     assert len(client.search_registered_models(filter_string=f"tags.batch = '{batch}'")) == 5
 
 
+def test_search_page_sizes_of_zero_and_less_match_stock(mlflow_env: LiveServer) -> None:
+    """Stock: a registered-model search with max_results 0 or less is an empty list (no
+    next page: a stock server's token leads back to the same empty page); a model-version
+    search refuses it with a 400; a bad filter is still a 400 either way."""
+    client = MlflowClient()
+    name = _name("zero-page")
+    client.create_registered_model(name)
+    for size in (0, -1, -5):
+        page = client.search_registered_models(max_results=size)
+        assert list(page) == []
+        assert not page.token
+        with pytest.raises(MlflowException) as versions:
+            client.search_model_versions(f"name = '{name}'", max_results=size)
+        assert _code(versions) == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(MlflowException) as bad_filter:
+        client.search_registered_models(filter_string="name = 'x' OR 1=1", max_results=0)
+    assert _code(bad_filter) == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(MlflowException) as too_many:
+        client.search_registered_models(max_results=1001)
+    assert _code(too_many) == "INVALID_PARAMETER_VALUE"
+    assert [m.name for m in client.search_registered_models(f"name = '{name}'", 1)] == [name]
+
+
 def test_missing_things_are_404_and_unknown_endpoints_too(mlflow_env: LiveServer) -> None:
     client = MlflowClient()
     missing = _name("missing")

@@ -369,16 +369,22 @@ class RegistryService:
         Prompts (models tagged ``mlflow.prompt.is_prompt`` = ``true``) are left
         out unless the filter asks for them, as MLflow's own server does.
 
+        ``max_results`` 0 or less is an empty page, as on a stock server (which, unlike
+        model-version searches, takes it); it has no next page token, where a stock
+        server's token would lead back to the same empty page.
+
         Raises:
             InvalidParameter: a malformed filter, order_by or page token, or
-                ``max_results`` outside 1..1000.
+                ``max_results`` over 1000.
         """
-        limit = _check_max_results(max_results, MODELS_PAGE_MAX)
         offset = decode_page_token(page_token)
         filters, prompts = _rules.split_prompt_clauses(
             parse_filter(filter_string, REGISTERED_MODELS)
         )
         order = parse_order_by(list(order_by), REGISTERED_MODELS)
+        if max_results <= 0:
+            return Page(())
+        limit = _check_max_results(max_results, MODELS_PAGE_MAX)
         with self._reading() as s:
             models, more = _store.search_models(
                 s, filters, order, _visibility(principal), offset, limit, prompts=prompts
