@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Annotated
@@ -11,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from shamal.cli._common import JsonOption, client, console, handle_errors
+from shamal.cli._common import JsonOption, client, console, handle_errors, install_first_on_path
 from shamal.config import Settings
 from shamal.scheduler import DEFAULT_POLICY, policy_names
 from shamal.server._platform import start_platform
@@ -43,8 +45,12 @@ def run(
 
     Several schedulers may run against one PostgreSQL database: claims take turns on a
     database lock, each launches only the jobs it claimed, and each re-attaches to its
-    own jobs when restarted under the same name.
+    own jobs when restarted under the same name. Jobs run with this install's `python`
+    first on PATH.
     """
+    os.environ["PATH"] = install_first_on_path(
+        os.environ.get("PATH", ""), prefix=sys.prefix, base_prefix=sys.base_prefix
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings()
     platform = start_platform(settings)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from typing import Annotated, Any
 
@@ -11,7 +13,13 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.panel import Panel
 
-from shamal.cli._common import SETTINGS_HINT, console, err_console, explain_invalid
+from shamal.cli._common import (
+    SETTINGS_HINT,
+    console,
+    err_console,
+    explain_invalid,
+    install_first_on_path,
+)
 from shamal.cli._quickstart import run_quickstart, wait_until_up
 from shamal.client import ShamalClient
 from shamal.config import Settings
@@ -67,8 +75,12 @@ def server(
     With no configuration it runs the embedded default: SQLite and artifacts
     under SHAMAL_HOME (~/.shamal), bound to 127.0.0.1:8600, and an admin token
     written to SHAMAL_HOME/token on first start. SHAMAL_DATABASE_URL selects
-    PostgreSQL. Stop it with Ctrl-C; in-flight requests finish first.
+    PostgreSQL. Jobs run with this install's `python` first on PATH. Stop it with
+    Ctrl-C; in-flight requests finish first.
     """
+    os.environ["PATH"] = install_first_on_path(
+        os.environ.get("PATH", ""), prefix=sys.prefix, base_prefix=sys.base_prefix
+    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("alembic", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
