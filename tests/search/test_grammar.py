@@ -91,6 +91,22 @@ C = Comparison
             LOGGED_MODELS,
             [C("attribute", "creation_timestamp", ">", 5.0), C("metric", "a", "<", 1.0)],
         ),
+        ("experiment_id = '06'", LOGGED_MODELS, [C("attribute", "experiment_id", "=", "6")]),
+        ("experiment_id != 6", LOGGED_MODELS, [C("attribute", "experiment_id", "!=", "6")]),
+        ("experiment_id = 'x'", LOGGED_MODELS, [C("attribute", "experiment_id", "=", "x")]),
+        ("tags.experiment_id IN ('01')", LOGGED_MODELS, [C("tag", "experiment_id", "IN", ("01",))]),
+        ("tags.experiment_id = '01'", LOGGED_MODELS, [C("tag", "experiment_id", "=", "01")]),
+        ("experiment_id LIKE '0%'", LOGGED_MODELS, [C("attribute", "experiment_id", "LIKE", "0%")]),
+        (
+            "attributes.experiment_id IN ('01', 2)",
+            LOGGED_MODELS,
+            [C("attribute", "experiment_id", "IN", ("1", "2"))],
+        ),
+        (
+            "lifecycle_stage ILIKE 'ACT%'",
+            LOGGED_MODELS,
+            [C("attribute", "lifecycle_stage", "ILIKE", "ACT%")],
+        ),
         ("tags.t IS NULL", RUNS, [C("tag", "t", "IS NULL", ())]),
         (
             "params.`a b` is  not\tnull AND tags.t = 'x'",
@@ -260,6 +276,11 @@ def test_runs_grammar_whitelist(text: str) -> None:
         (REGISTERED_MODELS, "tags.t IS NULL"),
         (MODEL_VERSIONS, "tags.t IS NOT NULL"),
         (LOGGED_MODELS, "creation_timestamp = 'x'"),
+        (LOGGED_MODELS, "experiment_id > '1'"),
+        (LOGGED_MODELS, "experiment_id LIKE 1"),
+        (LOGGED_MODELS, "experiment_id IS NULL"),
+        (LOGGED_MODELS, "lifecycle_stage > 'a'"),
+        (LOGGED_MODELS, "lifecycle_stage = 1"),
     ],
 )
 def test_other_grammars_whitelist(grammar: Grammar, text: str) -> None:
@@ -416,7 +437,7 @@ def test_order_by_objects_parse() -> None:
         {"field_name": "params.alpha"},
         {"field_name": "tags.t"},
         {"field_name": "datasets.name"},
-        {"field_name": "lifecycle_stage"},
+        {"field_name": "no_such_attribute"},
         {"field_name": "metrics.acc", "ascending": "false"},
         {"field_name": "metrics.acc", "ascending": 0},
         {"field_name": "metrics.acc", "dataset_name": 5},

@@ -278,3 +278,49 @@ def test_finalize_takes_every_status_a_stock_server_takes(mlflow_env: LiveServer
         assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE"
         assert "LOGGED_MODEL_PENDING" in answer.json()["message"]
     assert client.get_logged_model(model_id).status == LoggedModelStatus.FAILED
+
+
+def test_filters_on_experiment_id_and_lifecycle_stage(mlflow_env: LiveServer) -> None:
+    """A stock server filters logged models on the ``experiment_id`` (compared as text, so
+    ``= 4``, ``= '04'`` and ``LIKE`` all work) and ``lifecycle_stage`` attributes; a search
+    only ever finds active models, so ``lifecycle_stage = 'deleted'`` finds none."""
+    client = MlflowClient()
+    exp_a = client.create_experiment(_name("lm-exp-a"))
+    exp_b = client.create_experiment(_name("lm-exp-b"))
+    in_a = client.create_logged_model(exp_a, name="in-a").model_id
+    in_b = client.create_logged_model(exp_b, name="in-b").model_id
+    gone = client.create_logged_model(exp_a, name="gone").model_id
+    client.delete_logged_model(gone)
+
+    def found(filter_string: str) -> set[str]:
+        models = client.search_logged_models(
+            experiment_ids=[exp_a, exp_b], filter_string=filter_string
+        )
+        return {m.model_id for m in models}
+
+    assert found(f"experiment_id = '{exp_a}'") == {in_a}
+    assert found(f"attributes.experiment_id = {exp_b}") == {in_b}
+    assert found(f"experiment_id = '0{exp_a}'") == {in_a}
+    assert found(f"experiment_id != '{exp_a}'") == {in_b}
+    assert found(f"experiment_id IN ('{exp_a}', '{exp_b}')") == {in_a, in_b}
+    assert found(f"experiment_id NOT IN ('{exp_a}')") == {in_b}
+    assert found(f"experiment_id LIKE '{exp_b}'") == {in_b}
+    assert found("experiment_id = 'nope'") == set()
+    assert found("lifecycle_stage = 'active'") == {in_a, in_b}
+    assert found("lifecycle_stage = 'deleted'") == set()
+    assert found("lifecycle_stage ILIKE 'ACT%' AND name = 'in-a'") == {in_a}
+    assert found("lifecycle_stage IN ('active', 'deleted')") == {in_a, in_b}
+    ordered = client.search_logged_models(
+        experiment_ids=[exp_a], order_by=[{"field_name": "lifecycle_stage"}]
+    )
+    assert [m.model_id for m in ordered] == [in_a]
+    for bad in (
+        f"experiment_id > '{exp_a}'",
+        "lifecycle_stage < 'b'",
+        "experiment_id = '1' OR 1=1",
+        "lifecycle_stage = 'active'; DROP TABLE logged_models",
+    ):
+        with pytest.raises(MlflowException) as refused:
+            client.search_logged_models(experiment_ids=[exp_a], filter_string=bad)
+        assert refused.value.error_code == "INVALID_PARAMETER_VALUE"
+    assert found("name = 'gone'") == set()

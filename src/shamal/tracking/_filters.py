@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 import math
@@ -183,6 +184,11 @@ class Grammar:
         lowercase_lists: attribute keys (ids) whose ``IN`` lists drop items with upper case.
         quoted_integers: numeric attribute keys that also take an integer written as a
             quoted string (``version_number = '2'``), as a stock server does.
+        integer_text: string attribute keys whose values are integers compared as text (a
+            logged model's ``experiment_id``): they also take an unquoted number, and
+            ``=``, ``!=``, ``IN`` and ``NOT IN`` compare a decimal integer in canonical
+            form (``'06'`` -> ``'6'``), as a stock server matches them; ``LIKE`` and
+            ``ILIKE`` patterns stay as written.
     """
 
     name: str
@@ -193,6 +199,7 @@ class Grammar:
     order_keys: frozenset[str]
     lowercase_lists: frozenset[str] = frozenset()
     quoted_integers: frozenset[str] = frozenset()
+    integer_text: frozenset[str] = frozenset()
 
 
 def _grammar(
@@ -278,38 +285,44 @@ MODEL_VERSIONS: Final = _grammar(
     {"run_id"},
     {"version_number"},
 )
-LOGGED_MODELS: Final = _grammar(
-    "logged_models",
-    {"metric": _NUMBER, "param": _STRING_OR_LIST, "tag": _STRING_OR_LIST},
-    {
-        ("attribute", "name"): _STRING_OR_LIST,
-        ("attribute", "model_id"): _STRING_OR_LIST,
-        ("attribute", "model_type"): _STRING_OR_LIST,
-        ("attribute", "status"): _STRING_OR_LIST,
-        ("attribute", "source_run_id"): _STRING_OR_LIST,
-        ("attribute", "status_message"): _STRING_OR_LIST,
-        ("attribute", "artifact_location"): _STRING_OR_LIST,
-        ("attribute", "creation_timestamp"): _NUMBER,
-        ("attribute", "last_updated_timestamp"): _NUMBER,
-    },
-    {
-        "creation_time": "creation_timestamp",
-        "creation_timestamp_ms": "creation_timestamp",
-        "last_updated_timestamp_ms": "last_updated_timestamp",
-    },
-    {"metric"},
-    {
-        "name",
-        "model_id",
-        "experiment_id",
-        "creation_timestamp",
-        "last_updated_timestamp",
-        "status",
-        "model_type",
-        "source_run_id",
-        "status_message",
-        "artifact_location",
-    },  # fmt: skip
+LOGGED_MODELS: Final = dataclasses.replace(
+    _grammar(
+        "logged_models",
+        {"metric": _NUMBER, "param": _STRING_OR_LIST, "tag": _STRING_OR_LIST},
+        {
+            ("attribute", "name"): _STRING_OR_LIST,
+            ("attribute", "model_id"): _STRING_OR_LIST,
+            ("attribute", "experiment_id"): _STRING_OR_LIST,
+            ("attribute", "lifecycle_stage"): _STRING_OR_LIST,
+            ("attribute", "model_type"): _STRING_OR_LIST,
+            ("attribute", "status"): _STRING_OR_LIST,
+            ("attribute", "source_run_id"): _STRING_OR_LIST,
+            ("attribute", "status_message"): _STRING_OR_LIST,
+            ("attribute", "artifact_location"): _STRING_OR_LIST,
+            ("attribute", "creation_timestamp"): _NUMBER,
+            ("attribute", "last_updated_timestamp"): _NUMBER,
+        },
+        {
+            "creation_time": "creation_timestamp",
+            "creation_timestamp_ms": "creation_timestamp",
+            "last_updated_timestamp_ms": "last_updated_timestamp",
+        },
+        {"metric"},
+        {
+            "name",
+            "model_id",
+            "experiment_id",
+            "creation_timestamp",
+            "last_updated_timestamp",
+            "status",
+            "model_type",
+            "source_run_id",
+            "status_message",
+            "artifact_location",
+            "lifecycle_stage",
+        },  # fmt: skip
+    ),
+    integer_text=frozenset({"experiment_id"}),
 )
 
 
@@ -558,6 +571,7 @@ def _id(scanner: _Scanner, text: str) -> str:
 def _list_value(
     scanner: _Scanner,
     rule: Rule,
+    entity: Entity,
     key: str,
     items: list[tuple[str, float | str]],
     grammar: Grammar,
@@ -578,6 +592,9 @@ def _list_value(
         return tuple(numbers)
     strings: list[str] = []
     for kind, item in items:
+        if _is_integer_text(grammar, entity, key):
+            strings.append(_integer_text(scanner, item))
+            continue
         if kind != "string":
             raise scanner.error("list items must be quoted strings for this key")
         strings.append(_plain_string(scanner, str(item)))
@@ -585,6 +602,43 @@ def _list_value(
         # Ids are lower-case hex: an upper-case item can never match, drop it.
         strings = [s for s in strings if s == s.lower()]
     return tuple(strings)
+
+
+def _integer_text(scanner: _Scanner, value: float | str) -> str:
+    """An integer-as-text value: a whole number or a quoted decimal integer in canonical
+    form; any other text as written (it matches no integer)."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    text = value.strip()
+    if text.isascii() and text.isdigit() and len(text) <= MAX_ID_DIGITS:
+        return str(int(text))
+    return _plain_string(scanner, value)
+
+
+def _integer_value(  # noqa: PLR0913  # one clause's parts, already parsed
+    scanner: _Scanner,
+    grammar: Grammar,
+    clause: Comparison,
+    rule: Rule,
+    kind: str,
+    raw: float | str,
+    value_start: int,
+) -> Comparison | None:
+    """The clause with its value, for the keys that take integers written either way
+    (``Grammar.quoted_integers``, ``Grammar.integer_text``); None for other keys."""
+    if kind == "string" and rule.kind == "number" and clause.key in grammar.quoted_integers:
+        text = str(raw).strip()
+        if not text.isascii() or not text.isdigit() or len(text) > MAX_ID_DIGITS:
+            scanner.pos = value_start
+            raise scanner.error("expected an integer")
+        return Comparison(clause.entity, clause.key, clause.op, float(int(text)))
+    if _is_integer_text(grammar, clause.entity, clause.key) and clause.op not in ("LIKE", "ILIKE"):
+        return Comparison(clause.entity, clause.key, clause.op, _integer_text(scanner, raw))
+    return None
+
+
+def _is_integer_text(grammar: Grammar, entity: Entity, key: str) -> bool:
+    return entity == "attribute" and key in grammar.integer_text
 
 
 def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
@@ -607,13 +661,11 @@ def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
         scanner.pos = value_start
         raise scanner.error("IN and NOT IN take a list, other comparators a single value")
     if isinstance(raw, list):
-        return Comparison(entity, key, op, _list_value(scanner, rule, key, raw, grammar))
-    if kind == "string" and rule.kind == "number" and key in grammar.quoted_integers:
-        text = str(raw).strip()
-        if not text.isascii() or not text.isdigit() or len(text) > MAX_ID_DIGITS:
-            scanner.pos = value_start
-            raise scanner.error("expected an integer")
-        return Comparison(entity, key, op, float(int(text)))
+        return Comparison(entity, key, op, _list_value(scanner, rule, entity, key, raw, grammar))
+    clause = Comparison(entity, key, op, ())
+    lenient = _integer_value(scanner, grammar, clause, rule, kind, raw, value_start)
+    if lenient is not None:
+        return lenient
     if kind != ("string" if rule.kind == "id" else rule.kind):
         scanner.pos = value_start
         raise scanner.error(f"expected a {'number' if rule.kind == 'number' else 'quoted string'}")

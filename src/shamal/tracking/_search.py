@@ -421,6 +421,10 @@ def experiments_query(
 _MODEL_ATTRIBUTES: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
     "name": (LoggedModelRow.name, False),
     "model_id": (LoggedModelRow.model_id, False),
+    # Compared as text, as a stock server does (LIKE '1%' works); the search is already
+    # narrowed to the listed experiments by the integer column.
+    "experiment_id": (cast(LoggedModelRow.experiment_id, String()), False),
+    "lifecycle_stage": (LoggedModelRow.lifecycle_stage, False),
     "model_type": (LoggedModelRow.model_type, False),
     "status": (LoggedModelRow.status, False),
     "source_run_id": (LoggedModelRow.source_run_id, False),
@@ -440,6 +444,7 @@ _MODEL_SORT_COLUMNS: Final[dict[str, tuple[SQLColumnExpression[Any], bool]]] = {
     "last_updated_timestamp": (LoggedModelRow.last_updated_timestamp_ms, False),
     "status": (LoggedModelRow.status, False),
     "artifact_location": (LoggedModelRow.artifact_location, False),
+    "lifecycle_stage": (LoggedModelRow.lifecycle_stage, False),
     "model_type": (LoggedModelRow.model_type, True),
     "source_run_id": (LoggedModelRow.source_run_id, True),
     "status_message": (LoggedModelRow.status_message, True),
