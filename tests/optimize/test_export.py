@@ -224,3 +224,29 @@ def test_int8_of_a_graph_with_only_ml_operators(tmp_path: Path, wine: tuple) -> 
         None, {"input": x_test.astype(np.float32)}
     )
     assert (label == model.predict(x_test.astype(np.float32))).mean() > 0.97
+
+
+def test_int8_of_the_quickstart_pipeline(tmp_path: Path, wine: tuple) -> None:
+    """The quickstart's model (scaler + SGDClassifier with log loss, as `make run` registers
+    it): skl2onnx writes a MatMul whose output type shape inference cannot find, and the
+    quantizer raised instead of taking it as float."""
+    import mlflow.sklearn
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x_train, x_test, y_train, y_test = wine
+    sgd = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
+    model = make_pipeline(StandardScaler(), sgd).fit(x_train, y_train)
+    mlflow.sklearn.save_model(model, str(tmp_path / "sgd"), pip_requirements=[])
+    np.savez(tmp_path / "eval.npz", input=x_test.astype(np.float32), y=y_test)
+    request = OptimizeRequest(
+        int8="dynamic", eval_data=tmp_path / "eval.npz", batches=(1,), threads=(1,), repeats=2
+    )
+    int8 = optimize_model(tmp_path / "sgd", tmp_path / "out", request).candidate
+    assert int8.name.startswith("int8-dynamic")
+    assert int8.verdict == "OK"
+    (label, _) = ort.InferenceSession(str(int8.folder / "model.onnx")).run(
+        None, {"input": x_test.astype(np.float32)}
+    )
+    assert (label == model.predict(x_test)).mean() > 0.97

@@ -147,6 +147,9 @@ def quantize_int8_dynamic(model: Any, options: Int8Options) -> Any:
                 weight_type=quantization.QuantType.QInt8,
                 op_types_to_quantize=list(options.op_types) if options.op_types else None,
                 nodes_to_exclude=list(options.nodes_to_exclude),
+                # skl2onnx's linear classifiers feed a MatMul into ai.onnx.ml operators, where
+                # shape inference finds no type; such tensors are float.
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
         return onnx.load_model(str(dst))
 
