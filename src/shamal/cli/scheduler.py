@@ -36,7 +36,7 @@ def run(
         str | None,
         typer.Option(
             "--api-url",
-            help="The URL its jobs reach the API at, e.g. http://shamal:5000 (or "
+            help="The URL its jobs reach the API at, e.g. http://shamal:8600 (or "
             "SHAMAL_SCHEDULER__API_URL); without it jobs get no platform token.",
         ),
     ] = None,
