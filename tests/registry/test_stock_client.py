@@ -152,6 +152,60 @@ def test_search_page_sizes_of_zero_and_less_match_stock(mlflow_env: LiveServer) 
     assert [m.name for m in client.search_registered_models(f"name = '{name}'", 1)] == [name]
 
 
+# Keys a stock 3.17 server refuses on registry tags (400 INVALID_PARAMETER_VALUE) ...
+REFUSED_TAG_KEYS = [
+    "../x", "..", ".", "..a", "...", "/abs", "/", "//", "a/../b", "a/..", "./a", "a/",
+    "a//b", "a/./b", "a\\b", "a\nb", "a\tb", "a\x00b", "a\u200bb", "a\U0001f600",
+]  # fmt: skip
+# ... and keys it takes.
+TAKEN_TAG_KEYS = ["a..b", "a/b", ".a", "a.", "a b", " ", "a-b", "a:b", "C:x", "ß", "٣", "k" * 250]
+
+
+def test_registry_tag_keys_follow_stock_rules(mlflow_env: LiveServer, tmp_path: Path) -> None:
+    """Registered-model and model-version tag keys: the characters and path rules of a
+    stock server, on set, on create and on delete (where, as on stock, a key over 250
+    characters is no error); the 250-character and 100,000-character limits on set."""
+    run_id, artifact_uri = _run_with_model(tmp_path)
+    client = MlflowClient()
+    name = _name("tag-keys")
+    client.create_registered_model(name)
+    client.create_model_version(name, f"{artifact_uri}/model", run_id=run_id)
+    for key in REFUSED_TAG_KEYS:
+        calls = {
+            "version set": lambda k=key: client.set_model_version_tag(name, "1", k, "v"),
+            "model set": lambda k=key: client.set_registered_model_tag(name, k, "v"),
+            "version delete": lambda k=key: client.delete_model_version_tag(name, "1", k),
+            "model delete": lambda k=key: client.delete_registered_model_tag(name, k),
+            "model create": lambda k=key: client.create_registered_model(_name("t"), {k: "v"}),
+            "version create": lambda k=key: client.create_model_version(
+                name, f"{artifact_uri}/model", run_id=run_id, tags={k: "v"}
+            ),
+        }
+        for what, call in calls.items():
+            with pytest.raises(MlflowException) as refused:
+                call()
+            assert _code(refused) == "INVALID_PARAMETER_VALUE", (what, key)
+            assert "tag key" in refused.value.message, (what, key)
+    for key in TAKEN_TAG_KEYS:
+        client.set_model_version_tag(name, "1", key, "v")
+        client.set_registered_model_tag(name, key, "w")
+    assert set(client.get_model_version(name, "1").tags) == set(TAKEN_TAG_KEYS)
+    assert set(client.get_registered_model(name).tags) == set(TAKEN_TAG_KEYS)
+    assert [v.version for v in client.search_model_versions(f"name = '{name}'")] == ["1"]
+    for call in (
+        lambda: client.set_model_version_tag(name, "1", "k" * 251, "v"),
+        lambda: client.set_registered_model_tag(name, "k" * 251, "v"),
+        lambda: client.set_model_version_tag(name, "1", "k", "v" * 100_001),
+        lambda: client.set_registered_model_tag(name, "k", "v" * 100_001),
+    ):
+        with pytest.raises(MlflowException) as too_long:
+            call()
+        assert _code(too_long) == "INVALID_PARAMETER_VALUE"
+    client.set_model_version_tag(name, "1", "k", "v" * 100_000)
+    client.delete_model_version_tag(name, "1", "k" * 251)
+    client.delete_registered_model_tag(name, "k" * 251)
+
+
 def test_missing_things_are_404_and_unknown_endpoints_too(mlflow_env: LiveServer) -> None:
     client = MlflowClient()
     missing = _name("missing")

@@ -40,6 +40,9 @@ TagsIn = Mapping[str, str] | Iterable[tuple[str, str]] | None
 _ALIAS_RE = re.compile(r"[\w\-]+")
 _VERSION_ALIAS_RE = re.compile(r"[vV]\d+")
 _REFERENCE_ID_RE = re.compile(r"[A-Za-z0-9_\-]+")
+#: Tag keys: what a stock server takes (letters and digits of any script, ``_``, ``-``,
+#: ``.``, space, ``:`` and ``/``).
+_TAG_KEY_RE = re.compile(r"[\w.\- :/]+")
 _VERSION_RE = re.compile(r"[0-9]{1,9}")
 _STAGES = {stage.value.lower(): stage for stage in Stage}
 
@@ -115,13 +118,12 @@ def check_alias(alias: str) -> str:
 
 
 def check_tag(key: Any, value: Any) -> tuple[str, str]:
-    """A tag: a non-empty printable key of at most 250 characters and a string value."""
-    if not isinstance(key, str) or not key.strip():
-        raise InvalidParameter("A tag key must be a non-empty string.")
+    """A tag of a registered model or a model version, by a stock server's rules: a key
+    that passes :func:`check_tag_key` and has at most 250 characters, and a string value
+    of at most 100,000 characters."""
+    key = check_tag_key(key)
     if len(key) > MAX_TAG_KEY_LENGTH:
         raise InvalidParameter(f"Tag keys are at most {MAX_TAG_KEY_LENGTH} characters long.")
-    if not _printable(key):
-        raise InvalidParameter("Tag keys cannot contain control or invisible characters.")
     if not isinstance(value, str):
         raise InvalidParameter("A tag value must be a string.")
     if len(value) > MAX_TAG_VALUE_LENGTH:
@@ -130,7 +132,27 @@ def check_tag(key: Any, value: Any) -> tuple[str, str]:
 
 
 def check_tag_key(key: Any) -> str:
-    return check_tag(key, "")[0]
+    """A tag key, by a stock server's rules (which also hold for deleting a tag, where a
+    stock server does not check the length): not empty; only letters and digits (of any
+    script), ``_``, ``-``, ``.``, spaces, ``:`` and ``/``; and a normal relative path, since
+    keys may be used as file names (no ``.`` or ``..`` segment, no leading ``..``, no
+    leading, trailing or doubled ``/``).
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidParameter("Missing value for required parameter 'key': a tag key.")
+    if not _TAG_KEY_RE.fullmatch(key):
+        raise InvalidParameter(
+            "Invalid tag key: use only letters, digits, underscores (_), dashes (-), "
+            "periods (.), spaces ( ), colons (:) and slashes (/)."
+        )
+    normal = posixpath.normpath(key)
+    if normal != key or normal == "." or normal.startswith(("..", "/")):
+        raise InvalidParameter(
+            "Invalid tag key: keys may be used as file names and must be normal relative "
+            "paths: no '.' or '..' segments, no leading '..', no leading, trailing or "
+            "doubled '/'."
+        )
+    return key
 
 
 def check_tags(tags: TagsIn) -> dict[str, str]:
