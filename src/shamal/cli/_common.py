@@ -152,6 +152,18 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def add_column(table: Table, name: str, cells: Iterable[str]) -> None:
+    """Add the column ``name`` (underscores shown as spaces). An id column (``id``,
+    ``*_id``) is never wrapped or cut in a narrow terminal: ids are copied back into
+    commands, and ``5f5e5…`` cannot be."""
+    header = name.replace("_", " ")
+    if name == "id" or name.endswith("_id"):
+        widest = max((len(cell) for cell in cells), default=0)
+        table.add_column(header, no_wrap=True, min_width=max(widest, len(header)))
+    else:
+        table.add_column(header)
+
+
 def print_table(
     title: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], *, as_json: bool = False
 ) -> None:
@@ -161,10 +173,11 @@ def print_table(
         console.print_json(json.dumps(materialized))
         return
     table = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        table.add_column(column.replace("_", " "))
-    for row in materialized:
-        table.add_row(*(escape(fmt(row.get(c))) for c in columns))
+    cells = [[fmt(row.get(c)) for c in columns] for row in materialized]
+    for index, column in enumerate(columns):
+        add_column(table, column, (row[index] for row in cells))
+    for row in cells:
+        table.add_row(*(escape(cell) for cell in row))
     if not materialized:
         console.print(f"[dim]{title}: none[/]")
         return

@@ -18,7 +18,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from shamal.cli._common import JsonOption, client, console, err_console, fmt, handle_errors
+from shamal.cli._common import (
+    JsonOption,
+    add_column,
+    client,
+    console,
+    err_console,
+    fmt,
+    handle_errors,
+)
 from shamal.errors import InvalidParameter
 from shamal.jobs import JobState
 from shamal.jobs._rules import check_env, check_mig_profile
@@ -165,12 +173,12 @@ def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
     table = Table(title=title, title_justify="left", header_style="bold")
     columns = ["id", "name", "team", "state", "why", "priority", "resources", "attempt"]
     columns.append("submitted")
+    rows = [{c: fmt(value) for c, value in _job_row(job).items()} for job in jobs]
     for column in columns:
-        table.add_column(column)
-    for job in jobs:
-        row = _job_row(job)
+        add_column(table, column, (row[column] for row in rows))
+    for row in rows:
         # Names, teams and reasons are users' text: never read as markup.
-        table.add_row(*(Text(fmt(row[c])) for c in columns))
+        table.add_row(*(Text(row[c]) for c in columns))
     if not jobs:
         console.print(f"[dim]{title}: none[/]")
         return

@@ -1,0 +1,47 @@
+"""CLI tables in narrow terminals: ids stay whole, so they can be copied back."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from shamal.cli import _common, job
+
+
+@pytest.fixture
+def narrow(monkeypatch: pytest.MonkeyPatch) -> Console:
+    console = Console(width=40, record=True, color_system=None)
+    monkeypatch.setattr(_common, "console", console)
+    monkeypatch.setattr(job, "console", console)
+    return console
+
+
+def test_an_id_column_is_never_cut_or_wrapped(narrow: Console) -> None:
+    run_id = "5f5e5a1b2c3d"
+    rows = [
+        {"run_id": run_id, "run_name": "resnet50-lr0.1-bs256-augmented", "status": "FINISHED"},
+        {"run_id": "a262a0f9e8d7", "run_name": "x", "status": "RUNNING"},
+    ]
+    _common.print_table("Runs", ["run_id", "run_name", "status"], rows)
+    text = narrow.export_text()
+    assert run_id in text
+    assert "a262a0f9e8d7" in text
+
+
+def test_job_list_keeps_job_ids_whole(narrow: Console) -> None:
+    jobs = [
+        {
+            "id": "0123456789abcdef0123456789abcdef",
+            "name": "train a model with a long descriptive name",
+            "team": "vision-research-group",
+            "state": "queued",
+            "waiting": "quota: team vision-research-group is at its guarantee",
+            "priority": "normal",
+            "resources": "8 CPU, 32 GiB, 4 GPU",
+            "attempt": 1,
+            "submitted_at": "2026-11-22T02:30:00+00:00",
+            "preemptions": 0,
+        }
+    ]
+    job._print_jobs(jobs, "Jobs")
+    assert "0123456789ab" in narrow.export_text()
