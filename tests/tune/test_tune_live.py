@@ -195,3 +195,28 @@ def test_stopping_the_driver_cancels_running_trial_jobs_and_fails_their_trials(
         trials = wait_for(failed, "the platform to fail both cancelled trials")
     assert {t["job_id"] for t in trials} == jobs
     assert {t["reason"] for t in trials} == {"job cancelled"}
+
+
+def test_a_study_whose_trials_never_complete_says_why_and_where_to_look(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('trained, but told the study nothing')\n")
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    monkeypatch.setenv("COLUMNS", "200")
+    app = typer.Typer()
+    app.command("tune", context_settings=CONTEXT)(tune)
+    app.command("other")(lambda: None)
+    args = ["tune", "--study", "silent", "--trials", "2", "--cpus", "0.5", "--memory", "64MiB",
+            "--poll", "0.2", "--workdir", str(code), "--", sys.executable, "train.py"]  # fmt: skip
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "no trial completed" in said
+    assert "trials: 2 fail" in said
+    assert "calls shamal.tune.current_trial().complete(value)" in said
+    with ShamalClient(server.url, server.token) as client:
+        trials = TuneClient(client).list_trials("", "silent")
+    assert f"shamal job logs {trials[-1]['job_id'][:12]}" in said

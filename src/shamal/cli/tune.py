@@ -6,10 +6,12 @@ Registered in the root app as a command: ``app.command("tune", ...)(tune.tune)``
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from shamal.cli._common import client, console, err_console, handle_errors
@@ -44,6 +46,23 @@ def _trial_table(title: str, trials: list[dict[str, Any]]) -> Table:
 
 def _print_trial(trial: dict[str, Any]) -> None:
     console.print(_trial_table(f"trial {trial['number']} ended", [trial]))
+
+
+def _explain_no_best(finished: list[dict[str, Any]]) -> None:
+    """What to look at when no trial completed: how a trial completes, and a log to read."""
+    states = ", ".join(
+        f"{n} {state}" for state, n in sorted(Counter(t["state"] for t in finished).items())
+    )
+    if states:
+        err_console.print(f"[yellow]trials:[/] {escape(states)}")
+    err_console.print(
+        "[yellow]hint:[/] a trial completes when its command calls "
+        "shamal.tune.current_trial().complete(value) (or reports and is pruned); "
+        "a trial whose command exits without that fails"
+    )
+    job_id = next((t["job_id"] for t in reversed(finished) if t.get("job_id")), None)
+    if job_id:
+        err_console.print(f"[yellow]hint:[/] read a trial's output: shamal job logs {job_id[:12]}")
 
 
 def _env(items: list[str] | None) -> dict[str, str]:
@@ -115,6 +134,7 @@ def tune(
     best = result["best"]
     if best is None:
         console.print("[yellow]no trial completed[/]")
+        _explain_no_best(driver.finished)
     else:
         console.print(_trial_table(f"best of study {study}", [best]))
     if registered:
