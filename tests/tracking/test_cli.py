@@ -323,6 +323,8 @@ def test_runs_show_draws_curves_and_runs_plot_writes_a_chart(
                 mlflow.log_metric("loss", scale / (1 + step), step=step)
             mlflow.log_metric("acc", 0.5, step=0)
             mlflow.log_metric("acc", float("nan"), step=1)
+            if scale == 2.0:
+                mlflow.log_metric("only_in_b", 1.0)
         ids.append(run.info.run_id)
 
     shown = cli.invoke(app, ["runs", "show", ids[1]])
@@ -346,6 +348,12 @@ def test_runs_show_draws_curves_and_runs_plot_writes_a_chart(
     assert drawn.exit_code == 0, drawn.output
     assert (tmp_path / "charts" / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert "loss of 2 run(s)" in " ".join(drawn.output.split())
+    args = ["runs", "plot", ids[0], ids[1], "-m", "only_in_b", "-o", str(chart)]
+    partial = cli.invoke(app, args)
+    assert partial.exit_code == 0, partial.output
+    assert "only_in_b of 1 run(s)" in " ".join(partial.output.split())
+    one = cli.invoke(app, ["runs", "plot", ids[0], ids[1], "--metric", "acc", "--out", str(chart)])
+    assert one.exit_code == 0, one.output
 
     for options, message in (
         (["--metric", "nope"], "no run given has the metric 'nope'"),

@@ -369,7 +369,8 @@ def plot_runs(
     names = {r["run_id"]: f"{r['run_name']} ({r['run_id'][:width]})" for r in found}
     curves = [Curve(k, names[run_id], histories[(run_id, k)]) for run_id, k in wanted]
     written = plot_curves(curves, path, x=x, title=", ".join(keys))
-    console.print(f"wrote {escape(str(written))}: {escape(', '.join(keys))} of {len(found)} run(s)")
+    drawn = len({run_id for run_id, _ in wanted})
+    console.print(f"wrote {escape(str(written))}: {escape(', '.join(keys))} of {drawn} run(s)")
 
 
 def _histories(
