@@ -227,3 +227,12 @@ def test_forwarded_headers_and_header_tricks_do_not_authenticate(api: TestClient
         r = anonymous.post("/api/v1/teams", json={"name": "sneaky"}, headers=headers)
         assert r.status_code == 401, headers
     assert "sneaky" not in [t["name"] for t in api.get("/api/v1/teams").json()]
+
+
+def test_the_address_the_mlflow_client_links_to_explains_where_to_look(api: TestClient) -> None:
+    # "View run at <server>/#/experiments/1/runs/<id>": the browser asks for "/" only.
+    answer = api.get("/", headers={"Authorization": ""})
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/html")
+    assert "shamal runs show &lt;run id&gt;" in answer.text
+    assert 'href="/docs"' in answer.text
