@@ -1,4 +1,5 @@
-"""CLI tables in narrow terminals: ids stay whole, so they can be copied back."""
+"""How the CLI presents things: ids stay whole in narrow terminals, and which way a metric
+is best when comparing."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 from rich.console import Console
 
 from shamal.cli import _common, job
+from shamal.cli.tracking import goal_of
 
 
 @pytest.fixture
@@ -45,3 +47,16 @@ def test_job_list_keeps_job_ids_whole(narrow: Console) -> None:
     ]
     job._print_jobs(jobs, "Jobs")
     assert "0123456789ab" in narrow.export_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "goal"),
+    [("loss", "min"), ("val_loss", "min"), ("test_RMSE", "min"), ("error_rate", "min"),
+     ("latency_ms", "min"), ("train_time_s", "min"), ("perplexity", "min"), ("wer", "min"),
+     ("accuracy", "max"), ("f1", "max"), ("auc", "max"), ("reward", "max"), ("precision", "max"),
+     ("answer", "max"), ("werewolf_score", "max")],
+)  # fmt: skip
+def test_a_metric_is_best_low_or_high_by_its_name(key: str, goal: str) -> None:
+    assert goal_of(key, None) == goal
+    assert goal_of(key, True) == "max"
+    assert goal_of(key, False) == "min"

@@ -132,17 +132,18 @@ def _log_experiment(name: str, rng: random.Random, statuses: list[str]) -> list[
     return ids
 
 
-def _expected_summary(name: str, ids: list[str], maximize: bool) -> dict[str, Any]:
+def _expected_summary(name: str, ids: list[str], maximize: bool | None) -> dict[str, Any]:
     """What `experiments compare` must say of an experiment, from the mlflow client's view."""
     client = MlflowClient()
     runs = [client.get_run(i) for i in ids]
     times = [client.get_experiment_by_name(name).last_update_time]
     best: dict[str, dict[str, Any]] = {}
-    pick = max if maximize else min
     for run in runs:
         times += [t for t in (run.info.start_time, run.info.end_time) if t is not None]
         for key, value in run.data.metrics.items():
             times += [m.timestamp for m in client.get_metric_history(run.info.run_id, key)]
+            # Without --max/--min a loss is best low, the others high.
+            pick = max if (maximize if maximize is not None else key != "loss") else min
             if key not in best or pick(value, best[key]["value"]) != best[key]["value"]:
                 best[key] = {
                     "value": value,
@@ -174,14 +175,14 @@ def test_experiments_compare_matches_the_logged_runs(cli: CliRunner) -> None:
         names[0]: _log_experiment(names[0], rng, ["FINISHED", "FINISHED", "FAILED", "RUNNING"]),
         names[1]: _log_experiment(names[1], rng, ["FINISHED", "KILLED", "FINISHED"]),
     }
-    for maximize, flag in ((True, "--max"), (False, "--min")):
-        result = cli.invoke(app, ["experiments", "compare", *names, flag, "--json"])
+    for maximize, flags in ((True, ["--max"]), (False, ["--min"]), (None, [])):
+        result = cli.invoke(app, ["experiments", "compare", *names, *flags, "--json"])
         assert result.exit_code == 0, result.output
         shown = json.loads(result.stdout)
         assert [s["name"] for s in shown] == names
         for summary in shown:
             expected = _expected_summary(summary["name"], logged[summary["name"]], maximize)
-            assert summary["goal"] == ("max" if maximize else "min")
+            assert summary["goal"] == {True: "max", False: "min", None: "by name"}[maximize]
             assert summary["runs"] == expected["runs"]
             assert summary["runs_by_status"] == expected["runs_by_status"]
             assert summary["last_activity"] == expected["last_activity"]
@@ -207,6 +208,13 @@ def test_experiments_compare_matches_the_logged_runs(cli: CliRunner) -> None:
     ]
     assert rows["best run"] == [f"{b['run_name']} {b['run_id'][:12]}" for b in bests]
     assert "loss (max)" not in rows
+    by_name = _table_rows(cli.invoke(app, ["experiments", "compare", *names]).stdout)
+    losses = [_expected_summary(n, logged[n], maximize=None)["best"]["loss"] for n in names]
+    lowest = min(b["value"] for b in losses)
+    assert by_name["loss (min)"] == [
+        f"{b['value']:.6g}{' ▼' if b['value'] == lowest else ''}" for b in losses
+    ]
+    assert "acc (max)" in by_name
 
     unknown = cli.invoke(app, ["experiments", "compare", *names, "--metric", "nope"])
     assert unknown.exit_code == 0, unknown.output

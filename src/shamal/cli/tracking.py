@@ -6,6 +6,7 @@ takes that short form back (any unique prefix of 8 or more), resolved by the cli
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -108,13 +109,20 @@ def compare_experiments(
         str | None, typer.Option("--metric", help="Compare this metric only.")
     ] = None,
     maximize: Annotated[
-        bool, typer.Option("--max/--min", help="Best is the highest value, or the lowest.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--max/--min",
+            help="Best is the highest value, or the lowest, for every metric. "
+            "Default: by name (lowest for loss, error, mse, mae, perplexity, latency, time, ...; "
+            "highest for the others).",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Compare experiments side by side: their (active) runs by status, last activity, and for
     each metric the best value any run has (its latest value; NaN and infinities never win)
-    with the run that has it. The best experiment of each metric is marked."""
+    with the run that has it. The best experiment of each metric is marked; each metric says
+    whether its best is its highest (max) or lowest (min) value."""
     if len(names) < 2:
         raise typer.BadParameter("give at least two experiments")
     api = client()
@@ -136,17 +144,22 @@ def compare_experiments(
 
 
 def summarize_experiment(
-    exp: dict[str, Any], runs_of: Iterable[dict[str, Any]], *, metric: str | None, maximize: bool
+    exp: dict[str, Any],
+    runs_of: Iterable[dict[str, Any]],
+    *,
+    metric: str | None,
+    maximize: bool | None,
 ) -> dict[str, Any]:
     """What `experiments compare` shows of one experiment, from its API record and runs.
 
     Returns:
         ``experiment_id``, ``name``, ``lifecycle_stage``; ``runs`` (how many) and
         ``runs_by_status``; ``last_activity`` (ms: the latest of the experiment's update time
-        and its runs' start, end and latest-metric times); ``goal`` ("max" or "min");
-        ``best``: per metric (only ``metric`` when given), the best finite latest value with
-        its ``step``, ``run_id`` and ``run_name`` (the newest run wins a tie); ``metric_keys``:
-        every metric any run logged.
+        and its runs' start, end and latest-metric times); ``goal`` ("max", "min", or "by
+        name" when ``maximize`` is None: see :func:`goal_of`); ``best``: per metric (only
+        ``metric`` when given), the best finite latest value with its ``step``, ``run_id``,
+        ``run_name`` and ``goal`` (the newest run wins a tie); ``metric_keys``: every metric
+        any run logged.
     """
     by_status: Counter[str] = Counter()
     times = [exp["last_update_time"]]
@@ -162,12 +175,14 @@ def summarize_experiment(
             if value is None or (metric is not None and key != metric):
                 continue
             held = best.get(key)
-            if held is None or (value > held["value"] if maximize else value < held["value"]):
+            highest = goal_of(key, maximize) == "max"
+            if held is None or (value > held["value"] if highest else value < held["value"]):
                 best[key] = {
                     "value": value,
                     "step": point["step"],
                     "run_id": run["run_id"],
                     "run_name": run["run_name"],
+                    "goal": "max" if highest else "min",
                 }
     return {
         "experiment_id": exp["experiment_id"],
@@ -176,10 +191,50 @@ def summarize_experiment(
         "runs": sum(by_status.values()),
         "runs_by_status": dict(sorted(by_status.items(), key=lambda kv: _status_rank(kv[0]))),
         "last_activity": max(times),
-        "goal": "max" if maximize else "min",
+        "goal": "by name" if maximize is None else "max" if maximize else "min",
         "best": dict(sorted(best.items())),
         "metric_keys": sorted(keys),
     }
+
+
+#: Words of a metric name that make its best value the lowest, unless --max/--min says
+#: otherwise; "loss" and "error" count inside words too (trainloss, mean_abs_error).
+_LOWER_IS_BETTER: Final = frozenset(
+    [
+        "loss",
+        "err",
+        "error",
+        "errors",
+        "mse",
+        "mae",
+        "mape",
+        "rmse",
+        "rmsle",
+        "nll",
+        "perplexity",
+        "ppl",
+        "latency",
+        "time",
+        "duration",
+        "wer",
+        "cer",
+        "regret",
+        "cost",
+    ]
+)
+_WORDS: Final = re.compile(r"[a-z]+")
+
+
+def goal_of(key: str, maximize: bool | None) -> str:
+    """``"max"`` or ``"min"``: what --max/--min says, or else what the name suggests
+    (``val_loss``, ``test_rmse``, ``latency_ms`` are best low; ``accuracy``, ``f1`` high)."""
+    if maximize is not None:
+        return "max" if maximize else "min"
+    name = key.lower()
+    lower = (
+        "loss" in name or "error" in name or not _LOWER_IS_BETTER.isdisjoint(_WORDS.findall(name))
+    )
+    return "min" if lower else "max"
 
 
 def _status_rank(status: str) -> tuple[int, str]:
@@ -187,7 +242,7 @@ def _status_rank(status: str) -> tuple[int, str]:
     return (_STATUS_ORDER.index(status) if known else len(_STATUS_ORDER), status)
 
 
-def _print_experiment_comparison(summaries: list[dict[str, Any]], *, maximize: bool) -> None:
+def _print_experiment_comparison(summaries: list[dict[str, Any]], *, maximize: bool | None) -> None:
     table = Table(title="Experiment comparison", title_justify="left", header_style="bold")
     table.add_column("")
     for s in summaries:
@@ -199,13 +254,14 @@ def _print_experiment_comparison(summaries: list[dict[str, Any]], *, maximize: b
             f"  {status.lower()}", *(str(s["runs_by_status"].get(status, 0)) for s in summaries)
         )
     table.add_row("last activity", *(_ms(s["last_activity"]) for s in summaries))
-    goal, mark = ("max", "▲") if maximize else ("min", "▼")
     width = short_id_width(b["run_id"] for s in summaries for b in s["best"].values())
     for key in sorted({k for s in summaries for k in s["best"]}):
         table.add_section()
         found = [s["best"].get(key) for s in summaries]
         values = {b["value"] for b in found if b}
-        winner = (max if maximize else min)(values) if len(values) > 1 else None
+        goal = goal_of(key, maximize)
+        mark = "▲" if goal == "max" else "▼"
+        winner = (max if goal == "max" else min)(values) if len(values) > 1 else None
         table.add_row(
             f"{escape(key)} ({goal})",
             *(
