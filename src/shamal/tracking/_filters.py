@@ -767,7 +767,13 @@ def parse_order_by(items: Sequence[str] | None, grammar: Grammar) -> list[OrderB
         raise
 
 
-def _dataset_field(item: Mapping[str, object], name: str) -> str | None:
+def _dataset_field(item: Mapping[str, object], name: str, where: str = "order_by") -> str | None:
+    """A dataset's name or digest in an order_by item or a datasets filter: None when
+    absent or empty.
+
+    Raises:
+        ShamalError: not text, too long or with control characters (an error about ``where``).
+    """
     value = item.get(name)
     if value is None or value == "":
         return None
@@ -776,9 +782,7 @@ def _dataset_field(item: Mapping[str, object], name: str) -> str | None:
         or len(value) > MAX_DATASET_FIELD_LENGTH
         or _unsafe_char(value, controls=True)
     ):
-        raise _error(
-            "order_by", f"{name} must be text of at most {MAX_DATASET_FIELD_LENGTH} characters"
-        )
+        raise _error(where, f"{name} must be text of at most {MAX_DATASET_FIELD_LENGTH} characters")
     return value
 
 
@@ -831,30 +835,12 @@ def parse_order_by_objects(items: Sequence[object] | None, grammar: Grammar) -> 
         raise
 
 
-def _dataset_text(value: object, field: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if (
-        not isinstance(value, str)
-        or len(value) > MAX_DATASET_FIELD_LENGTH
-        or _unsafe_char(value, controls=True)
-    ):
-        raise _error(
-            "datasets", f"{field} must be text of at most {MAX_DATASET_FIELD_LENGTH} characters"
-        )
-    return value
-
-
 def _dataset_filter(item: object) -> DatasetFilter:
-    name = (
-        _dataset_text(item.get("dataset_name"), "dataset_name")
-        if isinstance(item, Mapping)
-        else None
-    )
+    name = _dataset_field(item, "dataset_name", "datasets") if isinstance(item, Mapping) else None
     if name is None or not isinstance(item, Mapping):
         # The stock server's words for the same refusal.
         raise InvalidParameter("`dataset_name` in the `datasets` clause must be specified.")
-    return DatasetFilter(name, _dataset_text(item.get("dataset_digest"), "dataset_digest"))
+    return DatasetFilter(name, _dataset_field(item, "dataset_digest", "datasets"))
 
 
 def parse_dataset_filters(items: object) -> list[DatasetFilter]:
