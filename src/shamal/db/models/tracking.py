@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -90,8 +91,17 @@ class RunTagRow(Base):
 
 class MetricRow(Base):
     __tablename__ = "metrics"
-    # Logged-model metric filters look metrics up by model (MLflow 3 log_model).
-    __table_args__ = (Index("ix_metrics_model_key", "model_id", "key"),)
+    # Logged-model metric filters look metrics up by model (MLflow 3 log_model); only the
+    # points of a model are indexed (migration 0008), not the many that have none.
+    __table_args__ = (
+        Index(
+            "ix_metrics_model_key",
+            "model_id",
+            "key",
+            sqlite_where=text("model_id IS NOT NULL"),
+            postgresql_where=text("model_id IS NOT NULL"),
+        ),
+    )
 
     run_id: Mapped[str] = mapped_column(
         ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
