@@ -385,6 +385,43 @@ def test_register_alias_move_and_load_by_alias(mlflow_env: LiveServer, tmp_path:
     assert client.get_registered_model(name).aliases == {}
 
 
+def test_alias_latest_is_the_newest_version_as_on_stock(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    """Stock: ``latest`` (any case) is a reserved alias every model has, naming its newest
+    version whatever its stage; ``models:/name@latest`` loads it; a model without versions
+    has no latest (404), and no alias can be set by that name."""
+    import mlflow.pyfunc
+
+    client = MlflowClient()
+    name = _name("latest")
+    client.create_registered_model(name)
+    with pytest.raises(MlflowException) as none_yet:
+        client.get_model_version_by_alias(name, "latest")
+    assert _code(none_yet) == "RESOURCE_DOES_NOT_EXIST"
+    run_a, _ = _run_with_model(tmp_path, factor=2)
+    run_b, _ = _run_with_model(tmp_path, factor=3)
+    for run_id in (run_a, run_b, run_a):
+        mlflow.register_model(f"runs:/{run_id}/model", name)
+    with pytest.warns(FutureWarning, match="deprecated"):  # stages are deprecated, not gone
+        client.transition_model_version_stage(name, "1", "Production")
+    client.set_registered_model_alias(name, "champion", "2")
+    for spelling in ("latest", "LATEST", "Latest"):
+        assert client.get_model_version_by_alias(name, spelling).version == "3"
+    client.delete_model_version(name, "3")
+    newest = client.get_model_version_by_alias(name, "latest")
+    assert (newest.version, newest.aliases) == ("2", ["champion"])
+    assert mlflow.pyfunc.load_model(f"models:/{name}@latest").predict([1, 2]) == [3, 6]
+    assert mlflow.pyfunc.load_model(f"models:/{name}@LATEST").predict([1]) == [3]
+    for spelling in ("latest", "Latest"):
+        with pytest.raises(MlflowException) as reserved:
+            client.set_registered_model_alias(name, spelling, "1")
+        assert _code(reserved) == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(MlflowException) as no_model:
+        client.get_model_version_by_alias(name + "-nope", "latest")
+    assert _code(no_model) == "RESOURCE_DOES_NOT_EXIST"
+
+
 def test_eight_clients_register_at_once_unique_and_gapless(
     mlflow_env: LiveServer, tmp_path: Path
 ) -> None:

@@ -24,6 +24,8 @@ MAX_TAG_KEY_LENGTH = 250
 MAX_TAG_VALUE_LENGTH = 100_000
 #: Alias names: at most 256 bytes of UTF-8.
 MAX_ALIAS_BYTES = 256
+#: The alias every model has (any case): its newest version; no alias can be set by this name.
+LATEST_ALIAS = "latest"
 #: Sources, storage locations and run links (the columns hold 1024 characters).
 MAX_URI_LENGTH = 1024
 #: Descriptions of models and versions.
@@ -110,7 +112,7 @@ def check_alias(alias: str) -> str:
         raise InvalidParameter(
             "Invalid alias name: use only letters, digits, underscores (_) and dashes (-)."
         )
-    if alias.lower() == "latest":
+    if alias.lower() == LATEST_ALIAS:
         raise InvalidParameter("'latest' alias name (case insensitive) is reserved.")
     if _VERSION_ALIAS_RE.fullmatch(alias):
         raise InvalidParameter("Alias names of the form v<number> are reserved for versions.")

@@ -437,11 +437,24 @@ class RegistryService:
     def get_model_version_by_alias(
         self, principal: Principal, name: str, alias: str
     ) -> ModelVersion:
-        """The version ``alias`` points at (viewer); what ``models:/name@alias`` resolves to."""
+        """The version ``alias`` points at (viewer); what ``models:/name@alias`` resolves to.
+
+        ``latest`` (in any case) is the newest version, as on a stock server: it is reserved,
+        so no alias can be set by that name.
+
+        Raises:
+            InvalidParameter: a malformed alias name (checked before the model is looked up).
+            NotFound: no such model, alias, or (for ``latest``) no version at all.
+        """
         if not alias:
             raise InvalidParameter("Missing value for required parameter 'alias'.")
         with self._reading() as s:
             ref = self._access(s, principal, name, Role.VIEWER)
+            if alias.lower() == _rules.LATEST_ALIAS:
+                newest = _store.latest_versions(s, ref, None)
+                if not newest:
+                    raise NotFound(f"Registered model {name!r} has no versions: no latest.")
+                return _store.get_version(s, ref, max(v.version for v in newest))
             return _store.get_version(s, ref, _store.alias_version(s, ref, alias))
 
     # ------------------------------------------------------------------ versions
