@@ -192,12 +192,13 @@ def test_errors_are_mlflow_codes_never_500(client: TestClient) -> None:
 def test_tag_and_alias_limits(client: TestClient) -> None:
     _model(client, "m", tags=[{"key": "k" * 250, "value": "v" * 5000}])
     _version(client, "m", tags=[{"key": "k" * 250, "value": "v" * 5000}])
-    body = {"name": "m", "alias": "a" * 256, "version": "1"}
+    body = {"name": "m", "alias": "a" * 255, "version": "1"}
     _ok(client.post(f"{API}/registered-models/alias", json=body))
+    _bad(client.post(f"{API}/registered-models/alias", json={**body, "alias": "a" * 256}))
     long_key = {"name": "m", "key": "k" * 251, "value": "v"}
     _bad(client.post(f"{API}/registered-models/set-tag", json=long_key))
     got = _ok(
-        client.get(f"{API}/registered-models/alias", params={"name": "m", "alias": "a" * 256})
+        client.get(f"{API}/registered-models/alias", params={"name": "m", "alias": "a" * 255})
     )
     assert got["model_version"]["tags"] == [{"key": "k" * 250, "value": "v" * 5000}]
 

@@ -422,6 +422,33 @@ def test_alias_latest_is_the_newest_version_as_on_stock(
     assert _code(no_model) == "RESOURCE_DOES_NOT_EXIST"
 
 
+def test_alias_names_are_checked_on_lookup_and_delete_as_on_stock(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    """Stock checks an alias name on lookup before it looks for the model (a 400 naming the
+    rule, not a 404); deleting a reserved name is a no-op; a 255-character name of any
+    script is valid, 256 are not."""
+    client = MlflowClient()
+    name = _name("alias-names")
+    run_id, _ = _run_with_model(tmp_path)
+    mlflow.register_model(f"runs:/{run_id}/model", name)
+    for model in (name, name + "-nope"):
+        for bad in ("Bad Alias!", "a.b", "x" * 256, "new\nline"):
+            with pytest.raises(MlflowException) as refused:
+                client.get_model_version_by_alias(model, bad)
+            assert _code(refused) == "INVALID_PARAMETER_VALUE", (model, bad)
+    with pytest.raises(MlflowException) as explained:
+        client.get_model_version_by_alias(name, "Bad Alias!")
+    assert "letters, digits, underscores (_) and dashes (-)" in str(explained.value)
+    wide = "é" * 255
+    client.set_registered_model_alias(name, wide, "1")
+    assert client.get_model_version_by_alias(name, wide).aliases == [wide]
+    for reserved in ("latest", "LATEST", "v1"):
+        client.delete_registered_model_alias(name, reserved)
+    client.delete_registered_model_alias(name, wide)
+    assert client.get_registered_model(name).aliases == {}
+
+
 def test_eight_clients_register_at_once_unique_and_gapless(
     mlflow_env: LiveServer, tmp_path: Path
 ) -> None:

@@ -22,8 +22,8 @@ MAX_NAME_LENGTH = 256
 MAX_TAG_KEY_LENGTH = 250
 #: Tag values: the protocol guarantees at least 5000 bytes; we accept MLflow's 100,000 characters.
 MAX_TAG_VALUE_LENGTH = 100_000
-#: Alias names: at most 256 bytes of UTF-8.
-MAX_ALIAS_BYTES = 256
+#: Alias names: MLflow's limit of 255 characters (the column holds 256).
+MAX_ALIAS_LENGTH = 255
 #: The alias every model has (any case): its newest version; no alias can be set by this name.
 LATEST_ALIAS = "latest"
 #: Sources, storage locations and run links (the columns hold 1024 characters).
@@ -98,20 +98,28 @@ def parse_stage(value: str) -> Stage:
     return stage
 
 
+def check_alias_name(alias: str) -> str:
+    """An alias name, by a stock server's rules for looking one up or deleting it: letters
+    and digits (of any script), ``_`` and ``-``, at most 255 characters."""
+    if not alias:
+        raise InvalidParameter("Registered model alias name cannot be empty.")
+    if len(alias) > MAX_ALIAS_LENGTH:
+        raise InvalidParameter(f"Alias names are at most {MAX_ALIAS_LENGTH} characters long.")
+    if not _ALIAS_RE.fullmatch(alias):
+        raise InvalidParameter(
+            f"Invalid alias name {alias!r}: use only letters, digits, underscores (_) "
+            "and dashes (-)."
+        )
+    return alias
+
+
 def check_alias(alias: str) -> str:
-    """An alias name: letters, digits, ``_`` and ``-``, at most 256 bytes.
+    """An alias name that can be set: :func:`check_alias_name`, and not reserved.
 
     Reserved, as MLflow reserves them (``models:/name@...`` would be ambiguous):
     ``latest`` in any case, and names that look like versions (``v1``, ``V12``).
     """
-    if not alias:
-        raise InvalidParameter("Registered model alias name cannot be empty.")
-    if len(alias.encode("utf-8")) > MAX_ALIAS_BYTES:
-        raise InvalidParameter(f"Alias names are at most {MAX_ALIAS_BYTES} bytes long.")
-    if not _ALIAS_RE.fullmatch(alias):
-        raise InvalidParameter(
-            "Invalid alias name: use only letters, digits, underscores (_) and dashes (-)."
-        )
+    check_alias_name(alias)
     if alias.lower() == LATEST_ALIAS:
         raise InvalidParameter("'latest' alias name (case insensitive) is reserved.")
     if _VERSION_ALIAS_RE.fullmatch(alias):

@@ -422,9 +422,10 @@ class RegistryService:
         self._db.run(work)
 
     def delete_registered_model_alias(self, ctx: AuditContext, name: str, alias: str) -> None:
-        """Remove an alias (member); an absent alias is not an error."""
+        """Remove an alias (member); an absent alias is not an error, nor is a reserved name
+        (``latest``, ``v1``), which no alias can have, as on a stock server."""
         principal = ctx.require_principal()
-        alias = _rules.check_alias(alias)
+        alias = _rules.check_alias_name(alias)
         ctx.target = _model_target(name)
 
         def work(s: Session) -> None:
@@ -448,6 +449,7 @@ class RegistryService:
         """
         if not alias:
             raise InvalidParameter("Missing value for required parameter 'alias'.")
+        _rules.check_alias_name(alias)
         with self._reading() as s:
             ref = self._access(s, principal, name, Role.VIEWER)
             if alias.lower() == _rules.LATEST_ALIAS:
