@@ -4,6 +4,7 @@ Ray bundle shapes, and the value types' JSON round trips."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -25,8 +26,10 @@ from shamal.executors._env import (
     clean_environment,
     compose_environment,
     gang_layout,
+    interpreter_first_on_path,
     platform_variables,
     slot_visible_devices,
+    worker_environment,
 )
 from shamal.executors._logs import MAX_LINE, LineFramer
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
@@ -131,6 +134,36 @@ def test_launch_spec_validation(tmp_path: Path) -> None:
 def test_clean_environment_keeps_only_the_allow_list() -> None:
     source = {"PATH": "/bin", "HOME": "/h", "SHAMAL_ADMIN_TOKEN": "x", "AWS_SECRET": "y"}
     assert clean_environment(source, ("PATH", "HOME", "LANG")) == {"PATH": "/bin", "HOME": "/h"}
+
+
+def test_the_python_running_shamal_comes_first_on_a_workers_path() -> None:
+    # `make run` starts .venv/bin/shamal without activating .venv; workers inherit PATH.
+    system = os.pathsep.join(["/usr/local/bin", "/usr/bin"])
+    first = interpreter_first_on_path(system, prefix="/repo/.venv", base_prefix="/usr")
+    assert first.split(os.pathsep) == ["/repo/.venv/bin", "/usr/local/bin", "/usr/bin"]
+    activated = os.pathsep.join(["/usr/bin", "/repo/.venv/bin"])
+    assert interpreter_first_on_path(activated, prefix="/repo/.venv", base_prefix="/usr") == (
+        activated
+    )
+    assert interpreter_first_on_path(system, prefix="/usr", base_prefix="/usr") == system
+    assert interpreter_first_on_path("", prefix="/repo/.venv", base_prefix="/usr") == (
+        "/repo/.venv/bin"
+    )
+
+
+def test_a_worker_starts_with_this_installs_python_and_the_server_keeps_its_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    source = {"PATH": "/usr/bin", "HOME": "/h", "SHAMAL_ADMIN_TOKEN": "x"}
+    env = worker_environment(source, ("PATH", "HOME"))
+    assert env == {
+        "PATH": os.pathsep.join([str(tmp_path / "venv" / "bin"), "/usr/bin"]),
+        "HOME": "/h",
+    }
+    assert source["PATH"] == "/usr/bin"  # the server's own environment is left alone
+    assert worker_environment({"HOME": "/h"}, ("PATH", "HOME")) == {"HOME": "/h"}
 
 
 def test_platform_variables_win_over_the_jobs() -> None:

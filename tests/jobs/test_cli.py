@@ -3,15 +3,12 @@ the server, how it reads sizes and durations, and what its help shows."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from shamal.cli import app
-from shamal.cli._common import install_first_on_path
 from shamal.cli.job import parse_duration_s, parse_memory_mib
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
@@ -235,28 +232,3 @@ def test_job_list_names_the_flag_of_a_filter_it_refuses_before_any_request(
 ) -> None:
     result = offline_cli.invoke(app, ["job", "list", *options])
     one_clean_error(result, message)
-
-
-def test_a_server_run_from_a_venv_puts_its_bin_first_for_jobs() -> None:
-    # `make run` starts .venv/bin/shamal without activating .venv; jobs inherit PATH.
-    system = os.pathsep.join(["/usr/local/bin", "/usr/bin"])
-    first = install_first_on_path(system, prefix="/repo/.venv", base_prefix="/usr")
-    assert first.split(os.pathsep) == ["/repo/.venv/bin", "/usr/local/bin", "/usr/bin"]
-    activated = os.pathsep.join(["/usr/bin", "/repo/.venv/bin"])
-    assert install_first_on_path(activated, prefix="/repo/.venv", base_prefix="/usr") == activated
-    assert install_first_on_path(system, prefix="/usr", base_prefix="/usr") == system
-    assert install_first_on_path("", prefix="/repo/.venv", base_prefix="/usr") == "/repo/.venv/bin"
-
-
-@pytest.mark.parametrize("argv", [["server", "--port", "-1"], ["scheduler", "run"]])
-def test_server_and_scheduler_give_jobs_this_installs_python(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
-    monkeypatch.setattr(sys, "base_prefix", "/usr")
-    monkeypatch.setenv("PATH", "/usr/bin")
-    # Both stop at once: a bad port, or a database URL no driver takes.
-    monkeypatch.setenv("SHAMAL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SHAMAL_DATABASE_URL", "nosuchdriver://x")
-    CliRunner().invoke(app, argv)
-    assert os.environ["PATH"].split(os.pathsep)[0] == str(tmp_path / "venv" / "bin")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import typer
@@ -33,23 +31,6 @@ _HINTS: dict[type[ShamalError], str] = {
     Unauthenticated: "set SHAMAL_TOKEN (the admin token of a local server is in ~/.shamal/token)",
     ServiceUnavailable: "start the server with `shamal server`, or point SHAMAL_URL at it",
 }
-
-
-def install_first_on_path(path: str, *, prefix: str, base_prefix: str) -> str:
-    """``PATH`` for the jobs a local scheduler starts: the ``bin`` folder of the virtual
-    environment Shamal runs from goes first unless ``PATH`` names it already.
-
-    `make run` starts ``.venv/bin/shamal server`` without activating ``.venv``, and jobs
-    inherit the server's ``PATH``: without this, ``python train.py`` in a job would be the
-    system's interpreter, without torch, mlflow or shamal. Outside a virtual environment
-    (``prefix == base_prefix``) ``path`` is returned as it is.
-    """
-    if prefix == base_prefix:
-        return path
-    scripts = str(Path(prefix) / "bin")
-    if scripts in path.split(os.pathsep):
-        return path
-    return os.pathsep.join([scripts, path]) if path else scripts
 
 
 _open_clients: list[ShamalClient] = []

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 import threading
 from types import FrameType
 from typing import Annotated
@@ -13,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from shamal.cli._common import JsonOption, client, console, handle_errors, install_first_on_path
+from shamal.cli._common import JsonOption, client, console, handle_errors
 from shamal.config import Settings
 from shamal.scheduler import DEFAULT_POLICY, policy_names
 from shamal.server._platform import start_platform
@@ -48,9 +46,6 @@ def run(
     own jobs when restarted under the same name. Jobs run with this install's `python`
     first on PATH.
     """
-    os.environ["PATH"] = install_first_on_path(
-        os.environ.get("PATH", ""), prefix=sys.prefix, base_prefix=sys.base_prefix
-    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings()
     platform = start_platform(settings)

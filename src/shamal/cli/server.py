@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 from typing import Annotated, Any
 
@@ -18,7 +16,6 @@ from shamal.cli._common import (
     console,
     err_console,
     explain_invalid,
-    install_first_on_path,
 )
 from shamal.cli._quickstart import run_quickstart, wait_until_up
 from shamal.client import ShamalClient
@@ -78,9 +75,6 @@ def server(
     PostgreSQL. Jobs run with this install's `python` first on PATH. Stop it with
     Ctrl-C; in-flight requests finish first.
     """
-    os.environ["PATH"] = install_first_on_path(
-        os.environ.get("PATH", ""), prefix=sys.prefix, base_prefix=sys.base_prefix
-    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("alembic", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)

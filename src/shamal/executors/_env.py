@@ -6,7 +6,10 @@ See :mod:`shamal.executors._protocol` for the conventions; this module is pure.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 from shamal.executors._protocol import LaunchFailed
 from shamal.scheduler._resources import GPU_MILLI, Slot
@@ -17,8 +20,10 @@ __all__ = [
     "clean_environment",
     "compose_environment",
     "gang_layout",
+    "interpreter_first_on_path",
     "platform_variables",
     "slot_visible_devices",
+    "worker_environment",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,6 +52,34 @@ raises ``LookupError`` when NVML works but no such MIG device exists."""
 def clean_environment(source: Mapping[str, str], passthrough: Iterable[str]) -> dict[str, str]:
     """The allow-listed subset of ``source``."""
     return {name: source[name] for name in passthrough if name in source}
+
+
+def interpreter_first_on_path(path: str, *, prefix: str, base_prefix: str) -> str:
+    """``PATH`` with the ``bin`` folder of the virtual environment at ``prefix`` first,
+    unless ``PATH`` names it already; outside a virtual environment (``prefix ==
+    base_prefix``) ``path`` as it is.
+
+    `make run` starts ``.venv/bin/shamal server`` without activating ``.venv``: without
+    this, ``python train.py`` in a job would be the system's interpreter, without torch,
+    mlflow or shamal.
+    """
+    if prefix == base_prefix:
+        return path
+    scripts = str(Path(prefix) / "bin")
+    if scripts in path.split(os.pathsep):
+        return path
+    return os.pathsep.join([scripts, path]) if path else scripts
+
+
+def worker_environment(source: Mapping[str, str], passthrough: Iterable[str]) -> dict[str, str]:
+    """What a worker starts from: the allow-listed part of ``source``, with the Python that
+    runs Shamal first on ``PATH`` (see :func:`interpreter_first_on_path`)."""
+    base = clean_environment(source, passthrough)
+    if "PATH" in base:
+        base["PATH"] = interpreter_first_on_path(
+            base["PATH"], prefix=sys.prefix, base_prefix=sys.base_prefix
+        )
+    return base
 
 
 def compose_environment(

@@ -50,6 +50,7 @@ from shamal.executors._env import (
     gang_layout,
     platform_variables,
     slot_visible_devices,
+    worker_environment,
 )
 from shamal.executors._procfs import (
     ProcessIdentity,
@@ -157,7 +158,7 @@ class LocalExecutor:
         return self._await_started(spec, files)
 
     def _plan(self, spec: LaunchSpec) -> dict[str, Any]:
-        base = clean_environment(os.environ, self._passthrough)
+        base = worker_environment(os.environ, self._passthrough)
         layout = gang_layout([slot.node for slot in spec.placement.slots])
         master = ("127.0.0.1", free_port()) if spec.world_size > 1 else None
         workers = []

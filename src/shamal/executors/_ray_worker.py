@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from shamal.executors._env import clean_environment, compose_environment
+from shamal.executors._env import compose_environment, worker_environment
 from shamal.executors._logs import LineFramer
 from shamal.executors._outcome import StopCause, stronger
 from shamal.executors._procfs import free_port, kill_group
@@ -144,7 +144,7 @@ class RankProcess:
             platform = dict(env["platform"])
             platform["CUDA_VISIBLE_DEVICES"] = ",".join(self.node()["gpus"])
             full_env = compose_environment(
-                clean_environment(os.environ, passthrough), env["user"], platform
+                worker_environment(os.environ, passthrough), env["user"], platform
             )
             try:
                 self._proc = subprocess.Popen(  # argv, no shell
