@@ -105,6 +105,21 @@ def empty_pg_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def icu_pg_url() -> Iterator[str]:
+    """A new, empty PostgreSQL database whose collation is a language's (ICU en-US), as
+    production clusters often are: text sorts case-blind first, punctuation between."""
+    name = f"shamal_icu_{RUN_ID}_{uuid.uuid4().hex[:10]}"
+    with _pg_connect() as conn:
+        conn.execute(
+            f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu '
+            "ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
+    yield _pg_url(name)
+    with _pg_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Each test using this runs once on SQLite and once on PostgreSQL."""

@@ -135,6 +135,33 @@ def test_round_trip_with_digest_and_listing(api: TestClient, team: str) -> None:
     assert api.get(f"/api/v1/artifacts/{team}/copy.bin").content == data
 
 
+@pytest.mark.parametrize(
+    ("path", "disposition"),
+    [
+        ("plots/loss.html", "attachment; filename=\"loss.html\"; filename*=UTF-8''loss.html"),
+        (
+            'r\u00e9sultats/pr\u00e9diction "finale".csv',
+            'attachment; filename="pr_diction _finale_.csv"; '
+            "filename*=UTF-8''pr%C3%A9diction%20%22finale%22.csv",
+        ),
+    ],
+    ids=["ascii", "unicode-and-quotes"],
+)
+def test_a_download_is_an_attachment_named_after_the_file_and_never_sniffed(
+    api: TestClient, team: str, path: str, disposition: str
+) -> None:
+    """An uploaded HTML file must not render as a page of this server's origin."""
+    page = b"<html><script>alert(document.cookie)</script></html>"
+    assert api.put(f"/api/v1/artifacts/{team}/{path}", content=page).status_code == 201
+    got = api.get(f"/api/v1/artifacts/{team}/{path}")
+    assert got.content == page
+    assert got.headers["content-type"] == "application/octet-stream"
+    assert got.headers["content-disposition"] == disposition
+    assert got.headers["x-content-type-options"] == "nosniff"
+    missing = api.get(f"/api/v1/artifacts/{team}/nowhere.html")
+    assert (missing.status_code, missing.headers["x-content-type-options"]) == (404, "nosniff")
+
+
 def test_roles_on_artifacts(api: TestClient, team: str) -> None:
     viewer, member = _member(api, "vic", "viewer"), _member(api, "mia", "member")
     maintainer, outsider = _member(api, "max", "maintainer"), _member(api, "out", "viewer")

@@ -22,6 +22,11 @@ ABSOLUTE_OR_WINDOWS = [
     "C:/Windows/win.ini",
     "\\\\server\\share\\x",
     "?path=C:/",
+    "C:x",
+    "c:/x",
+    "./D:/x",
+    "https:/host/x",
+    "mlflow-artifacts:/1/x",
 ]
 BACKSLASH = ["..\\..\\etc\\passwd", "a\\..\\..\\x"]
 ENCODED = [
@@ -99,6 +104,11 @@ LEGAL = {
     "\u00fcn\u00efcode/na\u00efve.json": "\u00fcn\u00efcode/na\u00efve.json",
     "u\u0308n\u0131\u0308code/nai\u0308ve.json": "\u00fcn\u0131\u0308code/na\u00efve.json",
     "v1.2/x": "v1.2/x",
+    # A colon past the start is a character like any other, as on a stock server.
+    "plots/2024-01-01T12:00:00.png": "plots/2024-01-01T12:00:00.png",
+    "2024-01-01T12:00:00.json": "2024-01-01T12:00:00.json",
+    "a/C:/x": "a/C:/x",
+    "model_v1:best/x": "model_v1:best/x",
     ".hidden/config.yaml": ".hidden/config.yaml",
     "./a/./b": "a/b",
     "my%20file.txt": "my file.txt",

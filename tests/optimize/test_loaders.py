@@ -207,7 +207,7 @@ def test_model_onnx_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None
 
 # ---------------------------------------------------------------------- download listing
 @pytest.mark.parametrize(
-    "hostile", ["../evil", "/etc/cron.d/x", "a\\..\\..\\x", "C:/x", "a/../../x"]
+    "hostile", ["../evil", "/etc/cron.d/x", "a\\..\\..\\x", "C:/x", "file:x", "a/../../x"]
 )
 def test_download_refuses_hostile_listed_paths_and_writes_nothing(
     tmp_path: Path, hostile: str
@@ -231,6 +231,27 @@ def test_download_refuses_hostile_listed_paths_and_writes_nothing(
         api.download_model_version("m", 1, dest)
     assert served == []
     assert list(tmp_path.rglob("*")) == [dest]
+
+
+def test_download_keeps_names_with_a_colon_the_server_stores(tmp_path: Path) -> None:
+    """The server stores "plots/2026-11-22T05:20:00.png" as a stock server does; a model
+    folder holding one must download, not be refused as unsafe."""
+    names = {"MLmodel": b"flavors: {}", "plots/2026-11-22T05:20:00.png": b"png"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/get-download-uri"):
+            return httpx.Response(200, json={"artifact_uri": "mlflow-artifacts:/1/run/model"})
+        if path == "/api/2.0/mlflow-artifacts/artifacts":
+            files = [{"path": name, "is_dir": False} for name in names]
+            return httpx.Response(200, json={"files": files})
+        return httpx.Response(200, content=names[path.split("/1/run/model/", 1)[1]])
+
+    dest = tmp_path / "dest"
+    api = ShamalClient("http://test", token="t", transport=httpx.MockTransport(handler))
+    with api:
+        api.download_model_version("m", 1, dest)
+    assert (dest / "plots" / "2026-11-22T05:20:00.png").read_bytes() == b"png"
 
 
 @pytest.mark.parametrize("func", ["exec", "eval", "getattr", "numpy.load", "operator.attrgetter"])

@@ -22,7 +22,7 @@ from shamal.artifacts._local import LocalObjectStore
 from shamal.artifacts._objects import ObjectStore, open_object_store
 from shamal.artifacts._paths import contained_path, safe_relpath
 from shamal.artifacts._service import ArtifactService, team_namespace
-from shamal.artifacts._streaming import consume_body
+from shamal.artifacts._streaming import consume_body, download_headers
 
 if TYPE_CHECKING:
     from shamal.artifacts._s3 import S3ObjectStore
@@ -38,6 +38,7 @@ __all__ = [
     "S3ObjectStore",
     "consume_body",
     "contained_path",
+    "download_headers",
     "open_blob_store",
     "open_object_store",
     "safe_relpath",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import unicodedata
 from pathlib import Path
@@ -31,8 +32,13 @@ logger = logging.getLogger(__name__)
 _MAX_DECODE_ROUNDS = 10
 _MAX_SEGMENT_BYTES = 255  # NAME_MAX of common file systems
 # Characters that may never appear in a path, decoded or not: fragment, matrix
-# parameters, query, Windows separators, drive letters and URL schemes (":").
-_FORBIDDEN_CHARS = frozenset("#;?\\:")
+# parameters, query, Windows separators.
+_FORBIDDEN_CHARS = frozenset("#;?\\")
+# A first segment that reads as a drive letter ("C:") or a URL scheme ("file:"):
+# a path must never be mistaken for a location of its own. A colon elsewhere is a
+# character like any other ("plots/2024-01-01T12:00:00.png"), as on a stock server:
+# artifact paths name index entries, never files of the server's disk.
+_DRIVE_OR_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 # ASCII characters with meaning to paths or URLs; a non-ASCII character whose
 # compatibility form contains one of them is a look-alike ("\uff0e" -> ".").
 _STRUCTURAL_ASCII = frozenset("./\\:;#?%~")
@@ -70,7 +76,7 @@ def _check_characters(text: str) -> None:
         if not ch.isprintable():
             raise _reject("contains a control or invisible character")
         if ch in _FORBIDDEN_CHARS:
-            raise _reject("contains a forbidden character (one of # ; ? \\ :)")
+            raise _reject("contains a forbidden character (one of # ; ? \\)")
         if ch in _SLASH_LOOKALIKES:
             raise _reject("contains a look-alike of a path separator")
         if ord(ch) > 0x7F and not _STRUCTURAL_ASCII.isdisjoint(unicodedata.normalize("NFKC", ch)):
@@ -106,6 +112,8 @@ def _normalize_form(text: str, *, max_length: int, max_depth: int) -> str:
     segments = [s for s in text.split("/") if s not in ("", ".")]
     if not segments:
         raise _reject("the path is empty")
+    if _DRIVE_OR_SCHEME.match(segments[0]):
+        raise _reject("the path starts with a drive letter or a URL scheme")
     if len(segments) > max_depth:
         raise _reject("the path is nested too deeply")
     for segment in segments:
@@ -132,13 +140,13 @@ def safe_relpath(raw: str, *, max_length: int = 1024, max_depth: int = 64) -> st
         stable under further percent-decoding, e.g. ``"model/weights.safetensors"``.
 
     Raises:
-        InvalidParameter: the path is empty or blank; absolute; contains control
-            characters, ``#``, ``;``, ``?``, ``\\``, ``:`` (drive letters, URL
-            schemes), ``..`` or all-dots segments, segments with outer
-            whitespace, a trailing dot or a leading ``~``; uses Unicode
-            look-alikes of ``.`` or ``/``; names a Windows device (``CON``,
-            ``aux.txt``); is too long or too deep; or is encoded more than
-            10 times. The message names the rule, never the input.
+        InvalidParameter: the path is empty or blank; absolute; starts with a
+            drive letter or URL scheme (``C:``, ``file:``); contains control
+            characters, ``#``, ``;``, ``?``, ``\\``, ``..`` or all-dots
+            segments, segments with outer whitespace, a trailing dot or a
+            leading ``~``; uses Unicode look-alikes of ``.`` or ``/``; names a
+            Windows device (``CON``, ``aux.txt``); is too long or too deep; or
+            is encoded more than 10 times. The message names the rule, never the input.
     """
     if not isinstance(raw, str):
         raise _reject("the path must be a string")

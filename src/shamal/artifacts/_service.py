@@ -89,6 +89,12 @@ class ArtifactService:
         with self._db.unit_of_work(write=False) as s:
             return _store.list_files(s, namespace, clean, limit)
 
+    def folder_files(self, namespace: str, folder: str, limit: int) -> list[ArtifactFile]:
+        """See :func:`shamal.artifacts._store.folder_files`; ``folder`` is checked first."""
+        clean = safe_relpath(folder) if folder else ""
+        with self._db.unit_of_work(write=False) as s:
+            return _store.folder_files(s, namespace, clean, limit)
+
     def remove_files(self, ctx: AuditContext, namespace: str, path: str) -> int:
         """Remove a file, or every file under a folder; returns how many."""
         clean = safe_relpath(path)

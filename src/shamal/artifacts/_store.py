@@ -11,6 +11,11 @@ from shamal.artifacts._entities import ArtifactFile
 from shamal.db.models import ArtifactFileRow
 from shamal.errors import NotFound
 
+#: Greater than every character a path may hold (the last code point; U+FFFF is not: an
+#: emoji is above it): the end of the range of "<folder>/...". Paths compare as code
+#: points (the column's collation is "C" on PostgreSQL, BINARY on SQLite).
+_AFTER_ALL = "\U0010ffff"
+
 
 def _file(row: ArtifactFileRow) -> ArtifactFile:
     return ArtifactFile(
@@ -47,9 +52,56 @@ def list_files(s: Session, namespace: str, prefix: str, limit: int) -> list[Arti
     if prefix:
         # A range scan on the primary key instead of LIKE: no wildcard escaping to get wrong.
         query = query.where(
-            ArtifactFileRow.path >= prefix, ArtifactFileRow.path < prefix + "\uffff"
+            ArtifactFileRow.path >= prefix, ArtifactFileRow.path < prefix + _AFTER_ALL
         )
     return [_file(r) for r in s.scalars(query.order_by(ArtifactFileRow.path).limit(limit))]
+
+
+#: Rows read by the first query of :func:`folder_files`, and by the first after each
+#: subfolder it jumps over: a subfolder's own files are read at most this many times over.
+_FOLDER_PEEK = 4
+#: Rows read at most per query, on a run of files directly in the folder.
+_FOLDER_BATCH = 1024
+
+
+def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[ArtifactFile]:
+    """What shows the immediate children of ``folder`` ("" for the top): the file
+    ``folder`` itself if there is one, every file directly in it, and the first file of
+    each of its subfolders, in path order; at most ``limit`` of them.
+
+    However many files a subfolder holds, one query reads past it (its first file starts a
+    jump to the end of its range), so a folder lists whole whatever lies below it, and a
+    folder of many subfolders costs a short query each, not a read of all their files.
+    """
+    prefix = f"{folder}/" if folder else ""
+    if folder:
+        row = s.get(ArtifactFileRow, (namespace, folder))
+        if row is not None:
+            return [_file(row)]
+    found: list[ArtifactFile] = []
+    cursor, inclusive, batch = prefix, True, _FOLDER_PEEK
+    while len(found) < limit:
+        query = select(ArtifactFileRow).where(
+            ArtifactFileRow.namespace == namespace,
+            ArtifactFileRow.path >= cursor if inclusive else ArtifactFileRow.path > cursor,
+            ArtifactFileRow.path < prefix + _AFTER_ALL,
+        )
+        rows = list(s.scalars(query.order_by(ArtifactFileRow.path).limit(batch)))
+        jumped = False
+        for row in rows[: limit - len(found)]:
+            found.append(_file(row))
+            head, sep, _ = row.path[len(prefix) :].partition("/")
+            if sep:  # the first file of a subfolder: go on after the whole subfolder
+                cursor, inclusive, jumped = f"{prefix}{head}/{_AFTER_ALL}", False, True
+                break
+            cursor, inclusive = row.path, False
+        if jumped:
+            batch = _FOLDER_PEEK
+        elif len(rows) < batch:
+            break  # the folder's range is read to its end
+        else:
+            batch = min(batch * 4, _FOLDER_BATCH)
+    return found
 
 
 def delete_file(s: Session, namespace: str, path: str) -> ArtifactFile:
@@ -71,11 +123,10 @@ def digest_in_use(s: Session, digest: str) -> bool:
 
 def delete_tree(s: Session, namespace: str, path: str) -> int:
     """Delete ``path`` and everything below ``path/``; returns the number of files."""
+    below = (ArtifactFileRow.path >= path + "/") & (ArtifactFileRow.path < path + "/" + _AFTER_ALL)
     result = s.execute(
         delete(ArtifactFileRow).where(
-            ArtifactFileRow.namespace == namespace,
-            (ArtifactFileRow.path == path)
-            | ((ArtifactFileRow.path >= path + "/") & (ArtifactFileRow.path < path + "/\uffff")),
+            ArtifactFileRow.namespace == namespace, (ArtifactFileRow.path == path) | below
         )
     )
     return int(getattr(result, "rowcount", 0) or 0)

@@ -1,13 +1,17 @@
-"""Hand a request body, chunk by chunk, to blocking code in a worker thread."""
+"""HTTP bodies of artifacts: a request body handed chunk by chunk to blocking code in a
+worker thread, and the headers of a download."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TypeVar
+from urllib.parse import quote
 
 import anyio.from_thread
 import anyio.to_thread
 from starlette.requests import Request
+
+from shamal.artifacts._entities import ArtifactFile
 
 T = TypeVar("T")
 
@@ -32,3 +36,19 @@ async def consume_body(request: Request, work: Callable[[Iterator[bytes]], T]) -
                 yield chunk
 
     return await anyio.to_thread.run_sync(lambda: work(chunks()))
+
+
+def download_headers(found: ArtifactFile) -> dict[str, str]:
+    """Length, digest and an ``attachment`` disposition named after the file (RFC 6266:
+    an ASCII fallback name and the exact name percent-encoded as UTF-8), so a browser saves
+    the file instead of rendering it, under its own name."""
+    name = found.path.rsplit("/", 1)[-1]
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    return {
+        "Content-Length": str(found.size),
+        "ETag": f'"{found.digest}"',
+        "X-Content-SHA256": found.digest,
+        "Content-Disposition": (
+            f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
+        ),
+    }

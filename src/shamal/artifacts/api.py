@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._service import ArtifactService
-from shamal.artifacts._streaming import consume_body
+from shamal.artifacts._streaming import consume_body, download_headers
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 
@@ -85,12 +85,9 @@ def get_artifact(
     team: Team, path: FilePath, svc: Artifacts, principal: CurrentPrincipal
 ) -> StreamingResponse:
     found, data = svc.open(principal, team, path)
-    headers = {
-        "Content-Length": str(found.size),
-        "ETag": f'"{found.digest}"',
-        "X-Content-SHA256": found.digest,
-    }
-    return StreamingResponse(data, media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        data, media_type="application/octet-stream", headers=download_headers(found)
+    )
 
 
 @router.delete(

@@ -378,6 +378,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         result: list[dict[str, Any]] = self.request("GET", "/api/v1/cost", params=params)
         return result
 
+    def quotas(self) -> list[dict[str, Any]]:
+        """Each team's guaranteed quota and borrow limit per pool, with what its jobs hold,
+        borrow and wait for now (members see their own teams; admins every team)."""
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/scheduler/quotas")
+        return result
+
     def predictor_report(self) -> dict[str, Any]:
         """How well job runtimes are predicted from history (each predicted before it ran)."""
         result: dict[str, Any] = self.request("GET", "/api/v1/scheduler/predictor")

@@ -20,6 +20,11 @@ class _BodyTooLarge(Exception):
     pass
 
 
+#: On every answer: browsers take it as the type it declares and never sniff HTML or script
+#: out of an artifact or an error body.
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+
 async def _send_error(send: Send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error_code": code, "message": message}).encode()
     await send(
@@ -30,6 +35,7 @@ async def _send_error(send: Send, status: int, code: str, message: str) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                _NOSNIFF,
             ],
         }
     )
@@ -124,7 +130,9 @@ class RequestGuard:
                 return
             if exceeded and message["type"] == "http.response.body" and started:
                 return
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                message = _with_nosniff(message)
             await send(message)
 
         try:
@@ -134,3 +142,11 @@ class RequestGuard:
                 raise
             if not started:
                 await _send_error(send, 413, "REQUEST_TOO_LARGE", f"body over {limit} bytes")
+
+
+def _with_nosniff(start: Message) -> Message:
+    """``start`` with the nosniff header added (once)."""
+    headers = list(start.get("headers", []))
+    if not any(name.lower() == _NOSNIFF[0] for name, _ in headers):
+        headers.append(_NOSNIFF)
+    return {**start, "headers": headers}
