@@ -265,7 +265,7 @@ def test_runs_grammar_whitelist(text: str) -> None:
         (REGISTERED_MODELS, "name IN (1)"),
         (MODEL_VERSIONS, "version_number = 'x'"),
         (MODEL_VERSIONS, "version_number = '1.5'"),
-        (MODEL_VERSIONS, "run_id LIKE 'a%'"),
+        (MODEL_VERSIONS, "run_id > 'a'"),
         (MODEL_VERSIONS, "version_number IN ('x')"),
         (MODEL_VERSIONS, "version_number IN (1.5)"),
         (MODEL_VERSIONS, "version_number NOT IN (1)"),

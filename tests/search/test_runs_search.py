@@ -202,9 +202,9 @@ DATASET_FILTERS = [
 
 
 ORDERS: list[tuple[list[str], list[str]]] = [
-    (["metrics.m ASC"], ["r05", "r01", "r02", "r04", "r06", "r03"]),
-    (["metrics.m DESC"], ["r04", "r02", "r01", "r05", "r06", "r03"]),
-    (["metrics.`m`"], ["r05", "r01", "r02", "r04", "r06", "r03"]),
+    (["metrics.m ASC"], ["r05", "r01", "r02", "r04", "r03", "r06"]),
+    (["metrics.m DESC"], ["r04", "r02", "r01", "r05", "r03", "r06"]),
+    (["metrics.`m`"], ["r05", "r01", "r02", "r04", "r03", "r06"]),
     (["params.q"], ["r02", "r01", "r04", "r06", "r05", "r03"]),
     (["params.q DESC"], ["r04", "r01", "r02", "r06", "r05", "r03"]),
     (["start_time ASC"], ["r01", "r02", "r03", "r04", "r05", "r06"]),
@@ -212,7 +212,7 @@ ORDERS: list[tuple[list[str], list[str]]] = [
     (["end_time DESC"], ["r02", "r01", "r06", "r05", "r04", "r03"]),
     (["end_time"], ["r01", "r02", "r06", "r05", "r04", "r03"]),
     (["run_id DESC"], ["r06", "r05", "r04", "r03", "r02", "r01"]),
-    (["metrics.acc DESC", "metrics.m DESC"], ["r01", "r02", "r04", "r05", "r06", "r03"]),
+    (["metrics.acc DESC", "metrics.m DESC"], ["r01", "r02", "r04", "r05", "r03", "r06"]),
 ]
 
 
@@ -224,7 +224,8 @@ def test_filters_match_the_documented_semantics(db: Database) -> None:
     assert failures == []
 
 
-def test_ordering_puts_nulls_and_nan_last(db: Database) -> None:
+def test_ordering_puts_nan_then_missing_metrics_and_nulls_last(db: Database) -> None:
+    """As a stock server orders: a metric's numbers, then its NaN, then runs without it."""
     failures = [(o, got, want) for o, want in ORDERS if (got := _search(db, order_by=o)) != want]
     assert failures == []
 

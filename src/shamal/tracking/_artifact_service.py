@@ -19,7 +19,9 @@ from shamal.security import AuditContext, Principal, Role
 if TYPE_CHECKING:
     from shamal.tracking._service import TrackingService
 
-MAX_LISTED = 10_000
+#: The most entries one folder listing holds (a stock server lists every one; this bounds
+#: the answer of a folder of millions of files).
+MAX_LISTED = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +33,20 @@ class ListedFile:
     file_size: int | None
 
 
-def children(files: Iterable[ArtifactFile], folder: str) -> list[ListedFile]:
-    """The immediate children of ``folder`` among ``files`` (paths relative to the namespace)."""
+def children(
+    files: Iterable[ArtifactFile], folder: str, *, file_itself: bool = True
+) -> list[ListedFile]:
+    """The immediate children of ``folder`` among ``files`` (paths relative to the namespace).
+
+    When ``folder`` names a file, the listing is that file alone, or nothing when
+    ``file_itself`` is False (what a stock server's ``artifacts/list`` answers).
+    """
     found: dict[str, ListedFile] = {}
     prefix = f"{folder}/" if folder else ""
     for f in files:
-        if f.path == folder:  # the folder names a file: list just that file
+        if f.path == folder:
+            if not file_itself:
+                return []
             return [ListedFile(f.path.rsplit("/", 1)[-1], False, f.size)]
         if not f.path.startswith(prefix):
             continue
@@ -77,9 +87,13 @@ class RunArtifacts:
             raise NotFound("Artifact not found.")
         return self._artifacts.read_file(namespace, rest)
 
-    def listing(self, principal: Principal, path: str) -> list[ListedFile]:
+    def listing(
+        self, principal: Principal, path: str, *, file_itself: bool = True
+    ) -> list[ListedFile]:
+        """The children of the folder ``path``; see :func:`children` for a file's path."""
         namespace, rest = self._locate(principal, path, Role.VIEWER)
-        return children(self._artifacts.files_under(namespace, rest, MAX_LISTED), rest)
+        files = self._artifacts.folder_files(namespace, rest, MAX_LISTED)
+        return children(files, rest, file_itself=file_itself)
 
     def delete(self, ctx: AuditContext, path: str) -> None:
         namespace, rest = self._locate(ctx.require_principal(), path, Role.MAINTAINER)
@@ -94,7 +108,7 @@ class RunArtifacts:
         root = self._tracking.run_info(principal, run_id).artifact_uri
         proxy = root.removeprefix("mlflow-artifacts:/")
         folder = f"{proxy}/{safe_relpath(path)}" if path.strip("/") else proxy
-        listed = self.listing(principal, folder)
+        listed = self.listing(principal, folder, file_itself=False)
         prefix = path.strip("/")
         return root, [
             ListedFile(f"{prefix}/{f.path}" if prefix else f.path, f.is_dir, f.file_size)

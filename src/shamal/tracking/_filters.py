@@ -276,7 +276,7 @@ MODEL_VERSIONS: Final = _grammar(
     {
         ("attribute", "name"): _STRING_OR_LIST,
         ("attribute", "version_number"): Rule("number", NUMERIC_OPS | {"IN"}),
-        ("attribute", "run_id"): Rule("string", frozenset({"=", "!=", "IN", "NOT IN"})),
+        ("attribute", "run_id"): _STRING_OR_LIST,
         ("attribute", "source_path"): _STRING,
     },
     {},

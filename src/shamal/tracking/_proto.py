@@ -166,8 +166,9 @@ def metrics_of(items: Sequence[Mapping[str, Any]], default_ts: int) -> list[Metr
     """Metrics from a request (``log-batch`` or ``log-metric`` fields).
 
     Raises:
-        InvalidParameter: a field is missing or malformed, or a timestamp or step is not
-            an int64 (MLflow's protobuf type; the database could not store it either).
+        InvalidParameter: a field is missing or malformed, a timestamp or step is not an
+            int64 (MLflow's protobuf type; the database could not store it either), or a
+            timestamp is negative (a stock server refuses it too).
     """
     out = []
     for item in items:
@@ -183,10 +184,10 @@ def metrics_of(items: Sequence[Mapping[str, Any]], default_ts: int) -> list[Metr
             and type(value) is float
             and type(timestamp) is int
             and type(step) is int
-            and INT64_MIN <= timestamp <= INT64_MAX
+            and 0 <= timestamp <= INT64_MAX
             and INT64_MIN <= step <= INT64_MAX
         ):
-            out.append(Metric(key, value, timestamp or default_ts, step))
+            out.append(Metric(key, value, timestamp, step))
         else:
             out.append(_metric_of(item, default_ts))
     return out
@@ -194,10 +195,20 @@ def metrics_of(items: Sequence[Mapping[str, Any]], default_ts: int) -> list[Metr
 
 def _metric_of(item: Mapping[str, Any], default_ts: int) -> Metric:
     f = Fields(item)
+    key = f.required("key", max_len=250)
+    value = parse_double(item.get("value"), "value")
+    # 0 is a time like any other (the epoch); only an absent timestamp means "now".
+    given = f.integer("timestamp")
+    timestamp = default_ts if given is None else given
+    if timestamp < 0:
+        raise InvalidParameter(
+            f"Invalid value {timestamp} for parameter 'timestamp' supplied: metric '{key}'. "
+            "Timestamp must be a nonnegative long (64-bit integer)."
+        )
     return Metric(
-        key=f.required("key", max_len=250),
-        value=parse_double(item.get("value"), "value"),
-        timestamp=f.integer("timestamp") or default_ts,
+        key=key,
+        value=value,
+        timestamp=timestamp,
         step=f.integer("step") or 0,
         model_id=f.text("model_id", max_len=64),
         dataset_name=f.text("dataset_name", max_len=500),

@@ -19,8 +19,9 @@ Comparison semantics, the same on SQLite and PostgreSQL:
 - ``datasets.context`` is the ``mlflow.data.context`` tag of a run input, read from
   the JSON array in ``run_inputs.tags`` (``json_each`` on SQLite,
   ``jsonb_array_elements`` on PostgreSQL).
-- Sorting on a nullable column, a metric, param or tag puts NULLs (and NaN metrics)
-  last in both directions.
+- Sorting on a nullable column, a param or a tag puts NULLs last in both directions;
+  sorting on a metric puts NaN values after the numbers, and runs without the metric
+  after those, in both directions.
 """
 
 from __future__ import annotations
@@ -345,9 +346,13 @@ def _run_order(
         table = {"metric": LatestMetricRow, "param": ParamRow, "tag": RunTagRow}[item.entity]
         row: Any = aliased(table, name=f"sort_{i}")
         stmt = stmt.outerjoin(row, and_(row.run_id == RunRow.run_id, row.key == item.key))
-        value = (
-            case((row.is_nan, null()), else_=row.value) if item.entity == "metric" else row.value
-        )
+        if item.entity != "metric":
+            terms.append(sort_key(row.value, item.ascending, nullable=True))
+            continue
+        # Numbers first in the asked order, then NaN, then runs without the metric, in
+        # either direction: a stock server's order.
+        terms.append(case((row.run_id.is_(None), 2), (row.is_nan, 1), else_=0).asc())
+        value = case((row.is_nan, null()), else_=row.value)
         terms.append(sort_key(value, item.ascending, nullable=True))
     return stmt, terms
 

@@ -53,7 +53,10 @@ from shamal.tracking._search import experiments_query, runs_query
 logger = logging.getLogger(__name__)
 
 TEAM_TAG = "shamal.team"
+#: The run tag that holds a run's name: setting it renames the run, as on a stock server.
+RUN_NAME_TAG = "mlflow.runName"
 MAX_KEY = 250
+MAX_RUN_NAME = 250
 #: Longer param values and run tag values are cut to these lengths, as a stock server does
 #: by default (``MLFLOW_TRUNCATE_LONG_VALUES``; its ``MAX_PARAM_VAL_LENGTH`` and
 #: ``MAX_TAG_VAL_LENGTH``); both columns are TEXT.
@@ -108,6 +111,22 @@ def truncate_value(kind: str, key: str, value: str, limit: int) -> str:
         limit,
     )
     return value[:limit]
+
+
+def renamed_to(tags: Sequence[tuple[str, str]]) -> str | None:
+    """The run name that setting ``tags`` gives a run: the last non-empty value of
+    ``mlflow.runName`` among them, or None (an empty value leaves the name as it is).
+
+    Raises:
+        InvalidParameter: the name is longer than a run name may be.
+    """
+    name = None
+    for key, value in tags:
+        if key == RUN_NAME_TAG and value:
+            name = value
+    if name is not None:
+        check_value("Run name", RUN_NAME_TAG, name, MAX_RUN_NAME)
+    return name
 
 
 def truncate_tag_value(key: str, value: str) -> str:
@@ -361,8 +380,15 @@ class TrackingService:
         principal = ctx.require_principal()
         self.experiment(principal, experiment_id, Role.MEMBER)
         tags = dict(LoggedData(tags=list(tags.items())).checked().tags)
-        name = run_name or tags.get("mlflow.runName") or f"run-{secrets.token_hex(3)}"
-        tags.setdefault("mlflow.runName", name)
+        tagged = tags.get(RUN_NAME_TAG)
+        if run_name and tagged and tagged != run_name:
+            raise InvalidParameter(
+                f"Both 'run_name' argument and '{RUN_NAME_TAG}' tag are specified, but with "
+                f"different values (run_name='{run_name[:250]}', {RUN_NAME_TAG}='{tagged[:250]}')."
+            )
+        name = run_name or tagged or f"run-{secrets.token_hex(3)}"
+        check_value("Run name", "run_name", name, MAX_RUN_NAME)
+        tags[RUN_NAME_TAG] = name
         tags.setdefault("mlflow.user", principal.name)
 
         def work(s: Session) -> Run:
@@ -397,13 +423,13 @@ class TrackingService:
         if end_time is not None:
             values["end_time"] = end_time
         if run_name:
-            values["name"] = check_value("Run name", "run_name", run_name, 250)
+            values["name"] = check_value("Run name", "run_name", run_name, MAX_RUN_NAME)
         ctx.target = f"run:{run_id}"
 
         def work(s: Session) -> RunInfo:
             info = _store.update_run(s, run_id, values) if values else _store.run_row(s, run_id)[0]
             if run_name:
-                _store.set_tags(s, run_id, [("mlflow.runName", run_name)])
+                _store.set_tags(s, run_id, [(RUN_NAME_TAG, run_name)])
             self._audit.record(s, ctx, ctx.target, **{k: str(v) for k, v in values.items()})
             return info
 
@@ -426,6 +452,13 @@ class TrackingService:
         The run is checked inside the writing transaction: one round of locking, not two.
         """
         data = data.checked()
+        new_name = None
+        if data.tags:
+            new_name = renamed_to(data.tags)
+            # An empty name changes nothing, its tag included, as on a stock server.
+            tags = [(k, v) for k, v in data.tags if v or k != RUN_NAME_TAG]
+            if len(tags) < len(data.tags):
+                data = replace(data, tags=tags)
 
         def work(s: Session) -> None:
             stage, team_id = _store.run_access(s, run_id)
@@ -434,6 +467,8 @@ class TrackingService:
                 raise InvalidParameter(
                     f"The run {run_id} must be in the 'active' state. Current state is {stage}."
                 )
+            if new_name is not None:  # the run's row first, as update_run locks: no deadlock
+                _store.update_run(s, run_id, {"name": new_name})
             _store.log_params(s, run_id, data.params)
             _store.set_tags(s, run_id, data.tags)
             _store.log_metrics(s, run_id, data.metrics)

@@ -100,7 +100,18 @@ def insert_experiment(
 
 
 def parse_experiment_id(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
+    """The integer an experiment id stands for.
+
+    Raises:
+        InvalidParameter: not an integer ("abc", "1.5"), as a stock server answers.
+        NotFound: an integer no experiment can have (negative, over 18 digits).
+    """
+    digits = value.removeprefix("-")
+    if not digits.isascii() or not digits.isdigit():
+        raise InvalidParameter(
+            f"Invalid experiment ID '{value[:40]}'. Experiment ID must be a valid integer."
+        )
+    if digits != value or len(digits) > 18:
         raise NotFound(f"No Experiment with id={value[:40]} exists")
     return int(value)
 

@@ -411,7 +411,7 @@ def list_logged_model_artifacts(
     model = svc.models.get(p, model_id)
     root = model.artifact_location.removeprefix("mlflow-artifacts:/")
     path = (f.text("artifact_directory_path") or "").strip("/")
-    files = svc.files.listing(p, f"{root}/{path}" if path else root)
+    files = svc.files.listing(p, f"{root}/{path}" if path else root, file_itself=False)
     return proto_json(
         {
             "root_uri": model.artifact_location,

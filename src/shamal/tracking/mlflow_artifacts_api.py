@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from shamal.artifacts import consume_body
+from shamal.artifacts import consume_body, download_headers
 from shamal.errors import NotImplementedFeature
 from shamal.mlflow_dialect import ProtoJSONResponse, proto_json
 from shamal.security import AuditContext
@@ -37,8 +37,9 @@ def list_artifacts(svc: Tracking, p: CurrentPrincipal, path: str = "") -> ProtoJ
 @artifacts_router.get("/artifacts/{path:path}")
 def download_artifact(path: str, svc: Tracking, p: CurrentPrincipal) -> StreamingResponse:
     found, data = svc.files.download(p, path)
-    headers = {"Content-Length": str(found.size), "X-Content-SHA256": found.digest}
-    return StreamingResponse(data, media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        data, media_type="application/octet-stream", headers=download_headers(found)
+    )
 
 
 @artifacts_router.put("/artifacts/{path:path}")
