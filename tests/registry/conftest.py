@@ -1,7 +1,8 @@
 """Registry fixtures: a real source resolver for tests, people with roles, services and clients.
 
 ``ArtifactSources`` is a small, real :class:`~shamal.registry.ModelSources`: it
-accepts ``mlflow-artifacts:/<path>`` whose path passes the one path validator
+accepts ``mlflow-artifacts:/<path>`` whose path passes the one path validator,
+resolves ``models:/<id>`` of the logged models a test put in ``logged_models``,
 and refuses everything else. The platform's own resolver lives in tracking;
 these tests build the registry with this one so that they do not wait on it.
 """
@@ -21,6 +22,7 @@ from shamal.security import AccountKind, AuditContext, Principal, Role
 from shamal.server import Platform, create_app
 
 ARTIFACTS = "mlflow-artifacts:/"
+MODELS = "models:/"
 
 
 class ArtifactSources:
@@ -28,16 +30,22 @@ class ArtifactSources:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        #: Logged models a test made: id -> where their files are.
+        self.logged_models: dict[str, str] = {}
+        #: Logged models a test made: id -> the run that produced each (if any).
+        self.logged_model_runs: dict[str, str] = {}
 
     def resolve_model_source(self, principal: Principal, source: str) -> str:
         self.calls.append(source)
+        if source.removeprefix(MODELS) in self.logged_models:
+            return self.logged_models[source.removeprefix(MODELS)]
         if not source.startswith(ARTIFACTS) or source.startswith(ARTIFACTS + "/"):
             raise InvalidParameter("model version sources must be mlflow-artifacts:/ paths")
         return ARTIFACTS + safe_relpath(source[len(ARTIFACTS) :])
 
     def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
         self.calls.append(f"run-of:{model_id}")
-        return None
+        return self.logged_model_runs.get(model_id)
 
 
 @dataclass

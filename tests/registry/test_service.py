@@ -97,22 +97,24 @@ def test_versions_are_numbered_from_one_and_never_reused(
 
 
 def test_source_is_resolved_and_the_location_is_what_downloads_answer(
-    registry: RegistryService, people: People
+    registry: RegistryService, people: People, sources: ArtifactSources
 ) -> None:
+    sources.logged_models["m-0123abcd"] = "mlflow-artifacts:/models/m-0123abcd"
+    sources.logged_model_runs["m-0123abcd"] = "0123456789abcdef0123456789abcdef"
     ctx = people.ctx("admin")
     registry.create_registered_model(ctx, "m")
     made = registry.create_model_version(
         ctx,
         "m",
-        "mlflow-artifacts:/models/m%31",
+        "mlflow-artifacts:/models/m-0123abcd/m%31",
         run_id="0123456789abcdef0123456789abcdef",
         tags=[("a", "1"), ("a", "2"), ("b", "3")],
         run_link="http://runs/1",
         description="d",
         model_id="m-0123abcd",
     )
-    assert made.storage_location == "mlflow-artifacts:/models/m1"
-    assert made.source == "mlflow-artifacts:/models/m%31"
+    assert made.storage_location == "mlflow-artifacts:/models/m-0123abcd/m1"
+    assert made.source == "mlflow-artifacts:/models/m-0123abcd/m%31"
     assert (made.run_id, made.run_link, made.description, made.model_id) == (
         "0123456789abcdef0123456789abcdef",
         "http://runs/1",
@@ -122,7 +124,7 @@ def test_source_is_resolved_and_the_location_is_what_downloads_answer(
     assert dict(made.tags) == {"a": "2", "b": "3"}
     admin = people.principals["admin"]
     uri = registry.get_model_version_download_uri(admin, "m", 1)
-    assert uri == "mlflow-artifacts:/models/m1"
+    assert uri == "mlflow-artifacts:/models/m-0123abcd/m1"
 
 
 @pytest.mark.parametrize(

@@ -328,7 +328,8 @@ def test_versions_create_get_search_update_tags_stages_delete(
 
 
 def test_search_filters_a_stock_server_takes(mlflow_env: LiveServer, tmp_path: Path) -> None:
-    """Name lists (IN / NOT IN) for registered models and versions, and a version number
+    """Name lists (IN / NOT IN) for registered models and versions, run id patterns (LIKE,
+    ILIKE) for versions, and a version number
     written as a quoted string, are filters a stock server answers; they were 400s here."""
     client = MlflowClient()
     run_id, artifact_uri = _run_with_model(tmp_path)
@@ -345,6 +346,10 @@ def test_search_filters_a_stock_server_takes(mlflow_env: LiveServer, tmp_path: P
     assert [(v.name, v.version) for v in versions] == [(a, "1"), (a, "2"), (b, "1")]
     others = client.search_model_versions(f"run_id = '{run_id}' AND name NOT IN ('{a}')")
     assert [(v.name, v.version) for v in others] == [(b, "1")]
+    for pattern in (f"run_id LIKE '{run_id[:8]}%'", f"run_id ILIKE '{run_id[:8].upper()}%'"):
+        found = client.search_model_versions(f"{pattern} AND name = '{b}'")
+        assert [(v.name, v.version) for v in found] == [(b, "1")], pattern
+    assert client.search_model_versions(f"run_id LIKE 'x{run_id[:8]}%'") == []
     quoted = client.search_model_versions(f"name = '{a}' AND version_number = '2'")
     assert [v.version for v in quoted] == ["2"]
     newer = client.search_model_versions(f"name = '{a}' AND version_number > '1'")
@@ -467,3 +472,196 @@ def test_eight_clients_register_at_once_unique_and_gapless(
     assert sorted(int(v.version) for v in made) == list(range(1, 9))
     stored = MlflowClient().search_model_versions(f"name = '{name}'")
     assert sorted(int(v.version) for v in stored) == list(range(1, 9))
+
+
+def test_a_version_without_description_reads_as_empty_text_as_on_stock(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    """A stock server always sends a version's description, so the client reads one never
+    set as "" (not None) wherever a version comes back; a script's
+    ``mv.description.strip()`` works against either server."""
+    client = MlflowClient()
+    name = _name("no-description")
+    run_id, _ = _run_with_model(tmp_path)
+    registered = mlflow.register_model(f"runs:/{run_id}/model", name)
+    made = client.create_model_version(name, registered.source, run_id=run_id)
+    client.set_registered_model_alias(name, "champion", made.version)
+    with pytest.warns(FutureWarning, match="deprecated"):  # stages are deprecated, not gone
+        staged = client.transition_model_version_stage(name, "1", "Staging")
+    with pytest.warns(FutureWarning, match="deprecated"):
+        latest = client.get_latest_versions(name)
+    copied = client.copy_model_version(f"models:/{name}/1", name + "-copy")
+    seen = [
+        registered,
+        made,
+        staged,
+        copied,
+        client.get_model_version(name, "1"),
+        client.get_model_version_by_alias(name, "champion"),
+        *client.search_model_versions(f"name = '{name}'"),
+        *client.get_registered_model(name).latest_versions,
+        *latest,
+    ]
+    assert [v.description for v in seen] == [""] * len(seen)
+    described = client.update_model_version(name, "2", description="second")
+    assert described.description == "second"
+    assert client.update_model_version(name, "2", description="").description == ""
+
+
+def test_prompts_register_load_alias_and_search_as_on_stock(mlflow_env: LiveServer) -> None:
+    """``mlflow.genai`` keeps prompts in the registry: a prompt version is a model version
+    tagged as a prompt whose source is a placeholder (``prompt-template``). A stock server
+    takes it; here it was refused as a source outside the artifact store. Any other source
+    for a prompt version is still refused, and a prompt version cannot be copied as a model."""
+    import mlflow.genai
+
+    name = _name("prompt")
+    first = mlflow.genai.register_prompt(name=name, template="Hi {{x}}", commit_message="c1")
+    chat = [{"role": "user", "content": "Hey {{y}}"}]
+    second = mlflow.genai.register_prompt(name=name, template=chat, tags={"k": "v"})
+    assert (first.version, second.version) == (1, 2)
+    assert mlflow.genai.load_prompt(f"prompts:/{name}/1").format(x="a") == "Hi a"
+    assert mlflow.genai.load_prompt(f"prompts:/{name}@latest").template == chat
+    mlflow.genai.set_prompt_alias(name, "prod", 1)
+    by_alias = mlflow.genai.load_prompt(f"prompts:/{name}@prod")
+    assert (by_alias.version, by_alias.template, by_alias.commit_message) == (1, "Hi {{x}}", "c1")
+    assert mlflow.genai.load_prompt(name, version=2).tags == {"k": "v"}
+    assert [p.name for p in mlflow.genai.search_prompts(f"name = '{name}'")] == [name]
+    client = MlflowClient()
+    assert client.search_registered_models(f"name = '{name}'") == []  # models, not prompts
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    url = f"{mlflow_env.url}/api/2.0/mlflow/model-versions/create"
+    prompt_tags = [{"key": "mlflow.prompt.is_prompt", "value": "true"}]
+    for source in ("file:///etc/passwd", "mlflow-artifacts:/1/x", "dummy-source/../x", ""):
+        body = {"name": name, "source": source, "tags": prompt_tags}
+        refused = httpx.post(url, json=body, headers=headers)
+        assert (refused.status_code, refused.json()["error_code"]) == (
+            400,
+            "INVALID_PARAMETER_VALUE",
+        ), source
+    model = _name("not-a-prompt")
+    client.create_registered_model(model)
+    copied = httpx.post(url, json={"name": model, "source": f"models:/{name}/1"}, headers=headers)
+    assert (copied.status_code, copied.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+    assert client.search_model_versions(f"name = '{model}'") == []
+    versions = httpx.get(
+        f"{mlflow_env.url}/api/2.0/mlflow/model-versions/search",
+        params={"filter": f"name = '{name}' AND tags.`mlflow.prompt.is_prompt` = 'true'"},
+        headers=headers,
+    ).json()["model_versions"]
+    assert sorted(v["version"] for v in versions) == ["1", "2"]
+
+
+def test_a_version_names_the_run_or_logged_model_that_holds_its_files(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    """As on a stock server, a ``run_id`` (or ``model_id``) sent with a new version must be
+    the run (logged model) whose artifacts hold its source, and a copy's must be those of
+    the version it copies: a version cannot claim another run's lineage. Refused as a 400
+    that stores nothing; they were taken as given. Stricter than stock: a run sent with a
+    logged model must be the run that produced it."""
+    import mlflow.pyfunc
+
+    client = MlflowClient()
+    name = _name("lineage")
+    run_a, uri_a = _run_with_model(tmp_path, factor=2)
+    run_b, uri_b = _run_with_model(tmp_path, factor=3)
+    code = tmp_path / "doubler_2.py"
+    with mlflow.start_run() as logging_run:
+        logged = mlflow.pyfunc.log_model(name="logged", python_model=str(code))
+    assert logged.model_id is not None
+    client.create_registered_model(name)
+    claims: dict[str, tuple[str, str | None, str | None]] = {  # why: (source, run, model)
+        "another run's files": (f"{uri_a}/model", run_b, None),
+        "another run's runs:/ uri": (f"runs:/{run_a}/model", run_b, None),
+        "a run that does not exist": (f"{uri_a}/model", "0" * 32, None),
+        "a run's files as a logged model's": (f"{uri_a}/model", None, logged.model_id),
+        "a logged model under another's id": (logged.model_uri, None, "m-" + "0" * 32),
+        "a logged model with another run": (logged.model_uri, run_a, logged.model_id),
+    }
+    for why, (source, run_id, model_id) in claims.items():
+        with pytest.raises(MlflowException) as refused:
+            client.create_model_version(name, source, run_id=run_id, model_id=model_id)
+        assert _code(refused) == "INVALID_PARAMETER_VALUE", why
+    assert client.search_model_versions(f"name = '{name}'") == []
+    made = [
+        client.create_model_version(name, f"{uri_a}/model", run_id=run_a),
+        mlflow.register_model(f"runs:/{run_b}/model", name),
+        mlflow.register_model(logged.model_uri, name),
+        client.create_model_version(name, f"{uri_b}/model"),  # no claim, nothing to check
+        client.create_model_version(
+            name, logged.model_uri, run_id=logging_run.info.run_id, model_id=logged.model_id
+        ),
+    ]
+    assert [(v.version, v.run_id) for v in made] == [
+        ("1", run_a),
+        ("2", run_b),
+        ("3", logging_run.info.run_id),
+        ("4", None),
+        ("5", logging_run.info.run_id),
+    ]
+    client.create_registered_model(name + "-copy")
+    with pytest.raises(MlflowException) as copied:
+        client.create_model_version(name + "-copy", f"models:/{name}/1", run_id=run_b)
+    assert _code(copied) == "INVALID_PARAMETER_VALUE"
+    copy = client.copy_model_version(f"models:/{name}/2", name + "-copy")
+    assert (copy.version, copy.run_id) == ("1", run_b)
+    assert mlflow.pyfunc.load_model(f"models:/{name}-copy/1").predict([1]) == [3]
+
+
+def test_a_rename_updates_every_version_as_on_stock(mlflow_env: LiveServer, tmp_path: Path) -> None:
+    """A stock server updates each version of a renamed model (each carries the model's
+    name), so after a rename a search's default order (changed last first, then newest
+    version first) lists the versions newest first; here they kept their old times."""
+    client = MlflowClient()
+    name = _name("renamed")
+    run_id, _ = _run_with_model(tmp_path)
+    for _ in range(3):
+        mlflow.register_model(f"runs:/{run_id}/model", name)
+    client.update_model_version(name, "1", description="touched last")
+    before = client.search_model_versions(f"name = '{name}'")
+    assert [v.version for v in before] == ["1", "3", "2"]
+    client.rename_registered_model(name, name + "-new")
+    renamed = client.get_registered_model(name + "-new")
+    after = client.search_model_versions(f"name = '{name}-new'")
+    assert [v.version for v in after] == ["3", "2", "1"]
+    assert {v.last_updated_timestamp for v in after} == {renamed.last_updated_timestamp}
+    assert min(v.last_updated_timestamp for v in after) >= max(
+        v.last_updated_timestamp for v in before
+    )
+    client.update_model_version(name + "-new", "2", description="touched after")
+    client.rename_registered_model(name + "-new", name + "-new")  # a no-op rename, as on stock
+    again = client.search_model_versions(f"name = '{name}-new'")
+    assert [v.version for v in again] == ["3", "2", "1"]
+
+
+def test_version_numbers_no_version_can_have_are_missing_versions_as_on_stock(
+    mlflow_env: LiveServer, tmp_path: Path
+) -> None:
+    """A stock server looks up any integer version and finds none for 0, a negative number
+    or one past the column's range (404); here those were 400s. What is not an integer
+    is still a 400."""
+    client = MlflowClient()
+    name = _name("numbers")
+    run_id, _ = _run_with_model(tmp_path)
+    mlflow.register_model(f"runs:/{run_id}/model", name)
+    for version in ("0", "-1", "99999999999", -3):
+        calls = {
+            "get": lambda v=version: client.get_model_version(name, v),
+            "download uri": lambda v=version: client.get_model_version_download_uri(name, v),
+            "update": lambda v=version: client.update_model_version(name, v, "d"),
+            "delete": lambda v=version: client.delete_model_version(name, v),
+            "set tag": lambda v=version: client.set_model_version_tag(name, v, "k", "v"),
+            "delete tag": lambda v=version: client.delete_model_version_tag(name, v, "k"),
+            "set alias": lambda v=version: client.set_registered_model_alias(name, "a", v),
+        }
+        for what, call in calls.items():
+            with pytest.raises(MlflowException) as missing:
+                call()
+            assert _code(missing) == "RESOURCE_DOES_NOT_EXIST", (what, version)
+    for version in ("x", "1.0", "latest"):
+        with pytest.raises(MlflowException) as malformed:
+            client.get_model_version(name, version)
+        assert _code(malformed) == "INVALID_PARAMETER_VALUE", version
+    assert client.get_model_version(name, "01").version == "1"
+    assert client.get_registered_model(name).aliases == {}

@@ -2,7 +2,8 @@
 
 Shapes: a version number is a *string*; timestamps are integer milliseconds;
 a registered model lists ``aliases`` as ``[{alias, version}]`` and a version as
-``[alias]``; unset fields are left out (``proto_json`` drops the ``None`` values).
+``[alias]``; unset fields are left out (``proto_json`` drops the ``None`` values), except a
+version's description, which a stock server always sends.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def model_version_json(version: ModelVersion) -> dict[str, Any]:
         "last_updated_timestamp": version.last_updated_timestamp,
         "user_id": version.user_id or None,
         "current_stage": version.current_stage.value,
-        "description": version.description or None,
+        # Always sent, as a stock server sends it: the client reads an absent one as None,
+        # where scripts written against a stock server expect "" (``mv.description.strip()``).
+        "description": version.description,
         "source": version.source,
         "run_id": version.run_id,
         "status": version.status.value,

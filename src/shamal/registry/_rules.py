@@ -12,12 +12,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shamal.errors import InvalidParameter
+from shamal.errors import InvalidParameter, NotFound
 from shamal.registry._entities import Stage
 from shamal.tracking import Comparison
 
 #: Longest registered model name (the column holds 256 characters).
 MAX_NAME_LENGTH = 256
+#: Highest version number (the column is a 32-bit integer).
+MAX_VERSION = 2**31 - 1
 #: Tag keys: MLflow's limit of 250 characters.
 MAX_TAG_KEY_LENGTH = 250
 #: Tag values: the protocol guarantees at least 5000 bytes; we accept MLflow's 100,000 characters.
@@ -35,6 +37,9 @@ MAX_TAGS_PER_REQUEST = 100
 
 #: The tag MLflow puts on registered prompts (prompts live in the model registry).
 PROMPT_TAG = "mlflow.prompt.is_prompt"
+#: The sources MLflow's clients send for a prompt version, which has no files: the only
+#: sources a prompt version can have (a stock server refuses any other).
+PROMPT_SOURCES = frozenset({"prompt-template", "dummy-source"})
 
 #: Tags as a caller gives them: a mapping, or (key, value) pairs in order (last one wins).
 TagsIn = Mapping[str, str] | Iterable[tuple[str, str]] | None
@@ -45,7 +50,7 @@ _REFERENCE_ID_RE = re.compile(r"[A-Za-z0-9_\-]+")
 #: Tag keys: what a stock server takes (letters and digits of any script, ``_``, ``-``,
 #: ``.``, space, ``:`` and ``/``).
 _TAG_KEY_RE = re.compile(r"[\w.\- :/]+")
-_VERSION_RE = re.compile(r"[0-9]{1,9}")
+_VERSION_RE = re.compile(r"[+-]?[0-9]+")
 _STAGES = {stage.value.lower(): stage for stage in Stage}
 
 
@@ -75,7 +80,13 @@ def check_model_name(name: str, field: str = "name") -> str:
 
 
 def parse_version(value: Any) -> int:
-    """A model version as MLflow sends it: a string (or number) holding a positive integer."""
+    """A model version as MLflow sends it: a string (or number) holding an integer.
+
+    Raises:
+        InvalidParameter: not an integer (``x``, ``1.0``, ``latest``).
+        NotFound: an integer no version can have (0, negative, past the column's range):
+            a stock server looks it up and finds nothing.
+    """
     if isinstance(value, bool):
         raise InvalidParameter("Parameter 'version' must be an integer.")
     if isinstance(value, int):
@@ -84,9 +95,12 @@ def parse_version(value: Any) -> int:
         text = value.strip()
     else:
         raise InvalidParameter("Parameter 'version' must be an integer.")
-    if not _VERSION_RE.fullmatch(text) or int(text) < 1:
-        raise InvalidParameter("Parameter 'version' must be a positive integer.")
-    return int(text)
+    if not _VERSION_RE.fullmatch(text):
+        raise InvalidParameter("Parameter 'version' must be an integer.")
+    number = int(text)
+    if not 1 <= number <= MAX_VERSION:
+        raise NotFound(f"Model version {number} does not exist.")
+    return number
 
 
 def parse_stage(value: str) -> Stage:
@@ -211,6 +225,20 @@ def check_run_link(value: str | None) -> str:
     if not _printable(value):
         raise InvalidParameter("Parameter 'run_link' contains control or invisible characters.")
     return value
+
+
+def is_prompt(tags: Mapping[str, str]) -> bool:
+    """Whether tags mark a prompt (or a prompt version): ``mlflow.prompt.is_prompt`` is
+    ``true`` in any case, as a stock server reads it."""
+    return tags.get(PROMPT_TAG, "false").lower() == "true"
+
+
+def check_prompt_source(source: str) -> str:
+    """The source of a new prompt version: one of MLflow's placeholders, nothing to resolve."""
+    if source not in PROMPT_SOURCES:
+        allowed = " or ".join(repr(s) for s in sorted(PROMPT_SOURCES))
+        raise InvalidParameter(f"Invalid prompt source: a prompt version's source is {allowed}.")
+    return source
 
 
 def split_prompt_clauses(filters: list[Comparison]) -> tuple[list[Comparison], bool]:

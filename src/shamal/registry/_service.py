@@ -477,7 +477,8 @@ class RegistryService:
         ``source`` is never trusted: the source resolver validates it (only URIs
         Shamal minted, readable by the caller) and says where the files are;
         that location is what download URIs answer. Nothing is stored when it
-        refuses.
+        refuses. A prompt version (tagged ``mlflow.prompt.is_prompt`` = ``true``) has
+        no files: its source must be one of MLflow's placeholders (``prompt-template``).
 
         Raises:
             InvalidParameter: a refused source, or malformed input.
@@ -508,26 +509,89 @@ class RegistryService:
         with self._reading() as s:
             # Access first: a caller who cannot write here learns nothing about sources.
             self._access(s, principal, name, Role.MEMBER)
-        reference = _registry_reference(source)
-        if reference is not None:  # a copy of another version (`copy_model_version`)
-            origin = self._referenced_version(principal, *reference)
-            location = origin.storage_location or origin.source
-            draft = replace(
-                draft,
-                run_id=draft.run_id or origin.run_id,
-                model_id=draft.model_id or origin.model_id,
-                formats=origin.formats,
-                signature=origin.signature,
-            )
-        else:
-            location = self._sources.resolve_model_source(principal, source)
-            card = self._card(principal, location)
-            draft = replace(draft, formats=card.formats, signature=card.signature)
+        draft, location = self._locate(principal, draft)
         _rules.check_uri_length(location, "source")
         if draft.run_id is None and draft.model_id is not None:
             # MLflow 3 clients register `models:/<id>` without a run: keep the lineage anyway.
             draft = replace(draft, run_id=self._sources.logged_model_run(principal, draft.model_id))
         return self._db.run(lambda s: self._insert_version(s, ctx, draft, location))
+
+    def _locate(self, principal: Principal, draft: ModelVersion) -> tuple[ModelVersion, str]:
+        """Where a new version's files are, and the draft with what its source tells.
+
+        A prompt version has no files: its template is in its tags, its source one of
+        MLflow's placeholders. A ``models:/<name>/...`` source copies another version: its
+        files, formats and lineage. Any other source goes to the source resolver; the run
+        (or logged model) the draft names must then hold what it resolves to.
+        """
+        source = draft.source
+        reference = _registry_reference(source)
+        if _rules.is_prompt(draft.tags):
+            return draft, _rules.check_prompt_source(source)
+        if reference is not None:  # a copy of another version (`copy_model_version`)
+            origin = self._referenced_version(principal, *reference)
+            if _rules.is_prompt(self.get_registered_model(principal, origin.name).tags):
+                raise InvalidParameter("A prompt version cannot be the source of a model version.")
+            for field, claimed, actual in (
+                ("run_id", draft.run_id, origin.run_id),
+                ("model_id", draft.model_id, origin.model_id),
+            ):
+                if claimed is not None and claimed != actual:
+                    raise InvalidParameter(
+                        f"Invalid model version source: the {field} request parameter must "
+                        "match the version it copies."
+                    )
+            copied = replace(
+                draft,
+                run_id=origin.run_id,
+                model_id=origin.model_id,
+                formats=origin.formats,
+                signature=origin.signature,
+            )
+            return copied, origin.storage_location or origin.source
+        location = self._sources.resolve_model_source(principal, source)
+        self._check_lineage(principal, draft, location)
+        card = self._card(principal, location)
+        return replace(draft, formats=card.formats, signature=card.signature), location
+
+    def _check_lineage(self, principal: Principal, draft: ModelVersion, location: str) -> None:
+        """A version that names a logged model (or else a run) must have its files inside
+        that model's (run's) artifacts, as a stock server requires: no version can claim to
+        come from a run that did not make it. A version that names neither claims nothing."""
+        if draft.model_id is not None:
+            field, root = "model_id", self._artifact_root(principal, model_id=draft.model_id)
+        elif draft.run_id is not None and self._runs is not None:
+            field, root = "run_id", self._artifact_root(principal, run_id=draft.run_id)
+        else:
+            return
+        if root is None or (location != root and not location.startswith(root + "/")):
+            raise InvalidParameter(
+                f"Invalid model version source: the {field} request parameter must identify "
+                "the resource that holds the source."
+            )
+        if draft.model_id is not None and draft.run_id is not None:
+            # Named with its logged model, a version's run is the one that made that model.
+            made_by = self._sources.logged_model_run(principal, draft.model_id)
+            if draft.run_id != made_by:
+                raise InvalidParameter(
+                    "Invalid model version source: the run_id request parameter must be the "
+                    "run that produced the logged model named by model_id."
+                )
+
+    def _artifact_root(
+        self, principal: Principal, *, model_id: str | None = None, run_id: str | None = None
+    ) -> str | None:
+        """The artifact root of a logged model or a run (None: not one the caller can see)."""
+        try:
+            if model_id is not None:
+                root = self._sources.resolve_model_source(principal, f"models:/{model_id}")
+            elif run_id is not None and self._runs is not None:
+                root = self._runs.get_run(principal, run_id).info.artifact_uri
+            else:
+                return None
+        except (NotFound, InvalidParameter):
+            return None
+        return root.rstrip("/")
 
     def _referenced_version(
         self, principal: Principal, name: str, version: str | None, alias: str | None

@@ -197,17 +197,27 @@ def insert_model(
 def rename_model(s: Session, ref: ModelRef, new_name: str, now: int) -> ModelRef:
     """Rename; versions, tags and aliases stay with the model (they hang off its id).
 
+    The model and every version of it are updated ``now``, as on a stock server (where
+    each version carries the model's name): a search's default order, versions changed
+    last first, sees a rename as a change of each.
+
     Raises:
         AlreadyExists: another model has ``new_name``.
     """
-    if new_name == ref.name:
-        return ref
-    if s.scalar(select(RegisteredModelRow.id).where(RegisteredModelRow.name == new_name)):
+    if new_name != ref.name and s.scalar(
+        select(RegisteredModelRow.id).where(RegisteredModelRow.name == new_name)
+    ):
         raise AlreadyExists(f"registered model {new_name!r} already exists")
     s.execute(
         update(RegisteredModelRow)
         .where(RegisteredModelRow.id == ref.id)
         .values(name=new_name, last_updated_timestamp=now)
+    )
+    s.execute(
+        update(ModelVersionRow)
+        .where(ModelVersionRow.model_id == ref.id)
+        .values(last_updated_timestamp=now)
+        .execution_options(synchronize_session=False)
     )
     return ModelRef(id=ref.id, name=new_name, team_id=ref.team_id, orphaned=ref.orphaned)
 
