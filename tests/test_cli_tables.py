@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
-from shamal.cli import _common, job
+from shamal import __version__
+from shamal.cli import _common, app, job
 from shamal.cli.tracking import goal_of
 
 
@@ -60,3 +62,14 @@ def test_a_metric_is_best_low_or_high_by_its_name(key: str, goal: str) -> None:
     assert goal_of(key, None) == goal
     assert goal_of(key, True) == "max"
     assert goal_of(key, False) == "min"
+
+
+def test_version_flag_prints_the_installed_version_without_a_server() -> None:
+    # No server at this address: --version must not need one.
+    env = {"SHAMAL_URL": "http://127.0.0.1:9", "SHAMAL_TOKEN": "shm_" + "x" * 43}
+    shown = CliRunner().invoke(app, ["--version"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.strip() == f"shamal {__version__}"
+    helped = CliRunner().invoke(app, [], env=env)
+    assert "Usage: shamal" in helped.output
+    assert "--version" in helped.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import tarfile
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from shamal.jobs import JobLifecycle, JobState, effective_settings
 from shamal.jobs._entities import Job
 from shamal.jobs._service import JobService
 from shamal.security import AuditContext, utc_now
+from shamal.server import create_app
 from shamal.server._platform import Platform
 from tests.jobs.test_lifecycle import _run, _submit
 
@@ -125,6 +127,25 @@ def test_snapshot_upload_is_checked_and_deduplicated(api: TestClient, tmp_path: 
     assert api.get(url).status_code == 200
     job = api.post("/api/v1/jobs", json={**JOB, "snapshot": built.digest})
     assert (job.status_code, job.json()["snapshot"]) == (201, built.digest)
+
+
+def test_only_who_may_submit_a_job_may_upload_its_code(api: TestClient, tmp_path: Path) -> None:
+    """A viewer, or an account in no team, can submit no job: its snapshot uploads (up to
+    1 GiB each) are refused before a byte is stored."""
+    (tmp_path / "train.py").write_text("print('train')\n")
+    built = snapshot.build(tmp_path)
+    data = built.path.read_bytes()
+    url = f"/api/v1/snapshots/{built.digest}"
+    viewer = _team_member(api, "vision", "vic", role="viewer")
+    api.post("/api/v1/users", json={"name": "loner"})
+    secret = api.post("/api/v1/tokens", json={"user": "loner", "name": "t"}).json()["secret"]
+    for headers in (viewer, {"Authorization": f"Bearer {secret}"}):
+        refused = api.put(url, content=data, headers=headers)
+        assert (refused.status_code, refused.json()["error_code"]) == (403, "PERMISSION_DENIED")
+        assert "member role in a team" in refused.json()["message"]
+    assert api.get(url).status_code == 404
+    member = _team_member(api, "vision", "mia")
+    assert api.put(url, content=data, headers=member).status_code == 201
 
 
 def _archive(member: tarfile.TarInfo, payload: bytes = b"") -> bytes:
@@ -280,3 +301,40 @@ def test_a_preempt_racing_the_schedulers_requeue_never_cancels_the_job(
         )
     else:
         assert (job.state, job.stop_request) == (JobState.RUNNING, "preempt")
+
+
+def _guarded_api(
+    platform: Platform, token: str, request_limit: int, upload_limit: int
+) -> TestClient:
+    settings = platform.settings.model_copy(
+        update={"max_request_bytes": request_limit, "max_upload_bytes": upload_limit}
+    )
+    client = TestClient(create_app(settings, platform), raise_server_exceptions=False)
+    client.headers["Authorization"] = f"Bearer {token}"
+    return client
+
+
+def test_a_snapshot_may_be_larger_than_a_request_but_not_than_an_upload(
+    platform: Platform, admin_token: str, tmp_path: Path
+) -> None:
+    """Snapshots stream to disk like artifacts: the JSON request limit does not apply to them
+    (the 16 MiB default refused every folder with a little data), the upload limit does."""
+    sizes = {}
+    for name in ("first", "second"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "train.py").write_text(f"print({name!r})\n")
+        (folder / "weights.bin").write_bytes(random.randbytes(64 * 1024))  # incompressible
+        built = snapshot.build(folder)
+        sizes[name] = (built.digest, built.path.read_bytes())
+    digest, data = sizes["first"]
+    roomy = _guarded_api(platform, admin_token, 4096, len(data) + 1024)
+    assert roomy.put(f"/api/v1/snapshots/{digest}", content=data).status_code == 201
+    assert roomy.get(f"/api/v1/snapshots/{digest}").json()["size"] == len(data)
+    too_big = b'{"name": "' + b"x" * 5000 + b'"}'  # other routes keep the request limit
+    assert roomy.post("/api/v1/teams", content=too_big).status_code == 413
+    digest, data = sizes["second"]
+    tight = _guarded_api(platform, admin_token, 4096, len(data) - 1024)
+    refused = tight.put(f"/api/v1/snapshots/{digest}", content=data)
+    assert (refused.status_code, refused.json()["error_code"]) == (413, "REQUEST_TOO_LARGE")
+    assert tight.get(f"/api/v1/snapshots/{digest}").status_code == 404

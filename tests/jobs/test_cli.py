@@ -12,6 +12,14 @@ from shamal.cli import app
 from shamal.cli.job import parse_duration_s, parse_memory_mib
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
+from shamal.jobs._rules import duration_text
+from shamal.scheduler import (
+    DEFAULT_POLICY,
+    get_policy,
+    policy_defaults,
+    policy_names,
+    policy_options,
+)
 from tests.cli_checks import one_clean_error
 
 
@@ -56,6 +64,23 @@ def test_memory_sizes_that_are_refused(text: str) -> None:
     ],
 )
 def test_durations_in_the_forms_people_write(text: str, seconds: float) -> None:
+    assert parse_duration_s(text, "--time-limit") == seconds
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (45, "45s"),
+        (90, "1m30s"),
+        (600, "10m"),
+        (5400, "1h30m"),
+        (7200, "2h"),
+        (7 * 86400 + 1, "7d1s"),
+    ],
+)
+def test_durations_print_as_time_limit_takes_them(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text
     assert parse_duration_s(text, "--time-limit") == seconds
 
 
@@ -232,3 +257,25 @@ def test_job_list_names_the_flag_of_a_filter_it_refuses_before_any_request(
 ) -> None:
     result = offline_cli.invoke(app, ["job", "list", *options])
     one_clean_error(result, message)
+
+
+def test_scheduler_policies_lists_each_policys_options_and_their_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What SHAMAL_SCHEDULER__POLICY_OPTIONS takes, read off the policies themselves."""
+    monkeypatch.setenv("COLUMNS", "250")
+    result = CliRunner().invoke(app, ["scheduler", "policies"])
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells
+        for line in result.stdout.splitlines()
+        if len(cells := [c.strip() for c in line.strip().strip("│").split("│")]) == 3
+    }
+    for name in policy_names():
+        defaults = policy_defaults(name)
+        assert list(defaults) == policy_options(name)
+        assert get_policy(name).min_run_s == defaults["min_run_s"]
+        label = f"{name} (default)" if name == DEFAULT_POLICY else name
+        assert f"min_run_s={defaults['min_run_s']:g}" in rows[label][2]
+        assert rows[label][1]  # what it does
+    assert "SHAMAL_SCHEDULER__POLICY_OPTIONS" in " ".join(result.stdout.split())

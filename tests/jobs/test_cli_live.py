@@ -11,18 +11,21 @@ from __future__ import annotations
 import csv
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from typer.testing import CliRunner, Result
 
 from shamal.cli import app
 from shamal.client import ShamalClient
+from shamal.errors import NotFound
 from tests.jobs.test_scheduling import stop_all_jobs
 from tests.live import LiveServer
 from tests.polling import wait_for
@@ -189,6 +192,7 @@ def check_the_listings(cli: CliRunner, job_id: str, shared_id: str, sliced_id: s
     shown = run(cli, "job", "show", job_id[:8]).stdout
     for text in (NAME, "python job.py", "'[/bold] hi'", "vision", "high", "Transitions"):
         assert text in shown
+    assert "time limit 2h\n" in shown  # as --time-limit took it
 
 
 def check_the_cost_report(
@@ -315,3 +319,232 @@ def test_a_scheduler_named_with_markup_starts_and_says_so(tmp_path: Path) -> Non
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
+
+
+def first_line(stream: IO[str], deadline_s: float) -> str:
+    """The first line ``stream`` gives, read on a thread so that the wait has a deadline."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=deadline_s)
+    except queue.Empty:
+        pytest.fail(f"nothing printed within {deadline_s}s")
+
+
+def test_following_a_failing_job_ends_with_it_says_how_and_exits_1(
+    shamal: CliRunner, api: ShamalClient, code: Path
+) -> None:
+    (code / "fail.py").write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n")
+    job = submit_json(
+        shamal, "--pool", "cpu", "--cpus", "0.5", "--memory", "64MiB", "--", "python", "fail.py"
+    )
+    followed = shamal.invoke(app, ["job", "logs", "-f", "--interval", "0.1", job["id"][:10]])
+    assert followed.exit_code == 1, followed.output
+    assert "about to fail" in followed.stdout
+    assert f"job {job['id'][:12]} failed (exited with code 3)" in " ".join(followed.stderr.split())
+    assert api.get_job(job["id"])["state"] == "failed"
+
+
+def test_following_a_queued_job_says_what_it_waits_for_and_how_it_ended(
+    shamal: CliRunner, server: LiveServer, api: ShamalClient, marks: Path
+) -> None:
+    """The follower runs as its own process: it prints that the job waits, the test then
+    cancels the job, and the follower ends with it, exiting 1."""
+    holder = submit_json(
+        shamal, "--pool", "cpu", "--cpus", "2", "--memory", "64MiB",
+        "--", "python", "job.py", str(marks), "holder",
+    )  # fmt: skip
+    wait_for(lambda: (marks / "running-holder-1").exists(), "the job holding the pool to run")
+    waiter = submit_json(
+        shamal, "--pool", "cpu", "--cpus", "2", "--memory", "64MiB", "--", "python", "job.py"
+    )
+    env = {**os.environ, "SHAMAL_URL": server.url, "SHAMAL_TOKEN": server.token}
+    with subprocess.Popen(
+        [sys.executable, "-m", "shamal", "job", "logs", "-f", "--interval", "0.1", waiter["id"]],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as follower:
+        try:
+            assert follower.stderr is not None
+            said = first_line(follower.stderr, deadline_s=60)
+            assert f"job {waiter['id'][:12]} is queued: waiting for resources" in said, said
+            api.cancel_job(waiter["id"])
+            rest = follower.communicate(timeout=60)[1]  # until the follower exits
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+    assert follower.returncode == 1, rest
+    assert f"job {waiter['id'][:12]} cancelled" in rest, rest
+    api.cancel_job(holder["id"])
+
+
+def test_a_snapshot_too_large_for_the_server_says_how_to_leave_data_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose request limits are small (as the default 16 MiB is for a folder of
+    data): the refusal names the snapshot and the way out, and the way out works."""
+    limits = {"SHAMAL_MAX_REQUEST_BYTES": "65536", "SHAMAL_MAX_UPLOAD_BYTES": "65536"}
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('training')\n")
+    (folder / "data.bin").write_bytes(os.urandom(256 * 1024))  # gzip cannot shrink it
+    with LiveServer(tmp_path / "home", env=limits) as live:
+        monkeypatch.setenv("SHAMAL_URL", live.url)
+        monkeypatch.setenv("SHAMAL_TOKEN", live.token)
+        monkeypatch.setenv("COLUMNS", "250")
+        monkeypatch.chdir(folder)
+        cli = CliRunner()
+        submit = ["job", "submit", "--cpus", "0.5", "--memory", "64MiB", "--", "python", "train.py"]
+        refused = cli.invoke(app, submit)
+        assert refused.exit_code == 1, refused.output
+        said = " ".join(refused.output.split())
+        assert f"the snapshot of {folder.resolve()} is larger than this server takes" in said
+        assert "with a .gitignore" in said
+        with ShamalClient(live.url, live.token) as api:
+            assert api.list_jobs() == []
+            (folder / ".gitignore").write_text("data.bin\n")
+            job = json.loads(run(cli, *submit[:2], "--json", *submit[2:]).stdout)
+            assert api.get_job(job["id"])["snapshot"] == job["snapshot"]
+            stop_all_jobs(api)
+
+
+QUOTAS = """
+[[pools]]
+name = "gpu"
+[[pools.nodes]]
+name = "g1"
+cpus = 4
+memory_mib = 16384
+gpus = [{ model = "A100-80GB", memory_mib = 81920, count = 2 }]
+
+[[quotas]]
+team = "vision"
+pool = "gpu"
+gpus = 1
+borrow_gpus = 1
+
+[[quotas]]
+team = "nlp"
+pool = "gpu"
+gpus = 1
+"""
+
+
+def test_an_admin_sees_each_teams_quota_and_what_it_borrows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: Path, marks: Path
+) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(QUOTAS)
+    env = {"SHAMAL_SCHEDULER__TICK_S": "0.2", "SHAMAL_SCHEDULER__CLUSTER_FILE": str(cluster)}
+    with LiveServer(tmp_path / "home", env=env) as live, ShamalClient(live.url, live.token) as api:
+        monkeypatch.setenv("SHAMAL_URL", live.url)
+        monkeypatch.setenv("SHAMAL_TOKEN", live.token)
+        monkeypatch.setenv("COLUMNS", "250")
+        monkeypatch.chdir(code)
+        cli = CliRunner()
+        try:
+            for team in ("vision", "nlp"):
+                run(cli, "team", "create", team)
+            for name in ("a", "b"):
+                submit_json(
+                    cli, "--team", "vision", "--gpus", "1", "--cpus", "0.5", "--memory", "64MiB",
+                    "--", "python", "job.py", str(marks), name,
+                )  # fmt: skip
+            for name in ("a", "b"):
+                wait_for(lambda n=name: (marks / f"running-{n}-1").exists(), f"job {name} to run")
+            table = run(cli, "scheduler", "quotas").stdout
+            assert table_rows(table, "gpu") == [
+                ["gpu", "nlp", "default", "1 GPU", "0 GPUs", "0 GPUs", "0 GPUs", "0", "0"],
+                ["gpu", "vision", "default", "1 GPU", "1 GPU", "2 GPUs", "1 GPU", "2", "0"],
+            ]
+            shown = run(cli, "team", "show", "vision").stdout
+            assert "Quotas" in shown
+            assert table_rows(shown, "gpu") == [
+                ["gpu", "vision", "default", "1 GPU", "1 GPU", "2 GPUs", "1 GPU", "2", "0"]
+            ]
+            rows = json.loads(run(cli, "scheduler", "quotas", "--json").stdout)
+            assert [(row["team"], row["held"]["gpus"]) for row in rows] == [
+                ("nlp", 0.0),
+                ("vision", 2.0),
+            ]
+        finally:
+            stop_all_jobs(api)
+
+
+def test_without_quotas_the_quotas_command_says_where_they_go(shamal: CliRunner) -> None:
+    said = " ".join(run(shamal, "scheduler", "quotas").stdout.split())
+    assert "no team quotas: every team may use any idle capacity" in said
+    assert "SHAMAL_SCHEDULER__CLUSTER_FILE) as [[quotas]] entries" in said
+
+
+KILLED = """
+import os, signal, sys
+if os.environ.get("RANK", "0") == sys.argv[1]:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (["python", "killed.py", "0"], "killed by SIGKILL"),
+        (["--workers", "2", "--", "python", "killed.py", "1"], "rank 1 killed by SIGKILL"),
+        (["no-such-command-here"], "exited with code 127 (command not found)"),
+    ],
+)
+def test_a_failed_job_says_how_its_process_ended(
+    shamal: CliRunner, api: ShamalClient, code: Path, command: list[str], reason: str
+) -> None:
+    (code / "killed.py").write_text(KILLED)
+    options = ["--pool", "cpu", "--cpus", "0.5", "--memory", "64MiB"]
+    job = submit_json(shamal, *options, *([] if "--" in command else ["--"]), *command)
+    done = wait_for(lambda: in_state(api, job["id"], "failed", "succeeded"), "the job to end")
+    assert (done["state"], done["reason"]) == ("failed", reason)
+    assert f"failed ({reason})" in run(shamal, "job", "show", job["id"]).stdout
+
+
+FLAKY = """
+import os, sys
+print("attempt", os.environ["SHAMAL_ATTEMPT"], flush=True)
+sys.exit(3 if os.environ["SHAMAL_ATTEMPT"] == "1" else 0)
+"""
+
+
+def test_the_log_of_a_retried_job_says_where_the_earlier_attempts_are(
+    shamal: CliRunner, api: ShamalClient, code: Path
+) -> None:
+    (code / "flaky.py").write_text(FLAKY)
+    job = submit_json(
+        shamal, "--pool", "cpu", "--cpus", "0.5", "--memory", "64MiB", "--retries", "1",
+        "--", "python", "flaky.py",
+    )  # fmt: skip
+    done = wait_for(lambda: in_state(api, job["id"], "succeeded", "failed"), "the retried job")
+    assert (done["state"], done["attempt"]) == ("succeeded", 2)
+    latest = run(shamal, "job", "logs", job["id"])
+    assert "attempt 2" in latest.stdout
+    assert "attempt 1" not in latest.stdout
+    assert (
+        f"--- attempt 2 (earlier ones: shamal job logs --attempt N {job['id'][:12]}, "
+        "N from 1 to 1) ---" in " ".join(latest.stderr.split())
+    )
+    earlier = run(shamal, "job", "logs", "--attempt", "1", job["id"])
+    assert "attempt 1" in earlier.stdout
+    assert "--- attempt" not in earlier.stderr
+
+
+def test_team_show_still_shows_the_team_when_its_quotas_cannot_be_read(
+    shamal: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older server without the quotas route: the team and its members still print."""
+    run(shamal, "team", "create", "legacy")
+
+    def no_route(self: ShamalClient) -> list[dict[str, Any]]:
+        raise NotFound("Endpoint not found: GET /api/v1/scheduler/quotas")
+
+    monkeypatch.setattr(ShamalClient, "quotas", no_route)
+    said = " ".join(run(shamal, "team", "show", "legacy").stdout.split())
+    assert "legacy" in said
+    assert "Members" in said
+    assert "quotas not shown: Endpoint not found" in said

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from shamal.config import GpuSettings, NodeSettings, PoolSettings, SchedulerSettings
+from shamal.config import (
+    GpuSettings,
+    NodeSettings,
+    PoolSettings,
+    QuotaSettings,
+    SchedulerSettings,
+)
 from shamal.errors import InvalidParameter
 from shamal.jobs import build_cluster, effective_settings
 from shamal.scheduler._resources import Gpu
@@ -97,3 +103,36 @@ def test_node_names_must_be_unique() -> None:
     )
     with pytest.raises(InvalidParameter, match="unique"):
         build_cluster(settings, no_gpus)
+
+
+@pytest.mark.parametrize(
+    ("quotas", "message"),
+    [
+        (
+            (QuotaSettings(team="vision", pool="gpus", gpus=2),),
+            "the quota of team 'vision' names pool 'gpus', which the cluster does not have "
+            "(pools: gpu, cpu)",
+        ),
+        (
+            (
+                QuotaSettings(team="vision", pool="gpu", gpus=2),
+                QuotaSettings(team="vision", pool="gpu", gpus=4),
+            ),
+            "team 'vision' has two quotas in pool 'gpu': give it one",
+        ),
+    ],
+)
+def test_a_quota_must_name_a_pool_of_the_cluster_once_per_team(
+    quotas: tuple[QuotaSettings, ...], message: str
+) -> None:
+    node = NodeSettings(name="n", cpus=1, memory_mib=1024)
+    pools = (PoolSettings(name="gpu", nodes=(node,)), PoolSettings(name="cpu", local=True))
+    settings = SchedulerSettings(pools=pools, quotas=quotas)
+    with pytest.raises(InvalidParameter) as refused:
+        build_cluster(settings, no_gpus)
+    assert refused.value.message == message
+    other_team = QuotaSettings(team="nlp", pool="gpu", gpus=2)
+    fine = SchedulerSettings(
+        pools=pools, quotas=(quotas[0].model_copy(update={"pool": "gpu"}), other_team)
+    )
+    assert sorted(build_cluster(fine, no_gpus).pools) == ["cpu", "gpu"]

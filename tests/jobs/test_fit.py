@@ -19,6 +19,7 @@ from shamal.config import (
 )
 from shamal.jobs import JobLifecycle
 from shamal.server import Platform, create_app, start_platform
+from tests.jobs.test_api import _team_member
 
 SMALL = {"command": ["true"], "cpus": 1, "memory_mib": 1024}
 A100 = GpuSettings(model="A100-80GB", memory_mib=81920)
@@ -227,3 +228,73 @@ def test_queued_jobs_say_whether_they_wait_for_quota_resources_or_the_scheduler(
     assert listed[over["id"]]["waiting"].startswith("waiting for quota")
     shown = api.get(f"/api/v1/jobs/{cpu_only['id']}").json()
     assert shown["waiting"].startswith("waiting for the scheduler")
+
+
+RECLAIM = SchedulerSettings(
+    pools=(
+        PoolSettings(
+            name="shared", nodes=(_node("s1", 4, 16384, A100.model_copy(update={"count": 2})),)
+        ),
+    ),
+    quotas=(
+        QuotaSettings(team="vision", pool="shared", gpus=1, borrow_gpus=1),
+        QuotaSettings(team="nlp", pool="shared", gpus=1),
+    ),
+    policy_options={"min_run_s": 600},
+)
+
+
+@pytest.mark.parametrize("cluster", [RECLAIM])
+def test_a_job_within_its_teams_guarantee_says_it_waits_for_reclaim_and_how_long(
+    api: TestClient, platform: Platform
+) -> None:
+    """Another team borrows the pool: the job does not wait for jobs to end, the
+    scheduler takes the capacity back once the borrowed jobs have run min_run_s."""
+    for team in ("vision", "nlp"):
+        api.post("/api/v1/teams", json={"name": team})
+    for gpu in (0, 1):
+        held = accepted(api, team="vision", gpus=1, pool="shared")
+        _hold(platform, held["id"], "s1", [gpu])
+    own = accepted(api, team="nlp", gpus=1, pool="shared")
+    assert own["waiting"] == (
+        "waiting for reclaim: team 'nlp' is within its guaranteed quota of pool 'shared', "
+        "which team 'vision' borrows now; the scheduler preempts their jobs there for it "
+        "once they have run 10m (a started job is protected that long)"
+    )
+    more = accepted(api, team="vision", gpus=1, pool="shared")
+    assert more["waiting"].startswith("waiting for quota: team 'vision'")
+    listed = {job["id"]: job for job in api.get("/api/v1/jobs").json()}
+    assert listed[own["id"]]["waiting"].startswith("waiting for reclaim")
+
+
+@pytest.mark.parametrize("cluster", [RECLAIM])
+def test_the_quotas_say_what_each_team_holds_and_borrows_and_members_see_their_own(
+    api: TestClient, platform: Platform
+) -> None:
+    for team in ("vision", "nlp"):
+        api.post("/api/v1/teams", json={"name": team})
+    for gpu in (0, 1):
+        held = accepted(api, team="vision", gpus=1, pool="shared")
+        _hold(platform, held["id"], "s1", [gpu])
+    accepted(api, team="vision", gpus=1, pool="shared")
+    accepted(api, team="nlp", gpus=1, pool="shared")
+    rows = {row["team"]: row for row in api.get("/api/v1/scheduler/quotas").json()}
+    assert rows["vision"] == {
+        "team": "vision",
+        "pool": "shared",
+        "cohort": "default",
+        "weight": 1.0,
+        "guaranteed": {"cpus": 0.0, "memory_mib": 0, "gpus": 1.0},
+        "borrow_limit": {"cpus": 0.0, "memory_mib": 0, "gpus": 1.0},
+        "held": {"cpus": 2.0, "memory_mib": 2048, "gpus": 2.0},
+        "running": 2,
+        "queued": 1,
+    }
+    assert (rows["nlp"]["held"]["gpus"], rows["nlp"]["running"], rows["nlp"]["queued"]) == (
+        0.0,
+        0,
+        1,
+    )
+    member = _team_member(api, "nlp", "ann")
+    seen = api.get("/api/v1/scheduler/quotas", headers=member).json()
+    assert [row["team"] for row in seen] == ["nlp"]

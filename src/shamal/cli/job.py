@@ -27,9 +27,10 @@ from shamal.cli._common import (
     fmt,
     handle_errors,
 )
-from shamal.errors import InvalidParameter
+from shamal.client import ShamalClient
+from shamal.errors import InvalidParameter, PayloadTooLarge
 from shamal.jobs import JobState
-from shamal.jobs._rules import check_env, check_mig_profile
+from shamal.jobs._rules import check_env, check_mig_profile, duration_text
 from shamal.jobs.api import JobIn
 
 app = typer.Typer(
@@ -251,6 +252,19 @@ def _environment(items: list[str]) -> dict[str, str]:
     return check_env(variables)
 
 
+def _upload_snapshot(api: ShamalClient, workdir: Path) -> str:
+    """Upload the snapshot of ``workdir``; a server's refusal of its size says what to do."""
+    try:
+        return api.upload_snapshot(workdir)
+    except PayloadTooLarge as exc:
+        raise PayloadTooLarge(
+            f"the snapshot of {workdir.resolve()} is larger than this server takes "
+            f"({exc.message}): leave data, checkpoints and environments out of it with a "
+            ".gitignore (they belong in datasets and artifacts), or give --workdir the "
+            "folder that holds only the code"
+        ) from None
+
+
 @app.command(
     "submit",
     context_settings={"allow_interspersed_args": False},
@@ -330,7 +344,7 @@ def submit(
     digest = None
     if not no_snapshot:
         with console.status(f"snapshotting {escape(str(workdir.resolve()))} ..."):
-            digest = api.upload_snapshot(workdir)
+            digest = _upload_snapshot(api, workdir)
     job = api.submit_job(command, **options, snapshot=digest)
     if as_json:
         console.print_json(data=job)
@@ -410,7 +424,7 @@ def show(
         "pool": job["pool"] or "any",
         "attempt": f"{job['attempt']} (retries used {job['retries_used']} of "
         f"{job['max_retries']}, preempted {job['preemptions']}x)",
-        "time limit": job["time_limit_s"],
+        "time limit": (None if job["time_limit_s"] is None else duration_text(job["time_limit_s"])),
         "exit code": job["exit_code"],
         "snapshot": (job["snapshot"] or "-")[:16],
     }
@@ -444,12 +458,27 @@ def logs(
     attempt: Annotated[int | None, typer.Option("--attempt", help="Default: latest.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.1, max=60)] = 1.0,
 ) -> None:
-    """Print a job's log; with -f, follow it (and its later attempts) until the job ends."""
+    """Print a job's log; with -f, follow it (and its later attempts) until the job ends.
+
+    With -f the command ends when the job does, saying how on stderr, and exits 0 when
+    the job succeeded, 1 when it failed, was lost or was cancelled: `shamal job logs -f
+    ID && next-step` runs the next step only after a success. While the job waits in the
+    queue it says what for. With --attempt N, -f follows that attempt's log to its end and
+    exits 0 (the attempt's outcome is in `shamal job show`).
+    """
     job_id = job_id_of(job_id)
     api = client()
     offset, current = 0, attempt
+    waiting: str | None = None
+    first = True
     while True:
         data, offset, complete, current = api.job_log(job_id, offset=offset, attempt=current)
+        if first and attempt is None and current > 1:
+            err_console.print(
+                f"[dim]--- attempt {current} (earlier ones: shamal job logs --attempt N "
+                f"{job_id[:12]}, N from 1 to {current - 1}) ---[/]"
+            )
+        first = False
         if data:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
@@ -462,9 +491,23 @@ def logs(
                 err_console.print(f"[dim]--- attempt {job['attempt']} ---[/]")
                 offset, current = 0, job["attempt"]
                 continue
-            if job["state"] not in ("queued", "admitted", "running"):
-                return
+            if job["state"] not in _LIVE_STATES:
+                _end_of_follow(job)
+            if job["state"] == "queued" and _why(job) != waiting:
+                waiting = _why(job)
+                err_console.print(Text(f"job {job['id'][:12]} is queued: {waiting}", "dim"))
         time.sleep(interval)  # polling the server for more log, as `tail -f` does
+
+
+_LIVE_STATES = ("queued", "admitted", "running", "preempted")
+"""States a job leaves again; `logs -f` follows it through them."""
+
+
+def _end_of_follow(job: dict[str, Any]) -> None:
+    """Say how the followed job ended and exit with 0 for a success, else 1."""
+    ended = Text.assemble(f"job {job['id'][:12]} ", (job["state"], "bold"), f" ({_why(job)})")
+    err_console.print(ended)
+    raise typer.Exit(0 if job["state"] == "succeeded" else 1)
 
 
 def _print_stop(job: dict[str, Any], what: str) -> None:

@@ -1,4 +1,4 @@
-"""`shamal scheduler`: run a scheduler process on its own, list the policies."""
+"""`shamal scheduler`: run a scheduler process on its own, list the policies, show quotas."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from shamal.cli._common import JsonOption, client, console, handle_errors
 from shamal.config import Settings
-from shamal.scheduler import DEFAULT_POLICY, policy_names
+from shamal.scheduler import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
 from shamal.server._platform import start_platform
 from shamal.server._scheduler import build_loop
 
@@ -84,9 +86,110 @@ def predictions(as_json: bool = JsonOption) -> None:
     )
 
 
+def _amount(amount: dict[str, Any], shown: tuple[str, ...]) -> str:
+    """'2 GPUs, 8 CPUs' for the parts of a quota that are limited (``shown``)."""
+    parts = []
+    if "gpus" in shown:
+        parts.append(f"{amount['gpus']:g} GPU" + ("" if amount["gpus"] == 1 else "s"))
+    if "cpus" in shown:
+        parts.append(f"{amount['cpus']:g} CPU" + ("" if amount["cpus"] == 1 else "s"))
+    if "memory_mib" in shown:
+        parts.append(f"{amount['memory_mib'] / 1024:g} GiB")
+    return ", ".join(parts) or "-"
+
+
+def _borrowing(quota: dict[str, Any], shown: tuple[str, ...]) -> dict[str, Any]:
+    held, guaranteed = quota["held"], quota["guaranteed"]
+    return {key: max(held[key] - guaranteed[key], 0) for key in shown}
+
+
+@app.command("quotas")
+@handle_errors
+def quotas(as_json: bool = JsonOption) -> None:
+    """Team quotas per pool (from the cluster file) and what each team's jobs hold now.
+
+    A team runs up to its guarantee; beyond it, up to its borrow limit, it borrows idle
+    quota of its cohort, which the scheduler takes back by preemption when the lending
+    team needs it. Admins see every team, others their own teams.
+    """
+    rows: list[dict[str, Any]] = client().quotas()
+    if as_json:
+        console.print_json(data=rows)
+        return
+    if not rows:
+        console.print(
+            Text(
+                "no team quotas: every team may use any idle capacity. Quotas go in the "
+                "cluster file (SHAMAL_SCHEDULER__CLUSTER_FILE) as [[quotas]] entries.",
+                style="dim",
+            )
+        )
+        return
+    print_quotas(rows, "Team quotas")
+
+
+def print_quotas(rows: list[dict[str, Any]], title: str) -> None:
+    """The quota rows the API answers, as a table (see `shamal scheduler quotas`)."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column in ("pool", "team", "cohort", "guaranteed", "may borrow", "holds now"):
+        table.add_column(column)
+    for column in ("borrowing", "running", "queued"):
+        table.add_column(column, justify="right")
+    for quota in rows:
+        limits = {k: quota["guaranteed"][k] + quota["borrow_limit"][k] for k in _PARTS}
+        shown = tuple(k for k in _PARTS if limits[k]) or _PARTS
+        table.add_row(
+            *(
+                Text(cell)
+                for cell in (
+                    quota["pool"],
+                    quota["team"],
+                    quota["cohort"],
+                    _amount(quota["guaranteed"], shown),
+                    _amount(quota["borrow_limit"], shown),
+                    _amount(quota["held"], shown),
+                    _amount(_borrowing(quota, shown), shown),
+                    str(quota["running"]),
+                    str(quota["queued"]),
+                )
+            )
+        )
+    console.print(table)
+
+
+_PARTS = ("gpus", "cpus", "memory_mib")
+
+
 @app.command("policies")
 def policies() -> None:
-    """List the scheduling policies (set one with SHAMAL_SCHEDULER__POLICY)."""
+    """List the scheduling policies, what each does and its options with their defaults.
+
+    Choose one with SHAMAL_SCHEDULER__POLICY and set options with
+    SHAMAL_SCHEDULER__POLICY_OPTIONS, e.g. '{"min_run_s": 600}'.
+    """
+    table = Table(title="Scheduling policies", title_justify="left", header_style="bold")
+    for column in ("policy", "what it does", "options (defaults)"):
+        table.add_column(column)
     for policy in policy_names():
         marker = " (default)" if policy == DEFAULT_POLICY else ""
-        console.print(f"{policy}{marker}")
+        options = ", ".join(
+            f"{key}={_option(value)}" for key, value in policy_defaults(policy).items()
+        )
+        table.add_row(Text(policy + marker), Text(policy_summary(policy)), Text(options))
+    console.print(table)
+    console.print(
+        Text(
+            "choose with SHAMAL_SCHEDULER__POLICY; options with SHAMAL_SCHEDULER__POLICY_OPTIONS, "
+            "e.g. '{\"min_run_s\": 600}' (min_run_s: seconds a started job is protected from "
+            "preemption, for priority and for reclaiming borrowed quota)",
+            style="dim",
+        )
+    )
+
+
+def _option(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f"{item:g}" for item in value) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+from shamal.cli.scheduler import print_quotas
+from shamal.errors import ShamalError
 
 app = typer.Typer(
     help="Teams: create them, list them, manage members and their roles.", no_args_is_help=True
@@ -38,11 +41,25 @@ def list_(as_json: bool = JsonOption) -> None:
 @app.command("show")
 @handle_errors
 def show(name: str, as_json: bool = JsonOption) -> None:
-    """Show a team and its members."""
-    team = client().get_team(name)
-    if not as_json:
-        console.print(f"[bold]{team['name']}[/] {team['description']}")
-    print_table("Members", ["user", "role"], team.get("members") or [], as_json=as_json)
+    """Show a team, its members, and its quotas with what its jobs hold now (--json:
+    the members; `shamal scheduler quotas --json` gives the quotas)."""
+    api = client()
+    team = api.get_team(name)
+    if as_json:
+        print_table("Members", ["user", "role"], team.get("members") or [], as_json=True)
+        return
+    console.print(f"[bold]{escape(team['name'])}[/] {escape(team['description'])}")
+    print_table("Members", ["user", "role"], team.get("members") or [])
+    try:
+        rows: list[dict[str, Any]] = api.quotas()
+    except ShamalError as exc:  # an older server, or none of the scheduler's business
+        console.print(f"[dim]quotas not shown: {escape(exc.message)}[/]")
+        return
+    quotas = [row for row in rows if row["team"] == team["name"]]
+    if quotas:
+        print_quotas(quotas, "Quotas")
+    else:
+        console.print("[dim]no quota: its jobs use idle capacity of any pool[/]")
 
 
 @app.command("delete")

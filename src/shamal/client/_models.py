@@ -84,12 +84,19 @@ def _parse_version(text: str, uri: str) -> int:
     return int(text)
 
 
+#: A first segment that reads as a drive ("C:") or a URL scheme ("file:"), as the server's
+#: path rule refuses it; a colon further on is part of a name ("2026-11-22T05:20:00.png").
+_DRIVE_OR_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
 def _safe_member(path: str) -> PurePosixPath:
     """A server-listed relative path, refused unless it is plainly relative and inside."""
     if not path or "\\" in path or "\x00" in path or path.startswith("/"):
         raise InvalidParameter("The server listed a file with an unsafe path; nothing was written.")
     parts = PurePosixPath(path).parts
-    if any(part in ("", ".", "..") or ":" in part for part in parts):
+    if any(part in ("", ".", "..") for part in parts) or _DRIVE_OR_SCHEME.match(parts[0]):
+        raise InvalidParameter("The server listed a file with an unsafe path; nothing was written.")
+    if os.name == "nt" and any(":" in part for part in parts):  # a stream of another file
         raise InvalidParameter("The server listed a file with an unsafe path; nothing was written.")
     if any(not ch.isprintable() for ch in path):
         raise InvalidParameter("The server listed a file with an unsafe path; nothing was written.")

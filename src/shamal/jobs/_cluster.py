@@ -124,4 +124,26 @@ def build_cluster(settings: SchedulerSettings, detect: GpuDetector) -> Cluster:
     names = [node.name for node in nodes]
     if len(set(names)) != len(names):
         raise InvalidParameter("node names must be unique across pools")
+    _check_quotas(settings.quotas, [pool.name for pool in pools])
     return Cluster.of((Pool(p.name, dict(p.labels)) for p in pools), nodes)
+
+
+def _check_quotas(quotas: Sequence[QuotaSettings], pools: Sequence[str]) -> None:
+    """A quota must name a pool of the cluster, once per team: a misspelt pool would
+    otherwise leave that pool without the quota, silently.
+
+    Raises:
+        InvalidParameter: which quota is wrong, and the pools there are.
+    """
+    seen: set[tuple[str, str]] = set()
+    for quota in quotas:
+        if quota.pool not in pools:
+            raise InvalidParameter(
+                f"the quota of team {quota.team!r} names pool {quota.pool!r}, which the "
+                f"cluster does not have (pools: {', '.join(pools)})"
+            )
+        if (quota.team, quota.pool) in seen:
+            raise InvalidParameter(
+                f"team {quota.team!r} has two quotas in pool {quota.pool!r}: give it one"
+            )
+        seen.add((quota.team, quota.pool))

@@ -169,3 +169,31 @@ class CostLine:
     cpu_seconds: float
     memory_gib_seconds: float
     cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """CPUs, memory and GPUs (a quota, a borrow limit or what a team holds)."""
+
+    cpus: float = 0.0
+    memory_mib: int = 0
+    gpus: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaUse:
+    """A team's configured quota in one pool and what the team's jobs hold there now.
+
+    ``held`` counts admitted and running jobs; what it holds beyond ``guaranteed`` is
+    borrowed from idle quota of its ``cohort`` and may be reclaimed by preemption.
+    """
+
+    team: str
+    pool: str
+    cohort: str
+    weight: float
+    guaranteed: Amount
+    borrow_limit: Amount
+    held: Amount
+    running: int
+    queued: int

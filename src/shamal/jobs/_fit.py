@@ -9,7 +9,8 @@ never disagree. The explanation (which resource, what the largest node offers) i
 worked out afterwards, for the message only.
 
 For queued jobs the same code tells, given the jobs holding resources now, whether a
-job waits for quota, for resources, or only for the scheduler's next pass. The
+job waits for quota, for resources, for capacity its team is guaranteed to be taken
+back from teams borrowing it (reclaim), or only for the scheduler's next pass. The
 scheduler's policy may still order it behind other jobs: that part is decided in the
 scheduler loop, which records no reason for leaving a job queued.
 """
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from shamal.config import SchedulerSettings
 from shamal.jobs._convert import placement_from_json, request_of
 from shamal.jobs._entities import Job
+from shamal.jobs._rules import duration_text
 from shamal.scheduler._admission import Admission, QuotaBook
 from shamal.scheduler._mig import profiles_for
 from shamal.scheduler._placement import allocate, place
@@ -176,8 +178,13 @@ class ClusterCapacity:
         pools: Iterable[Pool],
         nodes: Iterable[Node],
         quotas: Mapping[tuple[str, str], TeamQuota],
+        *,
+        protected_s: float = 0.0,
     ) -> None:
+        """``protected_s``: how long the policy protects a started job from preemption
+        (its ``min_run_s``), which a job reclaiming its team's quota waits out."""
         self._pools = list(pools)
+        self._protected_s = protected_s
         self._nodes = [_idle(node) for node in nodes]
         self._quotas = dict(quotas)
         self._idle = Cluster.of(self._pools, [_idle(node) for node in self._nodes])
@@ -303,6 +310,9 @@ class ClusterCapacity:
                 "the job starts when the team's jobs there end or idle quota can be borrowed"
             )
         if place(now, request, pool=pool) is None:
+            reclaim = self._reclaim(book, request, quota_pool, team)
+            if reclaim is not None:
+                return reclaim
             where = f"pool {pool!r}" if pool is not None else "the cluster"
             return (
                 f"waiting for resources: no node of {where} has {_needs(request)} free now; "
@@ -312,6 +322,37 @@ class ClusterCapacity:
             "waiting for the scheduler: resources and quota allow it now; it starts on the "
             "next pass unless jobs ahead of it take them"
         )
+
+    def _reclaim(self, book: QuotaBook, request: Request, pool: str, team: str) -> str | None:
+        """Why a job within its team's guarantee waits while other teams of its cohort
+        borrow that pool (the scheduler takes the capacity back by preemption), or None."""
+        quota = self._quotas.get((team, pool))
+        if quota is None or book.admit(_sched(request, team, pool), pool) is not Admission.WITHIN:
+            return None
+        borrowers = sorted(
+            other
+            for other in book.borrowers(pool) - {team}
+            if (self._quotas.get((other, pool)) or _NO_QUOTA).cohort == quota.cohort
+        )
+        if not borrowers:
+            return None
+        names = ", ".join(repr(other) for other in borrowers)
+        teams = f"team {names} borrows" if len(borrowers) == 1 else f"teams {names} borrow"
+        when = (
+            f"once they have run {duration_text(self._protected_s)} (a started job is protected "
+            "that long)"
+            if self._protected_s
+            else "on its next passes"
+        )
+        return (
+            f"waiting for reclaim: team {team!r} is within its guaranteed quota of pool "
+            f"{pool!r}, which {teams} now; the scheduler preempts their jobs there for it "
+            f"{when}"
+        )
+
+
+_NO_QUOTA = TeamQuota(team="", pool="", guaranteed=Resources(), borrow_limit=Resources())
+"""A team without a quota in a pool: the scheduler counts it in the default cohort."""
 
 
 def _sched(request: Request, team: str, pool: str | None) -> SchedJob:

@@ -31,6 +31,7 @@ import copy
 import json
 import logging
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -501,7 +502,7 @@ class SchedulerLoop:
             return JobState.FAILED, "stopped at its time limit"
         if status.reason == "lost":
             return JobState.LOST, "its processes disappeared"
-        return JobState.FAILED, f"exited with code {status.exit_code}"
+        return JobState.FAILED, _failure(status)
 
     # ------------------------------------------------------------------ logs
     def _shipped_bytes(self, job: Job) -> int:
@@ -522,3 +523,23 @@ class SchedulerLoop:
                         break
         except FileNotFoundError:
             return
+
+
+_SHELL_CODES = {126: "the command is not executable", 127: "command not found"}
+
+
+def _failure(status: ExitStatus) -> str:
+    """How a failed attempt ended, in words: 'killed by SIGKILL', 'rank 1 exited with
+    code 3', 'exited with code 127 (command not found)'."""
+    code = status.exit_code
+    if code is not None and code < 0:
+        try:
+            what = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            what = f"killed by signal {-code}"
+    else:
+        what = f"exited with code {code}"
+        if code in _SHELL_CODES:
+            what += f" ({_SHELL_CODES[code]})"
+    gang = len(status.exit_codes) > 1 and status.culprit_rank is not None
+    return f"rank {status.culprit_rank} {what}" if gang else what

@@ -118,3 +118,14 @@ def default_name(command: tuple[str, ...]) -> str:
 def fingerprint(command: tuple[str, ...]) -> str:
     """A stable digest of the command: what the runtime predictor groups history by."""
     return hashlib.sha256("\x00".join(command).encode()).hexdigest()[:32]
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as `--time-limit` takes them: 90s -> 1m30s, 2h, 1h30m, 7d."""
+    left = round(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts)

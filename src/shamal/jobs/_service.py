@@ -28,11 +28,21 @@ from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.jobs import _cost, _rules, _store
-from shamal.jobs._convert import record_of, request_of
-from shamal.jobs._entities import ACTIVE_STATES, CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.jobs._convert import placement_from_json, record_of, request_of
+from shamal.jobs._entities import (
+    ACTIVE_STATES,
+    Amount,
+    CostLine,
+    Job,
+    JobEvent,
+    JobSpec,
+    JobState,
+    QuotaUse,
+)
 from shamal.jobs._fit import ClusterCapacity, quotas_of
+from shamal.scheduler import DEFAULT_POLICY, get_policy
 from shamal.scheduler._predictor import RuntimePredictor
-from shamal.scheduler._resources import GPU_MILLI, Node, Pool
+from shamal.scheduler._resources import GPU_MILLI, Node, Pool, Resources
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
 
@@ -67,6 +77,22 @@ class LogChunk:
     complete: bool
 
 
+def _protection_of(settings: SchedulerSettings) -> float:
+    """How long the configured policy protects a started job from preemption."""
+    try:
+        return get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options).min_run_s
+    except ValueError:  # the scheduler refuses these settings when it starts, saying why
+        return 0.0
+
+
+def _amount(resources: Resources) -> Amount:
+    return Amount(
+        cpus=resources.cpu_milli / 1000,
+        memory_mib=resources.memory_mib,
+        gpus=resources.gpu_milli / GPU_MILLI,
+    )
+
+
 class JobService:
     """Submit, list, show, cancel and preempt jobs; read their logs and their cost.
 
@@ -95,8 +121,16 @@ class JobService:
         self._settings = settings
         self._pools = {pool.name: pool for pool in pools}
         nodes = list(nodes)
+        self._node_pools = {node.name: node.pool for node in nodes}
         self._capacity = (
-            ClusterCapacity(self._pools.values(), nodes, quotas_of(settings)) if nodes else None
+            ClusterCapacity(
+                self._pools.values(),
+                nodes,
+                quotas_of(settings),
+                protected_s=_protection_of(settings),
+            )
+            if nodes
+            else None
         )
         self._classes = {c.name: c for c in settings.priority_classes}
         self._clock = clock
@@ -129,9 +163,12 @@ class JobService:
         Raises:
             InvalidParameter: the digest does not match the bytes, or the archive holds
                 anything a snapshot may not (links, escaping names, too much data).
+            PermissionDenied: the uploader could submit no job (see
+                :func:`_require_job_submitter`).
         """
         if not snapshot.is_digest(digest):
             raise InvalidParameter("a snapshot is named by its sha256 (64 lowercase hex digits)")
+        _require_job_submitter(ctx.principal)
         with tempfile.TemporaryDirectory(prefix="shamal-upload-") as tmp:
             path = Path(tmp) / "snapshot.tar.gz"
             hasher = hashlib.sha256()
@@ -380,6 +417,43 @@ class JobService:
         return self._db.run(work)
 
     # ------------------------------------------------------------------ predictor
+    def quota_use(self, principal: Principal) -> list[QuotaUse]:
+        """Each configured team quota (by pool, then team) and what the team holds in
+        that pool now; accounts that are not admins see their own teams' rows only."""
+        with self._db.unit_of_work(write=False) as s:
+            jobs = _store.jobs_in_states(s, {*ACTIVE_STATES, JobState.QUEUED})
+        only_pool = next(iter(self._pools)) if len(self._pools) == 1 else None
+        held: dict[tuple[str, str], Resources] = {}
+        running: dict[tuple[str, str], int] = {}
+        queued: dict[tuple[str, str], int] = {}
+        for job in jobs:
+            if job.state is JobState.QUEUED:
+                key = (job.team, job.pool or only_pool or "")
+                queued[key] = queued.get(key, 0) + 1
+                continue
+            slots = placement_from_json(job.placement).slots if job.placement else ()
+            pool = self._node_pools.get(slots[0].node) if slots else None
+            if pool is not None:
+                key = (job.team, pool)
+                held[key] = held.get(key, Resources()) + request_of(job).total
+                running[key] = running.get(key, 0) + 1
+        visible = _visibility(principal)
+        return [
+            QuotaUse(
+                team=quota.team,
+                pool=quota.pool,
+                cohort=quota.cohort,
+                weight=quota.weight,
+                guaranteed=Amount(quota.cpus, quota.memory_mib, quota.gpus),
+                borrow_limit=Amount(quota.borrow_cpus, quota.borrow_memory_mib, quota.borrow_gpus),
+                held=_amount(held.get((quota.team, quota.pool), Resources())),
+                running=running.get((quota.team, quota.pool), 0),
+                queued=queued.get((quota.team, quota.pool), 0),
+            )
+            for quota in sorted(self._settings.quotas, key=lambda q: (q.pool, q.team))
+            if visible is None or quota.team in visible
+        ]
+
     def predictor_report(self, principal: Principal, limit: int = 5_000) -> dict[str, float]:
         """How well runtimes are predicted from history, measured honestly.
 
@@ -413,3 +487,18 @@ class JobService:
         open_end = self._clock()
         closed = [a if a.ended_at else replace(a, ended_at=open_end) for a in attempts]
         return _cost.report(closed, self._pools, by=by, since=since, until=end)
+
+
+def _require_job_submitter(principal: Principal | None) -> None:
+    """Only who may submit a job may upload its code (up to a snapshot's 1 GiB): an admin,
+    or a member (or more) of some team.
+
+    Raises:
+        PermissionDenied: a viewer-only account, or one in no team.
+    """
+    if principal is None or principal.user.is_admin:
+        return
+    if not any(role >= Role.MEMBER for role in principal.roles.values()):
+        raise PermissionDenied(
+            "uploading a job's code needs the member role in a team (jobs run for a team)"
+        )

@@ -16,7 +16,7 @@ from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._streaming import consume_body
 from shamal.errors import InvalidParameter
 from shamal.jobs import _rules
-from shamal.jobs._entities import CostLine, Job, JobEvent, JobSpec, JobState
+from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobSpec, JobState, QuotaUse
 from shamal.jobs._rules import MAX_ARG_CHARS, MAX_ARGS, MAX_NAME
 from shamal.jobs._service import MAX_LIST, JobService
 from shamal.security import AuditContext
@@ -371,6 +371,44 @@ def preempt_job(
     return JobOut.one(svc.preempt(ctx, job_id), svc)
 
 
+class AmountOut(_Model):
+    cpus: float
+    memory_mib: int
+    gpus: float
+
+    @classmethod
+    def of(cls, amount: Amount) -> AmountOut:
+        return cls(cpus=amount.cpus, memory_mib=amount.memory_mib, gpus=amount.gpus)
+
+
+class QuotaOut(_Model):
+    """A team's quota in a pool (from the cluster file) and what its jobs hold there now."""
+
+    team: str
+    pool: str
+    cohort: str
+    weight: float
+    guaranteed: AmountOut
+    borrow_limit: AmountOut = Field(description="idle quota of the cohort it may borrow")
+    held: AmountOut = Field(description="what its admitted and running jobs hold now")
+    running: int
+    queued: int
+
+    @classmethod
+    def of(cls, use: QuotaUse) -> QuotaOut:
+        return cls(
+            team=use.team,
+            pool=use.pool,
+            cohort=use.cohort,
+            weight=use.weight,
+            guaranteed=AmountOut.of(use.guaranteed),
+            borrow_limit=AmountOut.of(use.borrow_limit),
+            held=AmountOut.of(use.held),
+            running=use.running,
+            queued=use.queued,
+        )
+
+
 class PredictorOut(_Model):
     """Runtime predictions replayed over history: each job predicted before it ran."""
 
@@ -380,6 +418,11 @@ class PredictorOut(_Model):
     mdape: float | None
     within_2x: float | None
     median_log2_ratio: float | None
+
+
+@router.get("/scheduler/quotas", summary="Team quotas per pool and what each team holds now")
+def quotas(svc: Jobs, principal: CurrentPrincipal) -> list[QuotaOut]:
+    return [QuotaOut.of(use) for use in svc.quota_use(principal)]
 
 
 @router.get("/scheduler/predictor", summary="How well the runtime predictor does on history")

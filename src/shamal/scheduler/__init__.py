@@ -13,8 +13,10 @@ from shamal.scheduler._policies import (
     DEFAULT_POLICY,
     SIMULATION_ONLY,
     get_policy,
+    policy_defaults,
     policy_names,
     policy_options,
+    policy_summary,
     simulation_policy,
 )
 from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor, error_report
@@ -78,8 +80,10 @@ __all__ = [
     "job_pool",
     "job_shape",
     "place",
+    "policy_defaults",
     "policy_names",
     "policy_options",
+    "policy_summary",
     "release",
     "schedule",
     "simulation_policy",

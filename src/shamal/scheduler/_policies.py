@@ -64,8 +64,10 @@ __all__ = [
     "SrtfOracle",
     "SIMULATION_ONLY",
     "get_policy",
+    "policy_defaults",
     "policy_names",
     "policy_options",
+    "policy_summary",
     "simulation_policy",
 ]
 
@@ -386,6 +388,26 @@ def policy_options(name: str) -> list[str]:
         ValueError: unknown name.
     """
     return list(inspect.signature(_policy_class(name, simulation=True)).parameters)
+
+
+def policy_defaults(name: str) -> dict[str, Any]:
+    """Each option of the policy called ``name`` and its default value.
+
+    Raises:
+        ValueError: unknown name.
+    """
+    parameters = inspect.signature(_policy_class(name, simulation=True)).parameters
+    return {key: parameter.default for key, parameter in parameters.items()}
+
+
+def policy_summary(name: str) -> str:
+    """The first line of the policy's description (its class docstring).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    doc = inspect.getdoc(_policy_class(name, simulation=True)) or ""
+    return doc.split("\n", 1)[0]
 
 
 def _policy_class(name: str, *, simulation: bool) -> type[BasePolicy]:

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 
 import shamal
+from shamal import snapshot
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
@@ -42,6 +43,16 @@ PUBLIC_ROUTES = frozenset(
     }
 )
 UPLOAD_PREFIXES: tuple[str, ...] = ("/api/v1/artifacts/", "/api/2.0/mlflow-artifacts/artifacts/")
+#: Code snapshots stream to disk too, up to what a snapshot may be (never more than an upload).
+SNAPSHOT_PREFIX = "/api/v1/snapshots/"
+
+
+def upload_limits(settings: Settings) -> list[tuple[str, int]]:
+    """(path prefix, body limit) of the routes that stream large bodies to disk; every
+    other route is held to ``max_request_bytes``."""
+    limits = [(prefix, settings.max_upload_bytes) for prefix in UPLOAD_PREFIXES]
+    limits.append((SNAPSHOT_PREFIX, min(settings.max_upload_bytes, snapshot.MAX_SNAPSHOT_BYTES)))
+    return limits
 
 
 def _bind(app: FastAPI, platform: Platform) -> None:
@@ -94,7 +105,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
         RequestGuard,
         allowed_hosts=settings.effective_allowed_hosts,
         max_body=settings.max_request_bytes,
-        upload_limits=[(p, settings.max_upload_bytes) for p in UPLOAD_PREFIXES],
+        upload_limits=upload_limits(settings),
     )
     _add_probes(app)
     # Routing tries routes in order: the MLflow dialect carries the volume (a logger sends
