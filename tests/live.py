@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -24,12 +24,19 @@ def free_port() -> int:
 class LiveServer:
     """Start `python -m shamal server` with ``env`` and wait until /ready answers 200."""
 
-    def __init__(self, home: Path, env: Mapping[str, str] | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        home: Path,
+        env: Mapping[str, str] | None = None,
+        workers: int = 1,
+        args: Sequence[str] = (),
+    ) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "SHAMAL_HOME": str(home), **(env or {})}
         self.workers = workers
+        self.args = tuple(args)
         self.process: subprocess.Popen[bytes] | None = None
         self.log = home / f"server-{self.port}.log"
 
@@ -46,6 +53,7 @@ class LiveServer:
                     str(self.port),
                     "--workers",
                     str(self.workers),
+                    *self.args,
                 ],
                 env=self.env,
                 stdout=log,

@@ -18,9 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shamal.cli.server import access_log_choice
 from shamal.client import ShamalClient
 from shamal.errors import ServiceUnavailable, ShamalError
 from tests.live import LiveServer
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -145,12 +147,14 @@ def test_large_uploads_stream_without_buffering(tmp_path: Path) -> None:
 def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
     server = LiveServer(tmp_path / "home").start()
     sent_half = threading.Event()
+    signalled = threading.Event()
     result: dict[str, object] = {}
 
     def body() -> Iterator[bytes]:
         for i in range(8):
-            if i == 4:
+            if i == 4:  # hold the rest back until the server has been told to stop
                 sent_half.set()
+                signalled.wait(timeout=60)
             yield b"z" * 256 * 1024
 
     def upload() -> None:
@@ -165,8 +169,13 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
     thread = threading.Thread(target=upload)
     thread.start()
     assert sent_half.wait(timeout=30)
+    # In flight means the server is writing the body, not that the kernel has buffered it:
+    # the store's temporary file shows the handler has begun.
+    staging = tmp_path / "home" / "artifacts" / ".tmp"
+    wait_for(lambda: staging.is_dir() and any(staging.iterdir()), "the upload to reach the store")
     assert server.process is not None
     server.process.send_signal(15)  # SIGTERM with the upload half sent
+    signalled.set()
     thread.join(timeout=60)
     # uvicorn drains, then re-raises the signal it caught: 0 or -SIGTERM, never a crash.
     assert server.process.wait(timeout=60) in (0, -15)
@@ -248,3 +257,37 @@ def test_two_workers_answer_keep_alive_requests_without_nagle_stalls(tmp_path: P
             latencies.append(time.perf_counter() - start)
     median_ms = statistics.median(latencies[5:]) * 1000
     assert median_ms < 20, f"keep-alive median {median_ms:.1f} ms: TCP_NODELAY missing?"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "workers", "logged"),
+    [
+        ((), {}, 1, True),
+        (("--no-access-log",), {}, 1, False),
+        (("--access-log",), {"SHAMAL_ACCESS_LOG": "false"}, 1, True),
+        ((), {"SHAMAL_ACCESS_LOG": "false"}, 2, False),
+    ],
+    ids=["default", "flag-off", "flag-beats-env", "env-off-reaches-workers"],
+)
+def test_access_log_follows_the_flag_and_the_setting(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], workers: int, logged: bool
+) -> None:
+    server = LiveServer(tmp_path / "home", env=env, workers=workers, args=args)
+    with server:
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    log = server.log.read_text()
+    assert "Application startup complete" in log  # the server's own log is kept either way
+    assert ('"GET /health HTTP/1.1" 200' in log) is logged
+
+
+@pytest.mark.parametrize(
+    ("flag", "quickstart", "chosen"),
+    [(None, False, None), (None, True, False), (True, True, True), (False, False, False)],
+)
+def test_the_quickstart_turns_the_access_log_off_unless_asked(
+    flag: bool | None, quickstart: bool, chosen: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHAMAL_ACCESS_LOG", raising=False)
+    assert access_log_choice(flag, quickstart=quickstart) is chosen
+    monkeypatch.setenv("SHAMAL_ACCESS_LOG", "true")  # the setting, asked for explicitly
+    assert access_log_choice(flag, quickstart=quickstart) is flag

@@ -211,6 +211,7 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=16 * _MIB, ge=1024)
     max_upload_bytes: int = Field(default=50 * 1024 * _MIB, ge=1024)
     graceful_shutdown_s: float = Field(default=20.0, ge=0)
+    access_log: bool = Field(default=True, description="Log one line per HTTP request")
 
     artifacts: ArtifactSettings = Field(default_factory=LocalArtifactSettings)
     encrypt_artifacts: bool = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Annotated, Any
 
@@ -29,13 +30,15 @@ def _banner(settings: Settings, platform: Platform, url: str) -> None:
     token_line = f"admin token: {settings.token_file}"
     if platform.admin_secret:
         token_line += "  [green](created now: first start)[/]"
+    # One fact per line, each short enough not to wrap in an 80-column terminal.
     console.print(
         Panel(
             f"Shamal is running at [bold]{url}[/]\n"
-            f"API docs:  {url}/docs    OpenAPI: {url}/openapi.json\n"
+            f"API docs:    {url}/docs  (OpenAPI: /openapi.json)\n"
             f"{token_line}\n"
-            f"use it:    export SHAMAL_URL={url} SHAMAL_TOKEN=$(cat {settings.token_file})\n"
-            f"data:      {settings.home}  (database: {backend})",
+            f"use it:      export SHAMAL_URL={url}\n"
+            f"             export SHAMAL_TOKEN=$(cat {settings.token_file})\n"
+            f"data:        {settings.home}  (database: {backend})",
             title="shamal",
             title_align="left",
         )
@@ -55,6 +58,15 @@ def _quickstart_in_background(settings: Settings, url: str) -> None:
     threading.Thread(target=work, name="quickstart", daemon=True).start()
 
 
+def access_log_choice(flag: bool | None, *, quickstart: bool) -> bool | None:
+    """The access-log override: the flag when given; off for the quickstart, whose
+    walkthrough would scroll away under its own job's requests, unless SHAMAL_ACCESS_LOG
+    says otherwise; else None (the setting)."""
+    if flag is None and quickstart and "SHAMAL_ACCESS_LOG" not in os.environ:
+        return False
+    return flag
+
+
 def server(
     host: Annotated[
         str | None, typer.Option(help="Address to bind. Default 127.0.0.1 (this machine only).")
@@ -66,6 +78,14 @@ def server(
     quickstart: Annotated[
         bool, typer.Option("--quickstart", help="After start-up, walk through the quickstart.")
     ] = False,
+    access_log: Annotated[
+        bool | None,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="Log one line per HTTP request. Default on (SHAMAL_ACCESS_LOG), "
+            "off with --quickstart so its walkthrough stays readable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the Shamal server (API under /api, docs at /docs).
 
@@ -78,9 +98,9 @@ def server(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("alembic", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    overrides: dict[str, Any] = {
-        k: v for k, v in {"host": host, "port": port, "workers": workers}.items() if v is not None
-    }
+    access_log = access_log_choice(access_log, quickstart=quickstart)
+    given = {"host": host, "port": port, "workers": workers, "access_log": access_log}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     try:
         settings = Settings(**overrides)
 

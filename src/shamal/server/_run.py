@@ -89,6 +89,7 @@ def serve(
         "server_header": False,
         "proxy_headers": False,
         "log_level": "info",
+        "access_log": settings.access_log,
     }
     scheduler = None
     if settings.scheduler.enabled:
@@ -128,6 +129,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
         "SHAMAL_HOME": str(settings.home),
         "SHAMAL_HOST": settings.host,
         "SHAMAL_PORT": str(settings.port),
+        "SHAMAL_ACCESS_LOG": str(settings.access_log).lower(),
     }
     if settings.database_url:
         env["SHAMAL_DATABASE_URL"] = settings.database_url
