@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from shamal import __version__
 from shamal.cli import (
     artifacts,
     audit,
@@ -32,6 +35,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=ShamalGroup,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"shamal {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """The group's help is the Typer(help=...) text above."""
+
+
 app.command("server")(server)
 app.add_typer(db.app, name="db")
 app.add_typer(token.app, name="token")

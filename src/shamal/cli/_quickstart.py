@@ -71,7 +71,16 @@ def track_a_model(url: str, token: str) -> list[str]:
                 step=epoch,
             )
         pipeline = make_pipeline(scaler, classifier)
-        info = mlflow.sklearn.log_model(pipeline, name="model", input_example=x_test[:2])
+        # Declared, not inferred: inference loads the model in a subprocess (about 30 s) and
+        # lists whatever that interpreter imported (torch, pytest, ...).
+        requirements = mlflow.sklearn.get_default_pip_requirements(include_skops=True)
+        info = mlflow.sklearn.log_model(
+            pipeline,
+            name="model",
+            input_example=x_test[:2],
+            serialization_format="skops",  # never pickle; the requirements name skops
+            pip_requirements=requirements,
+        )
     version = mlflow.register_model(info.model_uri, "quickstart-wine")
     mlflow.MlflowClient().set_registered_model_alias("quickstart-wine", "champion", version.version)
     accuracy = mlflow.get_run(run.info.run_id).data.metrics["test_accuracy"]
