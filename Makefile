@@ -29,9 +29,11 @@ check: install
 	$(BIN)/lint-imports
 	$(BIN)/bandit --quiet --recursive src --severity-level medium
 
-## test: `make check`, then the whole test suite (PostgreSQL and S3 tests included)
+## test: `make check`, then the whole test suite (PostgreSQL and S3 tests included), in
+## TEST_WORKERS processes (most tests wait on servers and subprocesses, so more than the cores)
+TEST_WORKERS ?= 3
 test: check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 ## format: apply ruff's fixes and formatting
 format: install

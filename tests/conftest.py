@@ -24,6 +24,17 @@ from shamal.db import open_database, upgrade
 from shamal.server import Platform, create_app, start_platform
 from tests.live import LiveServer
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, and
+    Rich fixes a console's width for good when COLUMNS is set as it is built (the CLI's
+    consoles are built on import, as test modules are collected): drop them first, so
+    the consoles follow what each test sets (``_cli_width``)."""
+    del config
+    for inherited in ("COLUMNS", "LINES"):
+        os.environ.pop(inherited, None)
+
+
 PG_ADMIN_URL = os.environ.get(
     "SHAMAL_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -60,6 +71,13 @@ def _finalize_what_the_test_left(request: pytest.FixtureRequest) -> Iterator[Non
     yield
     if request.node.get_closest_marker("slow") is not None:
         gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _cli_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI lays its output out at 200 columns in every test (a test may set its own
+    COLUMNS): what a test asserts never depends on where a long temporary path wraps."""
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 @pytest.fixture(autouse=True)
