@@ -69,9 +69,11 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
     ``folder`` itself if there is one, every file directly in it, and the first file of
     each of its subfolders, in path order; at most ``limit`` of them.
 
-    However many files a subfolder holds, one query reads past it (its first file starts a
-    jump to the end of its range), so a folder lists whole whatever lies below it, and a
-    folder of many subfolders costs a short query each, not a read of all their files.
+    Rows are read in batches that grow while most of what they read is shown and shrink
+    back to a peek once a subfolder's further files fill them; a batch that ends inside a
+    subfolder goes on after the whole of it. So a subfolder of a million files costs one
+    short query, and a folder of 100,000 one-file subfolders a hundred long ones, not a
+    query each.
     """
     prefix = f"{folder}/" if folder else ""
     if folder:
@@ -80,6 +82,7 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
             return [_file(row)]
     found: list[ArtifactFile] = []
     cursor, inclusive, batch = prefix, True, _FOLDER_PEEK
+    shown_head: str | None = None  # the subfolder whose first file was shown last
     while len(found) < limit:
         query = select(ArtifactFileRow).where(
             ArtifactFileRow.namespace == namespace,
@@ -87,20 +90,23 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
             ArtifactFileRow.path < prefix + _AFTER_ALL,
         )
         rows = list(s.scalars(query.order_by(ArtifactFileRow.path).limit(batch)))
-        jumped = False
-        for row in rows[: limit - len(found)]:
-            found.append(_file(row))
+        shown = 0
+        for row in rows:
             head, sep, _ = row.path[len(prefix) :].partition("/")
-            if sep:  # the first file of a subfolder: go on after the whole subfolder
-                cursor, inclusive, jumped = f"{prefix}{head}/{_AFTER_ALL}", False, True
-                break
-            cursor, inclusive = row.path, False
-        if jumped:
-            batch = _FOLDER_PEEK
-        elif len(rows) < batch:
-            break  # the folder's range is read to its end
-        else:
-            batch = min(batch * 4, _FOLDER_BATCH)
+            if sep and head == shown_head:
+                continue  # a further file of a subfolder already shown
+            found.append(_file(row))
+            if len(found) >= limit:
+                return found
+            shown += 1
+            shown_head = head if sep else None
+        if len(rows) < batch:
+            return found  # the folder's range is read to its end
+        head, sep, _ = rows[-1].path[len(prefix) :].partition("/")
+        # Inside a subfolder: go on after the whole of it; else after the last file read.
+        cursor = f"{prefix}{head}/{_AFTER_ALL}" if sep else rows[-1].path
+        inclusive = False
+        batch = min(batch * 4, _FOLDER_BATCH) if 2 * shown >= len(rows) else _FOLDER_PEEK
     return found
 
 
