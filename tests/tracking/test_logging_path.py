@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from shamal.server import Platform
+
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
@@ -205,3 +207,25 @@ def test_logging_to_a_missing_or_deleted_run(api: TestClient, run_id: str) -> No
     assert _post(api, "runs/delete", {"run_id": run_id}).is_success
     deleted = _post(api, "runs/log-batch", {"run_id": run_id, "metrics": [point]})
     assert (deleted.status_code, deleted.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+
+
+def test_a_rename_through_the_run_name_tag_is_audited_like_runs_update(
+    api: TestClient, run_id: str, platform: Platform
+) -> None:
+    """Renaming a run is a change of the run, however the client spells it: runs/update,
+    set-tag of mlflow.runName or log-batch carrying it; the other tags are not audited."""
+    tag = {"run_id": run_id, "key": "mlflow.runName"}
+    calls = [
+        ("runs/update", {"run_id": run_id, "run_name": "by-update"}),
+        ("runs/set-tag", {**tag, "value": "by-tag"}),
+        ("runs/log-batch", {"run_id": run_id, "tags": [{**tag, "value": "by-batch"}]}),
+        ("runs/set-tag", {"run_id": run_id, "key": "team", "value": "x"}),
+        ("runs/set-tag", {**tag, "value": ""}),  # an empty name changes nothing
+    ]
+    for path, body in calls:
+        assert _post(api, path, body).status_code == 200, path
+    renames = platform.audit.entries(action="run.update")
+    assert [(e.target, e.detail.get("name"), e.outcome) for e in reversed(renames)] == [
+        (f"run:{run_id}", name, "ok") for name in ("by-update", "by-tag", "by-batch")
+    ]
+    assert platform.audit.verify().ok

@@ -469,6 +469,15 @@ class TrackingService:
                 )
             if new_name is not None:  # the run's row first, as update_run locks: no deadlock
                 _store.update_run(s, run_id, {"name": new_name})
+                # A rename is audited however it is spelt, as runs/update audits it.
+                self._audit.append(
+                    s,
+                    actor=principal.name,
+                    action="run.update",
+                    target=f"run:{run_id}",
+                    outcome="ok",
+                    detail={"name": new_name},
+                )
             _store.log_params(s, run_id, data.params)
             _store.set_tags(s, run_id, data.tags)
             _store.log_metrics(s, run_id, data.metrics)
