@@ -18,6 +18,7 @@ import pytest
 from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec, get_executor
 from shamal.scheduler._resources import Placement, Slot
 from tests import needs
+from tests.polling import wait_for
 
 
 def python(code: str) -> tuple[str, ...]:
@@ -79,6 +80,13 @@ class Jobs:
 
     def mark(self, name: str) -> Path:
         return self.marks / name
+
+    def written(self, name: str, what: str) -> str:
+        """Wait until the job has written mark ``name`` (created is not enough: a process
+        id is written just after its file is made) and return its text."""
+        mark = self.mark(name)
+        text: str = wait_for(lambda: mark.exists() and mark.read_text().strip(), what)
+        return text
 
     def cleanup(self) -> None:
         for handle in self.handles:

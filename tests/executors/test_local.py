@@ -45,8 +45,8 @@ def local_jobs(tmp_path: Path) -> Iterator[Jobs]:
     helper.cleanup()
 
 
-def _alive(pid_file: Path) -> ProcessIdentity:
-    identity = ProcessIdentity.of(int(pid_file.read_text()))
+def _alive(pid: str) -> ProcessIdentity:
+    identity = ProcessIdentity.of(int(pid))
     assert identity is not None, "the job's process should be running"
     return identity
 
@@ -131,8 +131,7 @@ def test_preemption_grace_runs_without_the_server(local_jobs: Jobs) -> None:
 
 def test_killed_supervisor_means_lost_and_no_orphans(local_jobs: Jobs) -> None:
     handle = local_jobs.launch(local_jobs.spec(python(COUNT_STARTS_THEN_WAIT)))
-    wait_until(local_jobs.mark("pid").exists, "the job to start")
-    worker = _alive(local_jobs.mark("pid"))
+    worker = _alive(local_jobs.written("pid", "the job to start"))
     supervisor = ProcessIdentity.from_dict(handle.data["supervisor"])
     os.kill(supervisor.pid, signal.SIGKILL)
     wait_until(lambda: not supervisor.is_alive(), "the supervisor to die")

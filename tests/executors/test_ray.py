@@ -45,9 +45,8 @@ def test_a_vanished_actor_makes_the_job_lost_and_stops_its_peers(ray_jobs: Jobs)
 
     spec = ray_jobs.spec(python(WRITE_PID_THEN_RUN), slots=(cpu_slot(), cpu_slot()))
     handle = ray_jobs.launch(spec)
-    wait_until(ray_jobs.mark("pid-0").exists, "rank 0 to start")
-    wait_until(ray_jobs.mark("pid-1").exists, "rank 1 to start")
-    survivor = ProcessIdentity.of(int(ray_jobs.mark("pid-0").read_text()))
+    survivor = ProcessIdentity.of(int(ray_jobs.written("pid-0", "rank 0 to start")))
+    ray_jobs.written("pid-1", "rank 1 to start")
     assert survivor is not None
     namespace, names, _ = _names(spec.job_id, spec.attempt, 2)
     ray.kill(ray.get_actor(names[1], namespace=namespace))  # its node "died"
