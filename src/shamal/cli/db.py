@@ -6,7 +6,6 @@ import typer
 
 from shamal.cli._common import console, handle_errors
 from shamal.config import Settings
-from shamal.db import current_revision, head_revision, open_database, upgrade
 
 app = typer.Typer(
     help="The metadata database (SHAMAL_DATABASE_URL, default SQLite under SHAMAL_HOME).",
@@ -18,6 +17,8 @@ app = typer.Typer(
 @handle_errors
 def upgrade_cmd() -> None:
     """Apply the migrations shipped with this version (the server also does on start)."""
+    from shamal.db import open_database, upgrade
+
     settings = Settings()
     db = open_database(settings.resolved_database_url)
     try:
@@ -34,6 +35,8 @@ def upgrade_cmd() -> None:
 @handle_errors
 def current() -> None:
     """Show the schema revision of the database and of this version of Shamal."""
+    from shamal.db import current_revision, head_revision, open_database
+
     settings = Settings()
     db = open_database(settings.resolved_database_url)
     try:

@@ -11,7 +11,7 @@ import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,15 +20,9 @@ from rich.table import Table
 from shamal.cli._common import JsonOption, client, console, err_console, handle_errors
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
-from shamal.optimize import (
-    OptimizeReport,
-    OptimizeRequest,
-    Thresholds,
-    VariantReport,
-    fetch_source,
-    optimize_model,
-    register_variant,
-)
+
+if TYPE_CHECKING:
+    from shamal.optimize import OptimizeReport, OptimizeRequest, VariantReport
 
 EXIT_BLOCKED = 2
 
@@ -118,6 +112,8 @@ def _run(location: Path, dest: Path, request: OptimizeRequest, quiet: bool) -> O
         transient=True,
         disable=quiet,
     ) as progress:
+        from shamal.optimize import optimize_model
+
         return optimize_model(location, dest, request, progress=_Bar(progress))
 
 
@@ -131,6 +127,8 @@ def _register(
     name = register_as or (source.name if source is not None else None)
     if name is None or report.candidate.fidelity.blocked:
         return None
+    from shamal.optimize import register_variant
+
     made = register_variant(
         api or client(),
         report,
@@ -195,6 +193,9 @@ def optimize(
     as_json: bool = JsonOption,
 ) -> None:
     """Optimize a model (ONNX, int8, pruning), check fidelity, time it, register the variant."""
+    # The optimizer brings numpy and more: imported when a model is optimized, not for --help.
+    from shamal.optimize import OptimizeRequest, Thresholds, fetch_source
+
     batches, counts = _ints(batch_sizes, "--batch-sizes"), _ints(threads, "--threads")
     dest = (output or _default_output(model_uri)).resolve()
     if dest.exists() and any(dest.iterdir()):

@@ -16,8 +16,6 @@ from rich.text import Text
 from shamal.cli._common import JsonOption, client, console, handle_errors
 from shamal.config import Settings
 from shamal.scheduler import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
-from shamal.server._platform import start_platform
-from shamal.server._scheduler import build_loop
 
 app = typer.Typer(
     help="The scheduler: `shamal server` runs one; run more (on PostgreSQL) with `run`.",
@@ -48,6 +46,9 @@ def run(
     own jobs when restarted under the same name. Jobs run with this install's `python`
     first on PATH.
     """
+    from shamal.server._platform import start_platform
+    from shamal.server._scheduler import build_loop
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings()
     platform = start_platform(settings)

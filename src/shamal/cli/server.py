@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -22,7 +22,9 @@ from shamal.cli._quickstart import run_quickstart, wait_until_up
 from shamal.client import ShamalClient
 from shamal.config import Settings
 from shamal.errors import ShamalError
-from shamal.server import Platform, serve
+
+if TYPE_CHECKING:
+    from shamal.server import Platform
 
 
 def _banner(settings: Settings, platform: Platform, url: str) -> None:
@@ -98,6 +100,8 @@ def server(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("alembic", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    from shamal.server import serve  # the whole platform: imported only to run it
+
     access_log = access_log_choice(access_log, quickstart=quickstart)
     given = {"host": host, "port": port, "workers": workers, "access_log": access_log}
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}

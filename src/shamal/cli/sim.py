@@ -10,7 +10,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -19,22 +19,12 @@ from rich.table import Table
 
 from shamal.cli._common import JsonOption, console, err_console
 from shamal.cli.sim_pack import pack
+from shamal.plotfile import plot_path
 from shamal.scheduler import DEFAULT_POLICY, Cluster, TeamQuota, policy_names
-from shamal.scheduler.sim import (
-    DEFAULT_POOL,
-    DEFAULT_PREEMPTION_COST_S,
-    SimResult,
-    Simulator,
-    TraceError,
-    TraceJob,
-    assign_teams,
-    load_machines,
-    load_teams,
-    load_trace,
-    plot_path,
-    plot_timeline,
-    team_cluster,
-)
+from shamal.scheduler._state import DEFAULT_PREEMPTION_COST_S
+
+if TYPE_CHECKING:  # the simulator brings numpy: imported by the commands that run it
+    from shamal.scheduler.sim import SimResult, TraceJob
 
 app = typer.Typer(
     help="Simulate the scheduler on a job trace: `shamal sim --trace jobs.csv --machines "
@@ -245,6 +235,8 @@ def _checked_plot(plot: Path | None) -> Path | None:
 def _draw(result: SimResult, plot: Path, metrics: dict[str, Any]) -> str | None:
     """Draw the plot and record its path in ``metrics``; the error, if it failed (the
     metrics are printed all the same)."""
+    from shamal.scheduler.sim import plot_timeline
+
     try:
         metrics["plot"] = str(plot_timeline(result, plot))
     except (OSError, ValueError) as exc:
@@ -281,6 +273,16 @@ def _load(
     gpus_per_node: int,
 ) -> tuple[list[TraceJob], Cluster, dict[tuple[str, str], TeamQuota] | None]:
     """The jobs, the cluster and the quotas (``None``: no team mode) of a run."""
+    from shamal.scheduler.sim import (
+        DEFAULT_POOL,
+        TraceError,
+        assign_teams,
+        load_machines,
+        load_teams,
+        load_trace,
+        team_cluster,
+    )
+
     try:
         jobs = load_trace(trace, limit=limit)
         if machines is not None:
@@ -309,6 +311,8 @@ def _run(
     quotas: Any,
     as_json: bool,
 ) -> SimResult:
+    from shamal.scheduler.sim import Simulator
+
     show = not as_json and err_console.is_terminal and len(jobs) >= _PROGRESS_MIN_JOBS
     try:
         if not show:

@@ -17,6 +17,7 @@ from typing import Protocol
 from shamal.scheduler._resources import GPU_MILLI, Cluster, Placement, Request, Resources
 
 __all__ = [
+    "DEFAULT_PREEMPTION_COST_S",
     "Decision",
     "JobPhase",
     "Policy",
@@ -29,6 +30,10 @@ __all__ = [
     "job_pool",
     "job_shape",
 ]
+
+DEFAULT_PREEMPTION_COST_S = 60.0
+"""Seconds of restore work a preempted job adds when it resumes (the simulator's model of a
+checkpoint's restore; the live scheduler measures what really happens)."""
 
 
 class JobPhase(enum.Enum):

@@ -51,6 +51,7 @@ from shamal.scheduler._policies import DEFAULT_POLICY, simulation_policy
 from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor
 from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Placement, Request, Resources
 from shamal.scheduler._state import (
+    DEFAULT_PREEMPTION_COST_S,
     Decision,
     JobPhase,
     Preempt,
@@ -72,9 +73,6 @@ __all__ = [
     "Simulator",
     "simulate",
 ]
-
-DEFAULT_PREEMPTION_COST_S = 60.0
-"""Seconds of restore work a preempted job adds when it resumes."""
 
 NORMAL = PriorityClass("normal", 0)
 """The priority class of trace jobs."""
