@@ -57,10 +57,10 @@ def list_files(s: Session, namespace: str, prefix: str, limit: int) -> list[Arti
     return [_file(r) for r in s.scalars(query.order_by(ArtifactFileRow.path).limit(limit))]
 
 
-#: Rows read by the first query of :func:`folder_files`, and by the first after each
-#: subfolder it jumps over: a subfolder's own files are read at most this many times over.
-_FOLDER_PEEK = 4
-#: Rows read at most per query, on a run of files directly in the folder.
+#: Rows read by the first query of :func:`folder_files`, and at least by every query: a
+#: subfolder it jumps over costs at most this many rows (more right after small ones).
+_FOLDER_PEEK = 32
+#: Rows read at most per query.
 _FOLDER_BATCH = 1024
 
 
@@ -69,11 +69,11 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
     ``folder`` itself if there is one, every file directly in it, and the first file of
     each of its subfolders, in path order; at most ``limit`` of them.
 
-    Rows are read in batches that grow while most of what they read is shown and shrink
-    back to a peek once a subfolder's further files fill them; a batch that ends inside a
-    subfolder goes on after the whole of it. So a subfolder of a million files costs one
-    short query, and a folder of 100,000 one-file subfolders a hundred long ones, not a
-    query each.
+    Rows are read in batches; a batch that ends inside a subfolder goes on after the whole
+    of it. Batches grow (up to ``_FOLDER_BATCH``) while they span many children and shrink
+    (down to ``_FOLDER_PEEK``) when the subfolder they end in filled most of them. So a
+    subfolder of a million files costs one short query, and a folder of thousands of
+    subfolders of a few files each a few long ones, not a query each.
     """
     prefix = f"{folder}/" if folder else ""
     if folder:
@@ -90,23 +90,29 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
             ArtifactFileRow.path < prefix + _AFTER_ALL,
         )
         rows = list(s.scalars(query.order_by(ArtifactFileRow.path).limit(batch)))
-        shown = 0
+        # The subfolder the batch has reached (None: a file directly in the folder) and
+        # how many of the batch's last rows lie in it.
+        last_head: str | None = None
+        run = 0
         for row in rows:
             head, sep, _ = row.path[len(prefix) :].partition("/")
+            run = run + 1 if sep and head == last_head else int(bool(sep))
+            last_head = head if sep else None
             if sep and head == shown_head:
                 continue  # a further file of a subfolder already shown
             found.append(_file(row))
             if len(found) >= limit:
                 return found
-            shown += 1
-            shown_head = head if sep else None
+            shown_head = last_head
         if len(rows) < batch:
             return found  # the folder's range is read to its end
-        head, sep, _ = rows[-1].path[len(prefix) :].partition("/")
         # Inside a subfolder: go on after the whole of it; else after the last file read.
-        cursor = f"{prefix}{head}/{_AFTER_ALL}" if sep else rows[-1].path
+        cursor = rows[-1].path if last_head is None else f"{prefix}{last_head}/{_AFTER_ALL}"
         inclusive = False
-        batch = min(batch * 4, _FOLDER_BATCH) if 2 * shown >= len(rows) else _FOLDER_PEEK
+        if 2 * run > len(rows):
+            batch = max(batch // 4, _FOLDER_PEEK)
+        else:
+            batch = min(batch * 4, _FOLDER_BATCH)
     return found
 
 
