@@ -469,7 +469,12 @@ class TrackingService:
                 )
             if new_name is not None:  # the run's row first, as update_run locks: no deadlock
                 _store.update_run(s, run_id, {"name": new_name})
-                # A rename is audited however it is spelt, as runs/update audits it.
+            _store.log_params(s, run_id, data.params)
+            _store.set_tags(s, run_id, data.tags)
+            _store.log_metrics(s, run_id, data.metrics)
+            if new_name is not None:
+                # A rename is audited however it is spelt, as runs/update audits it; last, as
+                # every service records: the audit chain's lock is held only to commit.
                 self._audit.append(
                     s,
                     actor=principal.name,
@@ -478,9 +483,6 @@ class TrackingService:
                     outcome="ok",
                     detail={"name": new_name},
                 )
-            _store.log_params(s, run_id, data.params)
-            _store.set_tags(s, run_id, data.tags)
-            _store.log_metrics(s, run_id, data.metrics)
 
         self._db.run(work)
 
