@@ -303,11 +303,11 @@ def test_the_quotas_say_what_each_team_holds_and_borrows_and_members_see_their_o
 TWO_POOLS = SchedulerSettings(
     pools=(
         PoolSettings(name="east", nodes=(_node("e1", 4, 16384),)),
-        PoolSettings(name="west", nodes=(_node("w1", 4, 16384),)),
+        PoolSettings(name="west", nodes=(_node("w1", 4, 16384, A100),)),
     ),
     quotas=(
         QuotaSettings(team="vision", pool="east", cpus=2),
-        QuotaSettings(team="vision", pool="west", cpus=2),
+        QuotaSettings(team="vision", pool="west", cpus=2, gpus=1),
     ),
 )
 
@@ -316,10 +316,11 @@ TWO_POOLS = SchedulerSettings(
 def test_a_queued_job_naming_no_pool_counts_in_each_pool_that_could_run_it(
     api: TestClient, platform: Platform
 ) -> None:
-    """With several pools, a job without --pool waits for whichever of them frees first:
-    each of its team's quota rows counts it, and one naming a pool counts in that pool."""
+    """With several pools, a job without --pool waits for whichever of them that could
+    run it frees first: it counts in each such pool; one naming a pool counts there."""
     api.post("/api/v1/teams", json={"name": "vision"})
-    accepted(api, team="vision")
+    accepted(api, team="vision")  # fits either pool
+    accepted(api, team="vision", gpus=1)  # only west has a GPU
     accepted(api, team="vision", pool="west")
     rows = {row["pool"]: row for row in api.get("/api/v1/scheduler/quotas").json()}
-    assert (rows["east"]["queued"], rows["west"]["queued"]) == (1, 2)
+    assert (rows["east"]["queued"], rows["west"]["queued"]) == (1, 3)

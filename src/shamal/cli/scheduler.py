@@ -111,9 +111,9 @@ def quotas(as_json: bool = JsonOption) -> None:
 
     A team runs up to its guarantee; beyond it, up to its borrow limit, it borrows idle
     quota of its cohort, which the scheduler takes back by preemption when the lending
-    team needs it. 'queued' counts the jobs the pool could run: those naming it, and
-    those naming no pool (they count in each of their team's pools). Admins see every
-    team, others their own teams.
+    team needs it. 'queued' counts the team's waiting jobs the pool could run: those
+    naming it, and those naming no pool that could start there (they count in each such
+    pool). Admins see every team, others their own teams.
     """
     rows: list[dict[str, Any]] = client().quotas()
     if as_json:

@@ -203,6 +203,18 @@ class ClusterCapacity:
         with self._lock:
             return self._refusal(request, pool, team)
 
+    def pools_for(self, request: Request, team: str) -> list[str]:
+        """The pools a job of ``team`` asking ``request`` and naming no pool could ever
+        start in: one of its nodes holds it, and the team's quota there admits it."""
+        with self._lock:
+            return [
+                p.name
+                for p in self._pools
+                if place(self._idle, request, pool=p.name) is not None
+                and QuotaBook(self._quotas, {}).admit(_sched(request, team, p.name), p.name)
+                is not Admission.NEVER
+            ]
+
     def _refusal(self, request: Request, pool: str | None, team: str) -> str | None:
         if place(self._idle, request, pool=pool) is None:
             return self._why_not_placed(request, pool)

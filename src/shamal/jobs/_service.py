@@ -419,19 +419,18 @@ class JobService:
     # ------------------------------------------------------------------ predictor
     def quota_use(self, principal: Principal) -> list[QuotaUse]:
         """Each configured team quota (by pool, then team) and what the team holds in
-        that pool now, and how many of its jobs wait that the pool could run (those naming
-        it and those naming no pool); accounts that are not admins see their own teams'
-        rows only."""
+        that pool now, and how many of its jobs wait that the pool could run: those naming
+        it, and those naming no pool that could start there (they count in each such
+        pool); accounts that are not admins see their own teams' rows only."""
         with self._db.unit_of_work(write=False) as s:
             jobs = _store.jobs_in_states(s, {*ACTIVE_STATES, JobState.QUEUED})
         held: dict[tuple[str, str], Resources] = {}
         running: dict[tuple[str, str], int] = {}
-        # A job naming no pool waits for whichever pool frees first: it counts in each.
-        queued: dict[tuple[str, str | None], int] = {}
+        queued: dict[tuple[str, str], int] = {}
         for job in jobs:
             if job.state is JobState.QUEUED:
-                key = (job.team, job.pool or None)
-                queued[key] = queued.get(key, 0) + 1
+                for pool_name in self._waits_in(job):
+                    queued[(job.team, pool_name)] = queued.get((job.team, pool_name), 0) + 1
                 continue
             slots = placement_from_json(job.placement).slots if job.placement else ()
             pool = self._node_pools.get(slots[0].node) if slots else None
@@ -450,11 +449,20 @@ class JobService:
                 borrow_limit=Amount(quota.borrow_cpus, quota.borrow_memory_mib, quota.borrow_gpus),
                 held=_amount(held.get((quota.team, quota.pool), Resources())),
                 running=running.get((quota.team, quota.pool), 0),
-                queued=queued.get((quota.team, quota.pool), 0) + queued.get((quota.team, None), 0),
+                queued=queued.get((quota.team, quota.pool), 0),
             )
             for quota in sorted(self._settings.quotas, key=lambda q: (q.pool, q.team))
             if visible is None or quota.team in visible
         ]
+
+    def _waits_in(self, job: Job) -> list[str]:
+        """The pools a queued job waits for: the one it names, else every pool it could
+        start in (with one pool, that one)."""
+        if job.pool:
+            return [job.pool]
+        if len(self._pools) == 1 or self._capacity is None:
+            return list(self._pools)[:1]
+        return self._capacity.pools_for(request_of(job), job.team)
 
     def predictor_report(self, principal: Principal, limit: int = 5_000) -> dict[str, float]:
         """How well runtimes are predicted from history, measured honestly.
