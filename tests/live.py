@@ -21,6 +21,10 @@ def free_port() -> int:
         return port
 
 
+class _PortTaken(RuntimeError):
+    """The chosen port was taken before the server could bind it."""
+
+
 class LiveServer:
     """Start `python -m shamal server` with ``env`` and wait until /ready answers 200."""
 
@@ -41,6 +45,19 @@ class LiveServer:
         self.log = home / f"server-{self.port}.log"
 
     def start(self, deadline_s: float = 60.0) -> LiveServer:
+        """Start and wait until ready. The port was free when chosen, but another process
+        (a test in another worker) may take it first: then try another, up to 3 times."""
+        for attempt in range(3):
+            try:
+                return self._start(deadline_s)
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start(self, deadline_s: float) -> LiveServer:
         self.home.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -63,15 +80,27 @@ class LiveServer:
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log.read_text()[-3000:]}")
+                told = self.log.read_text()[-3000:]
+                if "Address already in use" in told:
+                    raise _PortTaken(told)
+                raise RuntimeError(f"server exited early:\n{told}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/ready", timeout=1.0).status_code == 200 and self._ours():
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.05)  # polling with a deadline, not synchronising on a sleep
         self.stop()
         raise RuntimeError(f"server did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    def _ours(self) -> bool:
+        """The server on the port is this one: it takes the token written in our home (a
+        server of another test would refuse it)."""
+        token = self.home / "token"
+        if not token.exists():
+            return False
+        headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+        return httpx.get(f"{self.url}/api/v1/whoami", headers=headers, timeout=1.0).is_success
 
     @property
     def token(self) -> str:
