@@ -10,7 +10,9 @@ import sys
 HEAVY = (
     "shamal.server",
     "shamal.db",
-    "shamal.jobs",
+    "shamal.jobs._service",
+    "shamal.jobs._lifecycle",
+    "shamal.jobs.api",
     "shamal.optimize",
     "fastapi",
     "sqlalchemy",
@@ -33,6 +35,7 @@ def _loaded_after(code: str) -> set[str]:
 def test_the_cli_loads_no_server_database_or_optimizer_to_start() -> None:
     loaded = _loaded_after("import shamal.cli")
     assert "shamal.cli.job" in loaded  # the commands are all there
+    assert "shamal.jobs._schemas" in loaded  # with what `job submit` checks a job with
     assert "shamal.client" in loaded
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(f"{h}.") for h in HEAVY))
     assert heavy == []

@@ -30,6 +30,11 @@ from shamal.cli._common import (
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter, PayloadTooLarge
 
+# What the server checks a job with, loaded without its services or the database layer.
+from shamal.jobs._entities import JobState
+from shamal.jobs._rules import check_env, check_mig_profile, duration_text
+from shamal.jobs._schemas import JobIn
+
 app = typer.Typer(
     help="Jobs: submit a command with its code to the scheduler, list, show, follow logs, "
     "cancel and (admins) preempt.",
@@ -211,9 +216,6 @@ def _check_request(command: list[str], options: dict[str, Any]) -> None:
         InvalidParameter: the first field the API would refuse, named by its flag.
     """
     require_finite({_FLAGS[field]: options[field] for field in ("cpus", "gpu_fraction")})
-    from shamal.jobs.api import JobIn  # the server's own model (imported when used: its
-    # package brings the database layer, which most commands never need)
-
     body = {"command": command, **{k: v for k, v in options.items() if v is not None}}
     try:
         JobIn.model_validate(body)
@@ -243,8 +245,6 @@ def job_id_of(text: str) -> str:
 
 
 def _environment(items: list[str]) -> dict[str, str]:
-    from shamal.jobs._rules import check_env
-
     variables: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -320,8 +320,6 @@ def submit(
     memory_mib = parse_memory_mib(memory, "--memory")
     time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
     if mig is not None:
-        from shamal.jobs._rules import check_mig_profile
-
         check_mig_profile(mig)
     options: dict[str, Any] = {
         "name": name,
@@ -363,8 +361,6 @@ def submit(
 
 def _states(given: list[str]) -> list[str]:
     """The --state values in lower case, each one of the job states."""
-    from shamal.jobs import JobState
-
     known = [state.value for state in JobState]
     states = [value.strip().lower() for value in given]
     for value, typed in zip(states, given, strict=True):
@@ -407,8 +403,6 @@ def show(
     as_json: bool = JsonOption,
 ) -> None:
     """Show a job, where it runs and every state it went through."""
-    from shamal.jobs._rules import duration_text
-
     api = client()
     job = api.get_job(job_id_of(job_id))
     events = api.job_events(job["id"])
