@@ -213,7 +213,8 @@ def test_a_rename_through_the_run_name_tag_is_audited_like_runs_update(
     api: TestClient, run_id: str, platform: Platform
 ) -> None:
     """Renaming a run is a change of the run, however the client spells it: runs/update,
-    set-tag of mlflow.runName or log-batch carrying it; the other tags are not audited."""
+    set-tag of mlflow.runName or log-batch carrying it, done or refused; the other tags are
+    not audited."""
     tag = {"run_id": run_id, "key": "mlflow.runName"}
     calls = [
         ("runs/update", {"run_id": run_id, "run_name": "by-update"}),
@@ -224,8 +225,12 @@ def test_a_rename_through_the_run_name_tag_is_audited_like_runs_update(
     ]
     for path, body in calls:
         assert _post(api, path, body).status_code == 200, path
+    assert _post(api, "runs/delete", {"run_id": run_id}).status_code == 200
+    refused = _post(api, "runs/set-tag", {**tag, "value": "after-delete"})
+    assert refused.status_code == 400  # a deleted run takes no tags
     renames = platform.audit.entries(action="run.update")
     assert [(e.target, e.detail.get("name"), e.outcome) for e in reversed(renames)] == [
-        (f"run:{run_id}", name, "ok") for name in ("by-update", "by-tag", "by-batch")
+        *[(f"run:{run_id}", name, "ok") for name in ("by-update", "by-tag", "by-batch")],
+        (f"run:{run_id}", "after-delete", "invalid_parameter_value"),
     ]
     assert platform.audit.verify().ok

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from shamal.artifacts import ArtifactService, safe_relpath
 from shamal.db import Database
-from shamal.errors import InvalidParameter
+from shamal.errors import InvalidParameter, ShamalError
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
 from shamal.tracking import _store
@@ -484,7 +484,19 @@ class TrackingService:
                     detail={"name": new_name},
                 )
 
-        self._db.run(work)
+        try:
+            self._db.run(work)
+        except ShamalError as exc:
+            if new_name is not None:  # a refused rename is audited, as runs/update's are
+                refused = AuditContext(
+                    action="run.update",
+                    actor=principal.name,
+                    principal=principal,
+                    target=f"run:{run_id}",
+                    detail={"name": new_name},
+                )
+                self._audit.record_outcome(refused, exc.code.lower())
+            raise
 
     def delete_tag(self, principal: Principal, run_id: str, key: str) -> None:
         self._active_run(principal, run_id)
