@@ -47,15 +47,16 @@ class LiveServer:
     def start(self, deadline_s: float = 60.0) -> LiveServer:
         """Start and wait until ready. The port was free when chosen, but another process
         (a test in another worker) may take it first: then try another, up to 3 times."""
-        for attempt in range(3):
+        tries = 3
+        while True:
             try:
                 return self._start(deadline_s)
             except _PortTaken:
-                if attempt == 2:
+                tries -= 1
+                if not tries:
                     raise
                 self.port = free_port()
                 self.url = f"http://127.0.0.1:{self.port}"
-        raise AssertionError("unreachable")
 
     def _start(self, deadline_s: float) -> LiveServer:
         self.home.mkdir(parents=True, exist_ok=True)

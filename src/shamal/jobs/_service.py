@@ -457,11 +457,11 @@ class JobService:
 
     def _waits_in(self, job: Job) -> list[str]:
         """The pools a queued job waits for: the one it names, else every pool it could
-        start in (with one pool, that one)."""
+        start in."""
         if job.pool:
             return [job.pool]
-        if len(self._pools) == 1 or self._capacity is None:
-            return list(self._pools)[:1]
+        if self._capacity is None:  # no nodes: nothing could start it anywhere
+            return []
         return self._capacity.pools_for(request_of(job), job.team)
 
     def predictor_report(self, principal: Principal, limit: int = 5_000) -> dict[str, float]:

@@ -292,7 +292,10 @@ class QuotaOut(_Model):
     borrow_limit: AmountOut = Field(description="idle quota of the cohort it may borrow")
     held: AmountOut = Field(description="what its admitted and running jobs hold now")
     running: int
-    queued: int
+    queued: int = Field(
+        description="its waiting jobs this pool could run: those naming it, and those "
+        "naming no pool that could start here (counted in each such pool)"
+    )
 
     @classmethod
     def of(cls, use: QuotaUse) -> QuotaOut:
