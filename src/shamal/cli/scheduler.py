@@ -87,6 +87,10 @@ def predictions(as_json: bool = JsonOption) -> None:
     )
 
 
+#: The parts of a quota, in the order a table shows them.
+_PARTS = ("gpus", "cpus", "memory_mib")
+
+
 def _amount(amount: dict[str, Any], shown: tuple[str, ...]) -> str:
     """'2 GPUs, 8 CPUs' for the parts of a quota that are limited (``shown``)."""
     parts = []
@@ -158,9 +162,6 @@ def print_quotas(rows: list[dict[str, Any]], title: str) -> None:
             )
         )
     console.print(table)
-
-
-_PARTS = ("gpus", "cpus", "memory_mib")
 
 
 @app.command("policies")
