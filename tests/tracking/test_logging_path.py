@@ -80,6 +80,27 @@ def test_every_spelling_of_a_metric_stores_the_same_point(api: TestClient, run_i
     assert (latest["m"]["step"], latest["m"]["value"]) == (9, 0.25)
 
 
+def test_a_batch_links_only_the_points_that_name_a_model(api: TestClient, run_id: str) -> None:
+    # Batches naming no model or dataset take a shorter insert than those that name one.
+    run = api.get("/api/2.0/mlflow/runs/get", params={"run_id": run_id}).json()["run"]
+    exp = run["info"]["experiment_id"]
+    created = _post(api, "logged-models", {"experiment_id": exp, "name": "m"})
+    model_id = created.json()["model"]["info"]["model_id"]
+    plain = [{"key": "acc", "value": 0.1 * i, "timestamp": 1000 + i, "step": i} for i in range(3)]
+    linked = {"key": "acc", "value": 0.9, "timestamp": 2000, "step": 5, "model_id": model_id}
+    linked |= {"dataset_name": "eval", "dataset_digest": "d1"}
+    for batch in (plain[:2], [plain[2], linked]):
+        answer = _post(api, "runs/log-batch", {"run_id": run_id, "metrics": batch})
+        assert answer.status_code == 200, answer.text
+
+    assert [p["step"] for p in _history(api, run_id, "acc")] == [0, 1, 2, 5]
+    model = api.get(f"/api/2.0/mlflow/logged-models/{model_id}").json()["model"]
+    assert [
+        (m["key"], m["value"], m["step"], m["dataset_name"], m["dataset_digest"])
+        for m in model["data"]["metrics"]
+    ] == [("acc", 0.9, 5, "eval", "d1")]
+
+
 def test_a_point_without_timestamp_gets_the_server_time(api: TestClient, run_id: str) -> None:
     assert _post(api, "runs/log-metric", {"run_id": run_id, "key": "t", "value": 1.0}).is_success
     (point,) = _history(api, run_id, "t")
