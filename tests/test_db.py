@@ -13,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event, func, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shamal.db import Database, RetryableConflict, current_revision, head_revision, open_database
@@ -66,6 +67,44 @@ def test_migrations_build_the_schema_of_the_models(
     assert diff == [], f"models and migrations disagree: {diff}"
     # Only points logged against a model are indexed by model (migration 0008).
     assert "model_id IS NOT NULL" in definition
+
+
+def test_sqlite_metrics_upgrade_to_one_b_tree_and_keep_every_point(tmp_path: Path) -> None:
+    # Migration 0010 rebuilds the metrics table WITHOUT ROWID: no point may be lost or changed,
+    # and the copy must be a table that keeps the primary key and the partial model index.
+    database = open_database(f"sqlite:///{tmp_path}/old.db")
+    migrate(database, "0009")
+    points = [
+        ("r1", "loss", s, 1000 + s, 1.0 / (1 + s), False, None, None, None) for s in range(500)
+    ]
+    points += [("r1", "acc", 3, 7, 0.0, True, "m-1", "eval", "d1")]  # a NaN logged to a model
+    with database.engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO experiments VALUES "
+                "(1, 'e', 'mlflow-artifacts:/1', 'active', 0, 0, NULL)"
+            )
+        )
+        c.execute(
+            text(
+                "INSERT INTO runs VALUES ('r1', 1, 'r', 'u', 'RUNNING', 0, NULL, 'active', "
+                "'mlflow-artifacts:/1/r1', NULL)"
+            )
+        )
+        c.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", points)
+    assert migrate(database) == ("0009", head_revision())
+    order = 'ORDER BY run_id, "key", step, timestamp, value, is_nan'
+    with database.engine.connect() as c:
+        stored = [tuple(r) for r in c.exec_driver_sql(f"SELECT * FROM metrics {order}")]
+        table = c.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = 'metrics'").scalar()
+        indexes = c.exec_driver_sql("PRAGMA index_list('metrics')").fetchall()
+        with pytest.raises(IntegrityError):  # still one point per primary key
+            c.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", points[0])
+    database.dispose()
+    assert stored == sorted((*p[:5], int(p[5]), *p[6:]) for p in points)
+    assert table is not None
+    assert table.rstrip().endswith("WITHOUT ROWID")
+    assert "ix_metrics_model_key" in {row[1] for row in indexes}
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: pytest.TempPathFactory) -> None:

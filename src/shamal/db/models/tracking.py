@@ -101,6 +101,9 @@ class MetricRow(Base):
             sqlite_where=text("model_id IS NOT NULL"),
             postgresql_where=text("model_id IS NOT NULL"),
         ),
+        # The primary key is nearly the whole row: on SQLite the table is that index alone
+        # (migration 0010), not a table plus an index holding every point again.
+        {"sqlite_with_rowid": False},
     )
 
     run_id: Mapped[str] = mapped_column(
