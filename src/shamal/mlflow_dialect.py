@@ -41,6 +41,7 @@ MLFLOW_PREFIXES = (
 )
 _MAX_LIST = 10_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_TWO_TO_63 = float(2**63)
 
 
 def is_mlflow_path(path: str) -> bool:
@@ -94,6 +95,10 @@ class Fields:
         if isinstance(value, int):
             number = value
         elif isinstance(value, float) and value.is_integer():
+            # A float of 2**63 or more holds no exact integer: past 64 bits a JSON integer is
+            # read as a float (see read_fields), and -2**63 - 1 must not round into range.
+            if not -_TWO_TO_63 < value < _TWO_TO_63:
+                raise InvalidParameter(f"Parameter '{name}' must be a 64-bit integer.")
             number = int(value)
         elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
             try:  # isdigit() also says yes to "--1" and to "²", which int() refuses
@@ -169,6 +174,21 @@ def parse_double(value: Any, name: str) -> float:
     raise InvalidParameter(f"Parameter '{name}' must be a number.")
 
 
+def _json_value(body: bytes) -> Any:
+    """The body's JSON value; orjson reads a 1,000-metric ``log-batch`` about 3x faster.
+
+    orjson refuses what only ``json`` reads (NaN and the infinities as Python clients write
+    them, numbers past a double's range, UTF-16 and UTF-32, a BOM, lone surrogates), which
+    ``json`` then reads as before. Both read every other body alike, but for integers past
+    64 bits, which orjson gives as floats: :meth:`Fields.integer` refuses those as ``json``'s
+    integers were refused.
+    """
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
 async def read_fields(request: Request) -> Fields:
     """The request's fields: query parameters for GET, else the JSON object body.
 
@@ -183,7 +203,7 @@ async def read_fields(request: Request) -> Fields:
     if not body.strip():
         return Fields({})
     try:
-        data = json.loads(body)
+        data = _json_value(body)
     except (ValueError, RecursionError):
         raise InvalidParameter("The request body is not valid JSON.") from None
     if not isinstance(data, dict):

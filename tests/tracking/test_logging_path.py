@@ -7,6 +7,8 @@ point the way the stock server does: key, value, timestamp, step.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import pytest
@@ -183,6 +185,9 @@ def test_int64_extremes_are_kept_and_bigger_integers_refused(api: TestClient, ru
     for path, body in (
         ("runs/log-metric", {"key": "e", "value": 1.0, "timestamp": 1, "step": 2**63}),
         ("runs/log-metric", {"key": "e", "value": 1.0, "timestamp": -(2**63) - 1}),
+        # Past 64 bits a JSON integer is read as a float, and this one rounds to -2**63.
+        ("runs/log-metric", {"key": "e", "value": 1.0, "timestamp": 1, "step": -(2**63) - 1}),
+        ("runs/log-batch", {"metrics": [{"key": "e", "value": 1.0, "step": 2**64}]}),
         ("runs/log-batch", {"metrics": [{"key": "e", "value": 1.0, "step": str(2**64)}]}),
         ("runs/update", {"end_time": 2**70}),
         ("runs/outputs", {"models": [{"model_id": "m-1", "step": 2**70}]}),
@@ -194,6 +199,24 @@ def test_int64_extremes_are_kept_and_bigger_integers_refused(api: TestClient, ru
     answer = _post(api, "runs/create", {"experiment_id": exp, "start_time": 2**70})
     assert answer.status_code == 400, answer.text
     assert _history(api, run_id, "e") == [edge]
+
+
+def test_bodies_only_pythons_json_writes_are_read(api: TestClient, run_id: str) -> None:
+    # Bare NaN and Infinity (json.dumps writes them), and a body in UTF-16 with its BOM.
+    values = [1e308, math.nan, -math.inf]
+    points = [{"key": "p", "value": v, "timestamp": 1, "step": i} for i, v in enumerate(values)]
+    body = json.dumps({"run_id": run_id, "metrics": points})
+    assert "NaN" in body
+    for encoded in (body.encode(), body.replace('"p"', '"q"').encode("utf-16")):
+        answer = api.post(
+            "/api/2.0/mlflow/runs/log-batch",
+            content=encoded,
+            headers={"Content-Type": "application/json"},
+        )
+        assert answer.status_code == 200, answer.text
+    expected = [1e308, "NaN", "-Infinity"]
+    assert [p["value"] for p in _history(api, run_id, "p")] == expected
+    assert [p["value"] for p in _history(api, run_id, "q")] == expected
 
 
 @pytest.mark.parametrize(
