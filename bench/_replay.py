@@ -1,10 +1,14 @@
-"""A server that answers recorded metric-history pages from memory: the client's floor.
+"""A server that does next to nothing for the stock client: the client's floor.
 
 ``bench/tracking.py`` records the pages a real server sent for one ``get_metric_history`` read,
 then points the same stock client at this process. Each request is answered with the bytes
 recorded for its ``page_token`` (the first page has none), so the time the client then takes is
 its own work (HTTP, ``json.loads``, protobuf parsing, ``Metric`` objects) with next to nothing
 left on the server side: the least any server can take through this client.
+
+``POST .../runs/log-batch`` reads the body and answers ``{}`` as a server does once it stored
+the batch, storing nothing: what a ``log_batch`` call costs the client itself (building the
+protobuf, writing it as JSON, HTTP).
 
 Run as ``python bench/_replay.py PORT PAGES_DIR``, where ``PAGES_DIR/index.json`` maps each page
 token ("" for the first page) to a file of the same folder holding that page's body. ``GET
@@ -20,6 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 HISTORY_PATH = "/api/2.0/mlflow/metrics/get-history"
+LOG_BATCH_PATH = "/api/2.0/mlflow/runs/log-batch"
 
 
 def load_pages(folder: Path) -> dict[str, bytes]:
@@ -43,6 +48,13 @@ def handler_for(pages: dict[str, bytes]) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b'{"error_code": "ENDPOINT_NOT_FOUND"}', "application/json")
             else:
                 self._send(200, body, "application/json")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if urlsplit(self.path).path == LOG_BATCH_PATH:
+                self._send(200, b"{}", "application/json")
+            else:
+                self._send(404, b'{"error_code": "ENDPOINT_NOT_FOUND"}', "application/json")
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

@@ -5,7 +5,9 @@ the same stock MLflow client (``MlflowClient`` from mlflow-skinny in Shamal's ve
 data, and prints both figures side by side with their ratio and the target for that ratio:
 
 1. ``log_batch`` of 1,000 metrics per call (100 keys x 10 steps): metrics/s over the timed calls,
-   warm-up calls excluded. Target: Shamal >= 10x MLflow.
+   warm-up calls excluded. Target: Shamal >= 10x MLflow. The same calls are then timed against
+   ``bench/_replay.py``, which answers ``{}`` and stores nothing: the client's own rate, so that
+   rate over MLflow's is the best ratio any server could reach.
 2. ``search_runs`` with ``metrics.acc > 0.5``, 1,000 per page, ordered by ``metrics.acc DESC``,
    over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
    first page, then one pass through every page. Target: >= 5x.
@@ -67,7 +69,10 @@ SEARCH_FILTER = "metrics.acc > 0.5"
 SEARCH_ORDER = ["metrics.acc DESC"]
 HISTORY_PAGE = 25_000  # the page size MlflowClient.get_metric_history asks for
 # Rows whose two figures come from different measures: (Shamal's, MLflow's).
-CROSS_ROWS = {"history_ceiling": ("history_floor", "history")}
+CROSS_ROWS = {
+    "log_batch_ceiling": ("log_batch_floor", "log_batch"),
+    "history_ceiling": ("history_floor", "history"),
+}
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,20 @@ def measures(sizes: Sizes) -> list[Measure]:
             "metrics/s",
             True,
             10.0,
+        ),
+        Measure(
+            "log_batch_floor",
+            "  same calls to a server that stores nothing (client's own work)",
+            "metrics/s",
+            True,
+            None,
+        ),
+        Measure(
+            "log_batch_ceiling",
+            "  best ratio any server can reach: the client alone / MLflow",
+            "metrics/s",
+            True,
+            None,
         ),
         Measure(
             "search",
@@ -335,13 +354,36 @@ def bench_log_batch(bench: Bench) -> None:
         ]
         for call in range(sizes.batch_warmup + sizes.batch_calls)
     ]
+    bench.result.figures["log_batch"] = _logging_rate(client, run_id, batches, sizes)
+    # The same calls to _replay, which answers as a server that stored them: the client's part.
+    replay = _servers.replay_server(bench.server.log.parent, _empty_pages(bench.server))
+    replay.start(deadline_s=30.0)
+    try:
+        client_only = MlflowClient(tracking_uri=replay.url)
+        bench.result.figures["log_batch_floor"] = _logging_rate(client_only, run_id, batches, sizes)
+    finally:
+        replay.stop()
+
+
+def _logging_rate(
+    client: MlflowClient, run_id: str, batches: list[list[Metric]], sizes: Sizes
+) -> float:
+    """Metrics/s of ``log_batch`` over the timed batches, after the warm-up ones."""
     for metrics in batches[: sizes.batch_warmup]:
         client.log_batch(run_id, metrics=metrics)
     elapsed = 0.0
     for metrics in batches[sizes.batch_warmup :]:
         seconds, _ = _timed(lambda m=metrics: client.log_batch(run_id, metrics=m))
         elapsed += seconds
-    bench.result.figures["log_batch"] = sizes.batch_calls * sizes.batch_size / elapsed
+    return sizes.batch_calls * sizes.batch_size / elapsed
+
+
+def _empty_pages(server: ServerProcess) -> Path:
+    """A page folder with no history pages, for a _replay that only answers log-batch."""
+    folder = server.log.parent / "no-pages"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "index.json").write_text("{}")
+    return folder
 
 
 def search_accuracies(runs: int) -> list[float]:
@@ -624,6 +666,8 @@ def report_rows(
     sizes: Sizes, results: dict[str, ServerResult], only: Iterable[str]
 ) -> list[dict[str, Any]]:
     workload_of = {
+        "log_batch_floor": "log_batch",
+        "log_batch_ceiling": "log_batch",
         "search_http": "search",
         "search_all": "search",
         "seed_search": "search",
@@ -636,7 +680,7 @@ def report_rows(
     for measure in measures(sizes):
         if workload_of.get(measure.key, measure.key) not in only:
             continue
-        # The ceiling row sets MLflow's whole read against Shamal's replayed one.
+        # A ceiling row sets MLflow's whole call against Shamal's replayed one.
         shamal_key, mlflow_key = CROSS_ROWS.get(measure.key, (measure.key, measure.key))
         shamal = results["Shamal"].figures.get(shamal_key)
         mlflow = results["MLflow"].figures.get(mlflow_key)
