@@ -24,17 +24,14 @@ down_revision: str | None = "0009"
 branch_labels: str | None = None
 depends_on: str | None = None
 
-_COLUMNS = (
-    "run_id",
-    "key",
-    "step",
-    "timestamp",
-    "value",
-    "is_nan",
-    "model_id",
-    "dataset_name",
-    "dataset_digest",
-)
+# In primary-key order: the new B-tree is filled from its left edge, page after page.
+_COPY = """
+INSERT INTO metrics_rebuilt
+    (run_id, "key", step, timestamp, value, is_nan, model_id, dataset_name, dataset_digest)
+SELECT run_id, "key", step, timestamp, value, is_nan, model_id, dataset_name, dataset_digest
+FROM metrics
+ORDER BY run_id, "key", step, timestamp, value, is_nan
+"""
 _WHERE = sa.text("model_id IS NOT NULL")
 
 
@@ -60,12 +57,7 @@ def _rebuild(*, with_rowid: bool) -> None:
         ),
         sqlite_with_rowid=with_rowid,
     )
-    columns = ", ".join(f'"{c}"' for c in _COLUMNS)
-    # In primary-key order: the new B-tree is filled from its left edge, page after page.
-    op.execute(
-        f"INSERT INTO metrics_rebuilt ({columns}) SELECT {columns} FROM metrics "
-        'ORDER BY run_id, "key", step, timestamp, value, is_nan'
-    )
+    op.execute(_COPY)
     op.drop_index("ix_metrics_model_key", table_name="metrics")
     op.drop_table("metrics")
     op.rename_table("metrics_rebuilt", "metrics")
