@@ -400,7 +400,8 @@ _METRIC_COLUMNS = (
     "dataset_name",
     "dataset_digest",
 )
-_LATEST_COLUMNS = _METRIC_COLUMNS[:6]
+# A point without its links to a model and a dataset: the columns of latest_metrics too.
+_POINT_COLUMNS = _METRIC_COLUMNS[:6]
 
 
 def _append_points(columns: Sequence[str]) -> Callable[[str], ClauseElement]:
@@ -417,7 +418,7 @@ def _move_latest(dialect: str) -> ClauseElement:
     stmt = _dialect_insert(dialect, LatestMetricRow.__table__)
     target = LatestMetricRow.__table__.c
     moved: ClauseElement = stmt.values(
-        {c: bindparam(c) for c in _LATEST_COLUMNS}
+        {c: bindparam(c) for c in _POINT_COLUMNS}
     ).on_conflict_do_update(
         index_elements=["run_id", "key"],
         set_={c: stmt.excluded[c] for c in ("step", "timestamp", "value", "is_nan")},
@@ -430,8 +431,8 @@ def _move_latest(dialect: str) -> ClauseElement:
 _APPEND_POINTS = PreparedStatement(_append_points(_METRIC_COLUMNS), _METRIC_COLUMNS)
 # Most batches name no model and no dataset: binding three NULLs a point costs SQLite about a
 # third more per row than leaving the columns to their default.
-_APPEND_PLAIN_POINTS = PreparedStatement(_append_points(_LATEST_COLUMNS), _LATEST_COLUMNS)
-_MOVE_LATEST = PreparedStatement(_move_latest, _LATEST_COLUMNS)
+_APPEND_PLAIN_POINTS = PreparedStatement(_append_points(_POINT_COLUMNS), _POINT_COLUMNS)
+_MOVE_LATEST = PreparedStatement(_move_latest, _POINT_COLUMNS)
 
 
 def log_metrics(s: Session, run_id: str, metrics: Sequence[Metric]) -> None:
