@@ -16,8 +16,12 @@ migration's transaction). PostgreSQL stores a heap and an index whatever it is t
 
 from __future__ import annotations
 
+import logging
+
 import sqlalchemy as sa
 from alembic import op
+
+logger = logging.getLogger(__name__)
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -38,6 +42,7 @@ _WHERE = sa.text("model_id IS NOT NULL")
 def _rebuild(*, with_rowid: bool) -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
+    logger.info("rebuilding the metrics table: every point is copied once (migration 0010)")
     op.create_table(
         "metrics_rebuilt",
         sa.Column("run_id", sa.String(length=32), nullable=False),
