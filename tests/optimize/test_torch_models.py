@@ -326,10 +326,13 @@ def test_the_variant_folder_is_served(
         client.close()
     finally:
         assert server.stop() == 0
-    want = _predict(module, rows)
     assert logits.shape == (5, 3)
-    assert (logits.argmax(1) == want.argmax(1)).all()
-    np.testing.assert_allclose(logits, want, atol=0.5)  # int8 weights: close, not equal
+    # Served as the variant computes; how close the variant is to the module is the optimizer's
+    # fidelity report (its int8 error moves with the exporter's and quantizer's versions).
+    session = ort.InferenceSession(str(variant.folder / "model.onnx"))
+    (local,) = session.run(["logits"], {"features": rows})
+    np.testing.assert_allclose(logits, local, rtol=1e-5, atol=1e-4)
+    assert (logits.argmax(1) == _predict(module, rows).argmax(1)).all()
 
 
 def test_integer_inputs_are_generated_as_valid_indices(tmp_path: Path) -> None:
