@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -69,7 +70,9 @@ def test_migrations_build_the_schema_of_the_models(
     assert "model_id IS NOT NULL" in definition
 
 
-def test_sqlite_metrics_upgrade_to_one_b_tree_and_keep_every_point(tmp_path: Path) -> None:
+def test_sqlite_metrics_upgrade_to_one_b_tree_and_keep_every_point(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Migration 0010 rebuilds the metrics table WITHOUT ROWID: no point may be lost or changed,
     # and the copy must be a table that keeps the primary key and the partial model index.
     database = open_database(f"sqlite:///{tmp_path}/old.db")
@@ -92,7 +95,10 @@ def test_sqlite_metrics_upgrade_to_one_b_tree_and_keep_every_point(tmp_path: Pat
             )
         )
         c.exec_driver_sql("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", points)
-    assert migrate(database) == ("0009", head_revision())
+    with caplog.at_level(logging.INFO, logger="shamal.db.migrations"):
+        assert migrate(database) == ("0009", head_revision())
+    # The user is told before a long copy how much it holds.
+    assert "rebuilding the metrics table, copying 501 points" in caplog.text
     order = 'ORDER BY run_id, "key", step, timestamp, value, is_nan'
     with database.engine.connect() as c:
         stored = [tuple(r) for r in c.exec_driver_sql(f"SELECT * FROM metrics {order}")]
@@ -105,6 +111,17 @@ def test_sqlite_metrics_upgrade_to_one_b_tree_and_keep_every_point(tmp_path: Pat
     assert table is not None
     assert table.rstrip().endswith("WITHOUT ROWID")
     assert "ix_metrics_model_key" in {row[1] for row in indexes}
+
+
+def test_a_new_sqlite_database_says_nothing_of_copying_points(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    database = open_database(f"sqlite:///{tmp_path}/new.db")
+    with caplog.at_level(logging.INFO, logger="shamal.db.migrations"):
+        assert migrate(database) == (None, head_revision())
+    database.dispose()
+    assert "0010" not in caplog.text
+    assert "metrics table" not in caplog.text
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: pytest.TempPathFactory) -> None:

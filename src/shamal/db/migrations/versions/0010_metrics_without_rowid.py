@@ -21,7 +21,8 @@ import logging
 import sqlalchemy as sa
 from alembic import op
 
-logger = logging.getLogger(__name__)
+# Alembic loads this file by path, so __name__ is not a package name a user would recognise.
+logger = logging.getLogger("shamal.db.migrations")
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -40,9 +41,12 @@ _WHERE = sa.text("model_id IS NOT NULL")
 
 
 def _rebuild(*, with_rowid: bool) -> None:
-    if op.get_bind().dialect.name != "sqlite":
+    bind = op.get_bind()
+    if bind.dialect.name != "sqlite":
         return
-    logger.info("rebuilding the metrics table: every point is copied once (migration 0010)")
+    points = bind.execute(sa.text("SELECT count(*) FROM metrics")).scalar_one()
+    if points:  # a new database has none: nothing worth telling
+        logger.info("migration 0010: rebuilding the metrics table, copying %s points", points)
     op.create_table(
         "metrics_rebuilt",
         sa.Column("run_id", sa.String(length=32), nullable=False),
