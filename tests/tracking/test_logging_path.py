@@ -125,6 +125,24 @@ def test_history_pages_hold_every_point_once_in_order(api: TestClient, run_id: s
     assert _history(api, run_id, "nothing") == []
 
 
+def test_history_of_a_resumed_run_is_in_step_order(api: TestClient, run_id: str) -> None:
+    """A job resumed from its step-3 checkpoint logs steps 3 and 4 again, later: the history is
+    the curve by step (the README's one stated difference from a stock server, which sorts by
+    timestamp first), each step's points oldest first, on every page size."""
+    first = [
+        {"key": "loss", "value": 1.0 - s / 10, "timestamp": 100 + s, "step": s} for s in range(5)
+    ]
+    again = [
+        {"key": "loss", "value": 0.5 - s / 10, "timestamp": 200 + s, "step": s} for s in (3, 4)
+    ]
+    for batch in (first, again):
+        assert _post(api, "runs/log-batch", {"run_id": run_id, "metrics": batch}).is_success
+    expected = [(0, 100), (1, 101), (2, 102), (3, 103), (3, 203), (4, 104), (4, 204)]
+    for page in (None, 1, 3):
+        history = _history(api, run_id, "loss", page=page)
+        assert [(p["step"], p["timestamp"]) for p in history] == expected
+
+
 def test_history_pages_split_points_that_share_step_and_time(api: TestClient, run_id: str) -> None:
     """Keyset pages: points equal in step and timestamp, NaN (stored as 0.0) beside a real
     0.0, and the infinities, each come back exactly once whatever the page size."""
