@@ -4,14 +4,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test check lint format typecheck imports clean
+.PHONY: install run test check lint format typecheck imports lock clean
 
-$(STAMP): pyproject.toml
+# Every install takes the versions the suite last passed with (constraints.txt), so a new
+# release of a dependency cannot change a fresh clone under its users or CI. `make install
+# CONSTRAINTS=` takes the newest releases pyproject.toml allows instead.
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of PyTorch first, by exact version: a range alone would pull CUDA builds.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(PIN) torch==2.13.0
+	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev]'
 	@touch $(STAMP)
 
 ## install: create .venv with the platform and everything its tests need
@@ -34,6 +40,11 @@ check: install
 TEST_WORKERS ?= 3
 test: check
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+## lock: record the versions in .venv as constraints.txt (after moving one and a green `make test`)
+lock:
+	$(BIN)/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$$/\1/' > constraints.txt
+	@touch $(STAMP)
 
 ## format: apply ruff's fixes and formatting
 format: install
