@@ -36,6 +36,9 @@ def load_pages(folder: Path) -> dict[str, bytes]:
 def handler_for(pages: dict[str, bytes]) -> type[BaseHTTPRequestHandler]:
     class Replay(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the stock client's session expects
+        # TCP_NODELAY, as uvicorn and the stock server's gunicorn set it: without it a reply's
+        # second segment can wait out the client's delayed ACK (about 40 ms on Linux).
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
             url = urlsplit(self.path)

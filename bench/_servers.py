@@ -2,7 +2,8 @@
 
 Each server runs in its own process group with its log in a file, so that a benchmark can stop
 everything it started (SIGTERM, then SIGKILL after a deadline) and show the last lines of a log
-when a request fails. Nothing here sleeps except the readiness polls, which have deadlines.
+when a request fails. Nothing here sleeps except the polls for readiness and for a quiet
+process group, which have deadlines.
 """
 
 from __future__ import annotations
@@ -97,11 +98,46 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"{self.name} not ready after {deadline_s:.0f} s:\n{self.log_tail()}")
 
+    def settle(
+        self, window_s: float = 1.0, busy_share: float = 0.05, deadline_s: float = 120.0
+    ) -> float:
+        """Wait until the server's processes, all of them, use less than ``busy_share`` of one
+        CPU over a ``window_s`` window, and return the seconds waited.
+
+        Ready is not quiet: ``mlflow server`` answers /health while the seven job consumers
+        it starts beside it still import mlflow, about 20 CPU-seconds on this machine, and a
+        measurement in those seconds times the machine, not the server. Where ``/proc`` is
+        missing it returns at once; past ``deadline_s`` it returns as well (the caller prints
+        the wait, so a server that never settles shows).
+        """
+        if self.process is None or not Path("/proc").is_dir():
+            return 0.0
+        start = time.monotonic()
+        ticks = os.sysconf("SC_CLK_TCK")
+        before = _group_cpu_ticks(self.process.pid)
+        while time.monotonic() - start < deadline_s:
+            time.sleep(window_s)  # the window the CPU time is measured over, bounded above
+            after = _group_cpu_ticks(self.process.pid)
+            if (after - before) / ticks < busy_share * window_s:
+                break
+            before = after
+        return time.monotonic() - start
+
+    def pause(self) -> None:
+        """Freeze every process of the server (SIGSTOP to its group) until :meth:`resume`."""
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGCONT)
+
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left of it after ``grace_s``."""
         if self.process is None:
             return
         process, self.process = self.process, None
+        _signal_group(process.pid, signal.SIGCONT)  # a paused server takes SIGTERM only awake
         _signal_group(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace_s)
@@ -115,6 +151,22 @@ class ServerProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _group_cpu_ticks(pgid: int) -> int:
+    """User + system CPU ticks of every live process in the process group ``pgid``."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the command name, which may hold spaces: state is field 3 of stat(5).
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

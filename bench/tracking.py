@@ -1,13 +1,22 @@
 """Tracking benchmark: Shamal's MLflow REST API against a stock ``mlflow server``.
 
-One run starts both servers (one after the other, each alone on the machine), drives each with
-the same stock MLflow client (``MlflowClient`` from mlflow-skinny in Shamal's venv) and the same
-data, and prints both figures side by side with their ratio and the target for that ratio:
+One run starts both servers (one after the other, each alone on the machine, except for
+``log_batch``), drives each with the same stock MLflow client (``MlflowClient`` from mlflow-skinny
+in Shamal's venv) and the same data, and prints both figures side by side with their ratio and the
+target for that ratio:
 
 1. ``log_batch`` of 1,000 metrics per call (100 keys x 10 steps): metrics/s over the timed calls,
-   warm-up calls excluded. Target: Shamal >= 10x MLflow. The same calls are then timed against
-   ``bench/_replay.py``, which answers ``{}`` and stores nothing: the client's own rate, so that
-   rate over MLflow's is the best ratio any server could reach.
+   warm-up calls excluded. Target: Shamal >= 10x MLflow. Shamal, MLflow and ``bench/_replay.py``
+   (below) are started together, each left to finish its start-up work, and take turns of at
+   least 1 s of calls each, in a rotating order, until each has had 20 calls and MLflow 10 s of
+   them; during a turn the other servers are paused (SIGSTOP), so nothing of theirs runs. The
+   speed of a shared machine drifts over seconds (the client alone moves between about 20 and
+   35 ms a call here): timed one after the other, the fast server's one second would land in
+   one phase and MLflow's ten in others; in turns, every figure spans the same stretch of time.
+   (Turns of one call each would put every fast call right after a long one, on cold caches.)
+   ``bench/_replay.py``
+   answers ``{}`` and stores nothing: the client's own rate, so that rate over MLflow's is the best
+   ratio any server could reach.
 2. ``search_runs`` with ``metrics.acc > 0.5``, 1,000 per page, ordered by ``metrics.acc DESC``,
    over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
    first page, then one pass through every page. Target: >= 5x.
@@ -82,6 +91,8 @@ class Sizes:
     batch_size: int
     batch_warmup: int
     batch_calls: int
+    batch_seconds: float
+    batch_block_seconds: float
     search_runs: int
     search_page: int
     searches: int
@@ -98,6 +109,8 @@ FULL = Sizes(
     batch_size=1000,
     batch_warmup=3,
     batch_calls=20,
+    batch_seconds=10.0,
+    batch_block_seconds=1.0,
     search_runs=10_000,
     search_page=1000,
     searches=10,
@@ -113,6 +126,8 @@ QUICK = replace(
     FULL,
     batch_warmup=1,
     batch_calls=5,
+    batch_seconds=1.0,
+    batch_block_seconds=0.2,
     search_runs=500,
     search_page=100,
     searches=3,
@@ -140,7 +155,8 @@ def measures(sizes: Sizes) -> list[Measure]:
     return [
         Measure(
             "log_batch",
-            f"log_batch, {sizes.batch_size:,} metrics/call, {sizes.batch_calls} calls",
+            f"log_batch, {sizes.batch_size:,} metrics/call, in turns over "
+            f">= {sizes.batch_seconds:g} s",
             "metrics/s",
             True,
             10.0,
@@ -341,46 +357,121 @@ def _parallel(bench: Bench, jobs: Sequence[Callable[[], object]], description: s
         return time.perf_counter() - start
 
 
-def bench_log_batch(bench: Bench) -> None:
-    client, sizes = bench.client, bench.sizes
-    run_id = client.create_run(client.create_experiment("bench-log-batch")).info.run_id
-    steps_per_call = 10
-    keys = sizes.batch_size // steps_per_call
-    batches = [
-        [
-            Metric(f"m{k:03d}", (step * 7 + k) % 1000 / 1000, TS0 + step, step)
-            for step in range(call * steps_per_call, (call + 1) * steps_per_call)
-            for k in range(keys)
-        ]
-        for call in range(sizes.batch_warmup + sizes.batch_calls)
-    ]
-    bench.result.figures["log_batch"] = _logging_rate(client, run_id, batches, sizes)
-    # The same calls to _replay, which answers as a server that stored them: the client's part.
-    replay = _servers.replay_server(bench.server.log.parent, _empty_pages(bench.server))
-    replay.start(deadline_s=30.0)
+def paired_log_batch(
+    servers: list[ServerProcess], workdir: Path, sizes: Sizes, console: Console
+) -> dict[str, ServerResult]:
+    """``log_batch`` on every server and on :mod:`_replay`, all running, the calls in turn.
+
+    See :func:`_rates_in_turn`. Returns each server's result with its rate
+    (``log_batch``) and the replay's (``log_batch_floor``, the same figure for both).
+    """
+    results = {server.name: ServerResult() for server in servers}
+    replay = _servers.replay_server(workdir / "replay", _empty_pages(workdir / "replay"))
+    started: list[ServerProcess] = []
     try:
-        client_only = MlflowClient(tracking_uri=replay.url)
-        bench.result.figures["log_batch_floor"] = _logging_rate(client_only, run_id, batches, sizes)
+        for server in [*servers, replay]:
+            console.print(f"[bold]{server.name}[/]: starting for log_batch")
+            server.start(deadline_s=180.0)
+            started.append(server)
+        for server in started:
+            _settle(server, console)
+        # The stock server ignores the token, so one token serves all and the requests match.
+        os.environ["MLFLOW_TRACKING_TOKEN"] = next((s.token for s in servers if s.token), "")
+        try:
+            rates = _rates_in_turn(_targets(servers, replay), sizes)
+        except Exception as exc:  # recorded like any workload's failure; the others still run
+            for server in servers:
+                results[server.name].errors.append(
+                    f"log_batch: {exc!r}\n--- last lines of {server.log}:\n{server.log_tail()}"
+                )
+            console.print(f"[red]log_batch: {exc!r}[/]", markup=False)
+            return results
     finally:
-        replay.stop()
+        for server in started:
+            server.stop()
+    for server in servers:
+        result = results[server.name]
+        result.figures["log_batch"] = rates[server.name]
+        result.figures["log_batch_floor"] = rates["replay"]
+        result.http_errors = _http_errors(server)
+    return results
 
 
-def _logging_rate(
-    client: MlflowClient, run_id: str, batches: list[list[Metric]], sizes: Sizes
-) -> float:
-    """Metrics/s of ``log_batch`` over the timed batches, after the warm-up ones."""
-    for metrics in batches[: sizes.batch_warmup]:
-        client.log_batch(run_id, metrics=metrics)
-    elapsed = 0.0
-    for metrics in batches[sizes.batch_warmup :]:
-        seconds, _ = _timed(lambda m=metrics: client.log_batch(run_id, metrics=m))
-        elapsed += seconds
-    return sizes.batch_calls * sizes.batch_size / elapsed
+def _targets(servers: list[ServerProcess], replay: ServerProcess) -> list[Target]:
+    """A client and a new run on each server; the replay stores nothing and answers any run,
+    so it takes the first server's run id."""
+    targets = []
+    for server in servers:
+        client = MlflowClient(tracking_uri=server.url)
+        run_id = client.create_run(client.create_experiment("bench-log-batch")).info.run_id
+        targets.append(Target(server, client, run_id))
+    targets.append(Target(replay, MlflowClient(tracking_uri=replay.url), targets[0].run_id))
+    return targets
 
 
-def _empty_pages(server: ServerProcess) -> Path:
+@dataclass(frozen=True)
+class Target:
+    """A server that ``log_batch`` takes turns on, with the client and run it logs to."""
+
+    server: ServerProcess
+    client: MlflowClient
+    run_id: str
+
+    def log(self, call: int, sizes: Sizes) -> float:
+        """Seconds of one ``log_batch`` of the ``call``-th batch (built before the clock)."""
+        metrics = _batch(call, sizes.batch_size)
+        seconds, _ = _timed(lambda: self.client.log_batch(self.run_id, metrics=metrics))
+        return seconds
+
+
+def _rates_in_turn(targets: list[Target], sizes: Sizes) -> dict[str, float]:
+    """Metrics/s of each target's timed ``log_batch`` calls, sent in turns of at least
+    ``batch_block_seconds`` each, in a rotating order, while every other server is paused
+    (SIGSTOP): each figure is its own server's alone, and all of them span the same stretch
+    of the machine's time. Each target logs its own batches in order."""
+    names = [t.server.name for t in targets]
+    calls = dict.fromkeys(names, 0)
+    elapsed = dict.fromkeys(names, 0.0)
+    turn = 0
+    try:
+        while (
+            min(calls.values()) < sizes.batch_calls or max(elapsed.values()) < sizes.batch_seconds
+        ):
+            first = turn % len(targets)
+            for target in targets[first:] + targets[:first]:
+                name = target.server.name
+                for other in targets:
+                    if other is not target:
+                        other.server.pause()
+                target.server.resume()
+                if calls[name] == 0:
+                    for call in range(sizes.batch_warmup):
+                        target.log(call, sizes)
+                spent = 0.0
+                while spent < sizes.batch_block_seconds:
+                    spent += target.log(sizes.batch_warmup + calls[name], sizes)
+                    calls[name] += 1
+                elapsed[name] += spent
+            turn += 1
+    finally:
+        for target in targets:
+            target.server.resume()
+    return {name: calls[name] * sizes.batch_size / elapsed[name] for name in names}
+
+
+def _batch(call: int, size: int) -> list[Metric]:
+    """The ``call``-th batch: 10 steps of ``size // 10`` keys, the same on every server."""
+    steps_per_call = 10
+    return [
+        Metric(f"m{k:03d}", (step * 7 + k) % 1000 / 1000, TS0 + step, step)
+        for step in range(call * steps_per_call, (call + 1) * steps_per_call)
+        for k in range(size // steps_per_call)
+    ]
+
+
+def _empty_pages(home: Path) -> Path:
     """A page folder with no history pages, for a _replay that only answers log-batch."""
-    folder = server.log.parent / "no-pages"
+    folder = home / "no-pages"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "index.json").write_text("{}")
     return folder
@@ -593,22 +684,24 @@ def _drain(results: Any, most: int, wait_s: float = 10.0) -> list[tuple[int, int
 
 
 # ---------------------------------------------------------------------------- one server
+# Each on one server alone; log_batch runs on all of them at once (paired_log_batch).
 WORKLOADS: dict[str, Callable[[Bench], None]] = {
-    "log_batch": bench_log_batch,
     "search": bench_search,
     "history": bench_history,
     "concurrent": bench_concurrent,
 }
+ALL_WORKLOADS = ["log_batch", *WORKLOADS]
 HTTP_STATUS = re.compile(r'" ([45]\d\d)\b')
 
 
 def run_workloads(
-    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console
+    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console, result: ServerResult
 ) -> ServerResult:
-    """Every selected workload against ``server``; a failing one is recorded, the rest still run."""
+    """Every selected workload against ``server``, into ``result``; a failing one is recorded,
+    the rest still run."""
     raw = RawApi(server)
     client = MlflowClient(tracking_uri=server.url)
-    bench = Bench(server, client, raw, sizes, ServerResult(), console)
+    bench = Bench(server, client, raw, sizes, result, console)
     start = time.perf_counter()
     try:
         for name, workload in WORKLOADS.items():
@@ -639,18 +732,25 @@ def _http_errors(server: ServerProcess) -> list[str]:
     return [line for line in lines if HTTP_STATUS.search(line)]
 
 
+def _settle(server: ServerProcess, console: Console) -> None:
+    """Wait for the server's start-up work to end before anything is timed."""
+    seconds = server.settle()
+    console.print(f"[bold]{server.name}[/]: quiet after {seconds:.1f} s more")
+
+
 def benchmark_server(
-    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console
+    server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console, result: ServerResult
 ) -> ServerResult:
     console.print(f"[bold]{server.name}[/]: starting ({' '.join(server.argv)})")
     try:
         seconds, _ = _timed(server.start)
         console.print(f"[bold]{server.name}[/]: ready in {seconds:.1f} s at {server.url}")
+        _settle(server, console)
         if server.token:
             # Read per request by the client; the stock server ignores the header, so both
             # servers receive byte-identical requests.
             os.environ["MLFLOW_TRACKING_TOKEN"] = server.token
-        return run_workloads(server, sizes, only, console)
+        return run_workloads(server, sizes, only, console, result)
     finally:
         server.stop()
 
@@ -776,15 +876,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        default=",".join(WORKLOADS),
-        help=f"comma-separated workloads to run (default: {','.join(WORKLOADS)})",
+        default=",".join(ALL_WORKLOADS),
+        help=f"comma-separated workloads to run (default: {','.join(ALL_WORKLOADS)})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no table")
     parser.add_argument(
         "--keep", action="store_true", help="keep the temp dir (server logs, SQLite files)"
     )
     args = parser.parse_args(argv)
-    unknown = set(args.only.split(",")) - set(WORKLOADS)
+    unknown = set(args.only.split(",")) - set(ALL_WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
     if args.runs is not None and args.runs < 1:
@@ -815,10 +915,15 @@ def run(
     databases = _servers.PostgresDatabases(f"bench_tracking_{os.getpid()}") if postgres else None
     load = os.getloadavg()
     started = time.perf_counter()
-    results: dict[str, ServerResult] = {}
     try:
-        for server in make_servers(args, workdir, databases):
-            results[server.name] = benchmark_server(server, sizes, only, console)
+        servers = make_servers(args, workdir, databases)
+        if "log_batch" in only:
+            results = paired_log_batch(servers, workdir, sizes, console)
+        else:
+            results = {server.name: ServerResult() for server in servers}
+        if set(only) & set(WORKLOADS):
+            for server in servers:
+                benchmark_server(server, sizes, only, console, results[server.name])
     finally:
         if databases:
             databases.drop_all()
