@@ -5,8 +5,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -35,6 +38,26 @@ def make_listener(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _finish_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM outside uvicorn's drain (before it, or re-raised by it after): unwind, so the
+    scheduler stops, the database closes and exit handlers run, then exit 0 (a stop that was
+    asked for and done)."""
+    raise SystemExit(0)
+
+
+def _unwind_on_sigterm() -> None:
+    """Make SIGTERM unwind the process instead of killing it where it stands.
+
+    uvicorn drains on SIGTERM, then restores the handler it found and raises the signal
+    again. With the default handler that kills the process at once: no ``finally`` and no
+    ``atexit`` runs, so children the server started (the quickstart's model server) were
+    left running and SQLite's log was left behind. With this handler the re-raised
+    signal ends the process the way Ctrl-C does.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _finish_on_sigterm)
 
 
 def app_from_env() -> FastAPI:
@@ -79,6 +102,7 @@ def serve(
             f"binding {settings.host} exposes Shamal beyond this machine: set "
             "SHAMAL_ALLOWED_HOSTS to the names clients use (e.g. '[\"shamal.example.com\"]')"
         )
+    _unwind_on_sigterm()
     platform = start_platform(settings)
     sock = make_listener(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
