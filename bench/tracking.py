@@ -21,9 +21,12 @@ target for that ratio:
    over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
    first page, then one pass through every page. Target: >= 5x.
 3. ``get_metric_history`` of 100,000 points of one key on one run: median of full reads (the
-   client pages through them). Target: >= 5x. The same read is then timed against
+   client pages through them). Target: >= 5x. The same read is also timed against
    ``bench/_replay.py`` answering each server's recorded pages from memory: what the client
    itself costs, so MLflow's read over Shamal's replay is the best ratio any server could reach.
+   Once both servers have seeded (one after the other), they and the two replays are started
+   again together and read in turns, one read each in a rotating order, the others paused, as
+   ``log_batch`` is, so that the real reads and the replays span the same stretch of time.
 4. 8 concurrent logger processes, each with its own run in one experiment, each logging
    50 x ``log_batch`` of 100 metrics and 20 ``log_metric``: total metrics/s. Target: >= 5x.
 
@@ -187,7 +190,7 @@ def measures(sizes: Sizes) -> list[Measure]:
         Measure("search_all", "search_runs, every page of the matches", "s", False, None),
         Measure(
             "history",
-            f"get_metric_history, {sizes.history_points:,} points (median)",
+            f"get_metric_history, {sizes.history_points:,} points (median, in turns)",
             "s",
             False,
             5.0,
@@ -241,6 +244,7 @@ class ServerResult:
     errors: list[str] = field(default_factory=list)
     http_errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    history_run: str | None = None  # the run the history workload seeded, read again in turns
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -440,10 +444,7 @@ def _rates_in_turn(targets: list[Target], sizes: Sizes) -> dict[str, float]:
             first = turn % len(targets)
             for target in targets[first:] + targets[:first]:
                 name = target.server.name
-                for other in targets:
-                    if other is not target:
-                        other.server.pause()
-                target.server.resume()
+                _alone(target.server, [t.server for t in targets])
                 if calls[name] == 0:
                     for call in range(sizes.batch_warmup):
                         target.log(call, sizes)
@@ -567,9 +568,9 @@ def bench_history(bench: Bench) -> None:
     seconds = _parallel(bench, jobs, f"seeding {sizes.history_points:,} points")
     figures["seed_history"] = sizes.history_points / seconds
 
-    figures["history"], points = _median_of(
-        sizes.history_reads, lambda: client.get_metric_history(run_id, "loss")
-    )
+    # The timed reads come later, in turns with the other server (history_in_turns); this
+    # one checks the answer.
+    points = client.get_metric_history(run_id, "loss")
     steps = sorted(point.step for point in points)
     if steps != list(range(sizes.history_points)):
         bench.result.wrong["history"] = (
@@ -579,26 +580,63 @@ def bench_history(bench: Bench) -> None:
     figures["history_http"], _ = _median_of(
         sizes.history_reads, lambda: bench.raw.history(run_id, "loss")
     )
-    figures["history_floor"] = _replayed_history(bench, run_id)
+    bench.raw.record_history(run_id, "loss", _pages_folder(bench.server))
+    bench.result.history_run = run_id
 
 
-def _replayed_history(bench: Bench, run_id: str) -> float:
-    """Median seconds of the same client read against :mod:`_replay` serving this server's
-    own answers from memory: the client's part of the read, the least any server can reach."""
-    folder = bench.server.log.parent / "history-pages"
-    bench.raw.record_history(run_id, "loss", folder)
-    replay = _servers.replay_server(folder.parent, folder)
-    replay.start(deadline_s=30.0)
+def _pages_folder(server: ServerProcess) -> Path:
+    return server.log.parent / "history-pages"
+
+
+def history_in_turns(
+    servers: list[ServerProcess], sizes: Sizes, console: Console, results: dict[str, ServerResult]
+) -> None:
+    """The timed ``get_metric_history`` reads: every server that seeded a history, and a
+    :mod:`_replay` of each one's recorded answers, started again together, left to go quiet,
+    then read in turns (one read each, in a rotating order, the others paused), one warm-up
+    round and ``history_reads`` timed ones; each figure is the median of its reads."""
+    seeded = [s for s in servers if results[s.name].history_run]
+    replays = [_servers.replay_server(s.log.parent, _pages_folder(s)) for s in seeded]
+    started: list[ServerProcess] = []
     try:
-        client = MlflowClient(tracking_uri=replay.url)
-        seconds, points = _median_of(
-            bench.sizes.history_reads, lambda: client.get_metric_history(run_id, "loss")
-        )
+        for server in [*seeded, *replays]:
+            console.print(f"[bold]{server.name}[/]: starting for the history reads")
+            server.start(deadline_s=180.0)
+            started.append(server)
+        for server in started:
+            _settle(server, console)
+        readers = [
+            (server, key, MlflowClient(tracking_uri=server.url), results[owner.name])
+            for owner, replay in zip(seeded, replays, strict=True)
+            for server, key in ((owner, "history"), (replay, "history_floor"))
+        ]
+        console.print("[bold]history[/]: every server in turn")
+        seconds: list[list[float]] = [[] for _ in readers]
+        for turn in range(sizes.history_reads + 1):
+            first = turn % len(readers)
+            for i in [*range(first, len(readers)), *range(first)]:
+                server, _, client, result = readers[i]
+                _alone(server, started)
+                run_id = result.history_run or ""
+                took, points = _timed(lambda c=client, r=run_id: c.get_metric_history(r, "loss"))
+                if len(points) != sizes.history_points:
+                    raise RuntimeError(f"{server.name}: the read gave {len(points)} points")
+                if turn:  # the first round warms up
+                    seconds[i].append(took)
+        for (_, key, _, result), taken in zip(readers, seconds, strict=True):
+            result.figures[key] = statistics.median(taken)
     finally:
-        replay.stop()
-    if len(points) != bench.sizes.history_points:
-        raise RuntimeError(f"the replayed read gave {len(points)} points")
-    return seconds
+        for server in started:
+            server.resume()
+            server.stop()
+
+
+def _alone(target: ServerProcess, servers: list[ServerProcess]) -> None:
+    """Pause every server but ``target`` (SIGSTOP to their groups) and wake ``target``."""
+    for other in servers:
+        if other is not target:
+            other.pause()
+    target.resume()
 
 
 # ---------------------------------------------------------------------- concurrent loggers
@@ -924,6 +962,13 @@ def run(
         if set(only) & set(WORKLOADS):
             for server in servers:
                 benchmark_server(server, sizes, only, console, results[server.name])
+        if "history" in only:
+            try:
+                history_in_turns(servers, sizes, console, results)
+            except Exception as exc:  # recorded like a workload's failure
+                for result in results.values():
+                    result.errors.append(f"history reads: {exc!r}")
+                console.print(f"[red]history reads: {exc!r}[/]", markup=False)
     finally:
         if databases:
             databases.drop_all()
