@@ -118,7 +118,8 @@ class ServerProcess:
         while time.monotonic() - start < deadline_s:
             time.sleep(window_s)  # the window the CPU time is measured over, bounded above
             after = _group_cpu_ticks(self.process.pid)
-            if (after - before) / ticks < busy_share * window_s:
+            # A process that ended takes its ticks along: a drop is not quiet, measure again.
+            if 0 <= (after - before) / ticks < busy_share * window_s:
                 break
             before = after
         return time.monotonic() - start
