@@ -361,7 +361,7 @@ def _parallel(bench: Bench, jobs: Sequence[Callable[[], object]], description: s
         return time.perf_counter() - start
 
 
-def paired_log_batch(
+def log_batch_in_turns(
     servers: list[ServerProcess], workdir: Path, sizes: Sizes, console: Console
 ) -> dict[str, ServerResult]:
     """``log_batch`` on every server and on :mod:`_replay`, all running, the calls in turn.
@@ -722,7 +722,7 @@ def _drain(results: Any, most: int, wait_s: float = 10.0) -> list[tuple[int, int
 
 
 # ---------------------------------------------------------------------------- one server
-# Each on one server alone; log_batch runs on all of them at once (paired_log_batch).
+# Each on one server alone; log_batch runs on all of them at once (log_batch_in_turns).
 WORKLOADS: dict[str, Callable[[Bench], None]] = {
     "search": bench_search,
     "history": bench_history,
@@ -956,7 +956,7 @@ def run(
     try:
         servers = make_servers(args, workdir, databases)
         if "log_batch" in only:
-            results = paired_log_batch(servers, workdir, sizes, console)
+            results = log_batch_in_turns(servers, workdir, sizes, console)
         else:
             results = {server.name: ServerResult() for server in servers}
         if set(only) & set(WORKLOADS):

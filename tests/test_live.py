@@ -185,9 +185,10 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
 
 
 def test_sigterm_closes_the_database_and_runs_exit_handlers(tmp_path: Path) -> None:
-    """After its drain a SIGTERMed server unwinds: the scheduler stops and the database is
-    closed, so SQLite folds its log back and removes it, and exit handlers run (they stop
-    the quickstart's model server). Killed where it stood, it left both behind."""
+    """After its drain a SIGTERMed server unwinds instead of dying where it stands: its
+    ``finally`` closes the database, so SQLite folds its log back and removes it, and it exits
+    0. (The same unwinding runs the exit handler that stops the quickstart's model server;
+    killed where it stood, the server left that child running and the log behind.)"""
     home = tmp_path / "home"
     server = LiveServer(home).start()
     with ShamalClient(server.url, server.token) as c:
