@@ -1,34 +1,38 @@
 """Tracking benchmark: Shamal's MLflow REST API against a stock ``mlflow server``.
 
-One run starts both servers (one after the other, each alone on the machine, except for
-``log_batch``), drives each with the same stock MLflow client (``MlflowClient`` from mlflow-skinny
-in Shamal's venv) and the same data, and prints both figures side by side with their ratio and the
-target for that ratio:
+One run drives both servers with the same stock MLflow client (``MlflowClient`` from
+mlflow-skinny in Shamal's venv) and the same data, and prints both figures side by side with
+their ratio and the target for that ratio.
+
+Nothing is timed on one server while the other's figure is taken at another time. The speed of
+a shared machine drifts over seconds and minutes (the client alone moves between about 20 and
+35 ms a log_batch call here): timed one after the other, the fast server's second would land in
+one phase and MLflow's minutes in others. So every timed figure is taken in turns: the servers
+(and ``bench/_replay.py``, below) run together, each is first left to finish its start-up work
+(``mlflow server`` answers /health while its job consumers still import mlflow), and while one
+takes its turn the others are paused (SIGSTOP), so nothing of theirs runs. Only the seeding is
+done on each server alone, one after the other; its rates are printed without a target.
 
 1. ``log_batch`` of 1,000 metrics per call (100 keys x 10 steps): metrics/s over the timed calls,
    warm-up calls excluded. Target: Shamal >= 10x MLflow. Shamal, MLflow and ``bench/_replay.py``
-   (below) are started together, each left to finish its start-up work, and take turns of at
-   least 1 s of calls each, in a rotating order, until each has had 20 calls and MLflow 10 s of
-   them; during a turn the other servers are paused (SIGSTOP), so nothing of theirs runs. The
-   speed of a shared machine drifts over seconds (the client alone moves between about 20 and
-   35 ms a call here): timed one after the other, the fast server's one second would land in
-   one phase and MLflow's ten in others; in turns, every figure spans the same stretch of time.
-   (Turns of one call each would put every fast call right after a long one, on cold caches.)
-   ``bench/_replay.py``
-   answers ``{}`` and stores nothing: the client's own rate, so that rate over MLflow's is the best
-   ratio any server could reach.
+   take turns of at least 1 s of calls each, in a rotating order, until each has had 20 calls
+   and MLflow 10 s of them. (Turns of one call each would put every fast call right after a
+   long one, on cold caches.) ``bench/_replay.py`` answers ``{}`` and stores nothing: the
+   client's own rate, so that rate over MLflow's is the best ratio any server could reach.
 2. ``search_runs`` with ``metrics.acc > 0.5``, 1,000 per page, ordered by ``metrics.acc DESC``,
    over an experiment of 10,000 runs (3 metrics, 3 params, 1 tag each): median latency of the
-   first page, then one pass through every page. Target: >= 5x.
-3. ``get_metric_history`` of 100,000 points of one key on one run: median of full reads (the
+   first page (10 reads), and of a pass through every page (3 passes). Target: >= 5x.
+3. ``get_metric_history`` of 100,000 points of one key on one run: median of 5 full reads (the
    client pages through them). Target: >= 5x. The same read is also timed against
    ``bench/_replay.py`` answering each server's recorded pages from memory: what the client
    itself costs, so MLflow's read over Shamal's replay is the best ratio any server could reach.
-   Once both servers have seeded (one after the other), they and the two replays are started
-   again together and read in turns, one read each in a rotating order, the others paused, as
-   ``log_batch`` is, so that the real reads and the replays span the same stretch of time.
 4. 8 concurrent logger processes, each with its own run in one experiment, each logging
-   50 x ``log_batch`` of 100 metrics and 20 ``log_metric``: total metrics/s. Target: >= 5x.
+   50 x ``log_batch`` of 100 metrics and 20 ``log_metric``: total metrics/s, the median of 3
+   rounds. Target: >= 5x.
+
+After seeding, the servers and the two replays are started again together; the reads of 2 and
+3 (and their HTTP-only variants) go one read each per turn in a rotating order, then each round
+of 4 gives every server its turn.
 
 Seeding (runs for search, points for history) is timed and printed as well, without a target.
 Results are checked too: both servers must return the same matches in the same order and every
@@ -63,6 +67,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -99,12 +104,14 @@ class Sizes:
     search_runs: int
     search_page: int
     searches: int
+    search_passes: int
     history_points: int
     history_reads: int
     loggers: int
     logger_batches: int
     logger_batch_size: int
     logger_singles: int
+    concurrent_rounds: int
     seed_threads: int
 
 
@@ -117,12 +124,14 @@ FULL = Sizes(
     search_runs=10_000,
     search_page=1000,
     searches=10,
+    search_passes=3,
     history_points=100_000,
     history_reads=5,
     loggers=8,
     logger_batches=50,
     logger_batch_size=100,
     logger_singles=20,
+    concurrent_rounds=3,
     seed_threads=8,
 )
 QUICK = replace(
@@ -134,11 +143,13 @@ QUICK = replace(
     search_runs=500,
     search_page=100,
     searches=3,
+    search_passes=1,
     history_points=10_000,
     history_reads=3,
     loggers=4,
     logger_batches=5,
     logger_singles=5,
+    concurrent_rounds=1,
     seed_threads=4,
 )
 
@@ -181,13 +192,13 @@ def measures(sizes: Sizes) -> list[Measure]:
         Measure(
             "search",
             f"search_runs '{SEARCH_FILTER}', {sizes.search_page:,}/page, "
-            f"{sizes.search_runs:,} runs (median)",
+            f"{sizes.search_runs:,} runs (median, in turns)",
             "s",
             False,
             5.0,
         ),
         Measure("search_http", "  same page, HTTP only (no client parsing)", "s", False, None),
-        Measure("search_all", "search_runs, every page of the matches", "s", False, None),
+        Measure("search_all", "search_runs, every page of the matches (median)", "s", False, None),
         Measure(
             "history",
             f"get_metric_history, {sizes.history_points:,} points (median, in turns)",
@@ -244,7 +255,9 @@ class ServerResult:
     errors: list[str] = field(default_factory=list)
     http_errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    history_run: str | None = None  # the run the history workload seeded, read again in turns
+    # What the seeding left to read again in turns: the search experiment, the history run.
+    search_experiment: str | None = None
+    history_run: str | None = None
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -330,16 +343,6 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, value
 
 
-def _median_of(repeats: int, call: Callable[[], Any]) -> tuple[float, Any]:
-    """Median seconds of ``repeats`` calls after one warm-up, and the last call's value."""
-    call()
-    latencies, value = [], None
-    for _ in range(repeats):
-        seconds, value = _timed(call)
-        latencies.append(seconds)
-    return statistics.median(latencies), value
-
-
 def _parallel(bench: Bench, jobs: Sequence[Callable[[], object]], description: str) -> float:
     """Run ``jobs`` on the seeding thread pool with a progress bar; returns the wall seconds."""
     progress = Progress(
@@ -397,7 +400,6 @@ def log_batch_in_turns(
         result = results[server.name]
         result.figures["log_batch"] = rates[server.name]
         result.figures["log_batch_floor"] = rates["replay"]
-        result.http_errors = _http_errors(server)
     return results
 
 
@@ -503,36 +505,35 @@ def _seed_one_run(client: MlflowClient, experiment_id: str, i: int) -> None:
 
 
 def bench_search(bench: Bench) -> None:
+    """Seed the search experiment and check both answers (first page, every page); the timed
+    searches come later, in turns with the other server (:func:`timed_in_turns`)."""
     client, sizes, figures = bench.client, bench.sizes, bench.result.figures
     experiment_id = client.create_experiment("bench-search")
     jobs = [lambda i=i: _seed_one_run(client, experiment_id, i) for i in range(sizes.search_runs)]
     seconds = _parallel(bench, jobs, f"seeding {sizes.search_runs:,} runs")
     figures["seed_search"] = sizes.search_runs / seconds
 
-    def first_page() -> list[float]:
-        page = client.search_runs(
-            [experiment_id], SEARCH_FILTER, max_results=sizes.search_page, order_by=SEARCH_ORDER
-        )
-        return [run.data.metrics["acc"] for run in page]
-
     expected = sorted((a for a in search_accuracies(sizes.search_runs) if a > 0.5), reverse=True)
-    figures["search"], got = _median_of(sizes.searches, first_page)
+    got = _first_page(client, experiment_id, sizes.search_page)
     if got != expected[: sizes.search_page]:
         bench.result.wrong["search"] = (
             f"first page: {len(got)} runs, expected {min(len(expected), sizes.search_page)} "
             f"in descending acc order; first values {got[:3]} vs {expected[:3]}"
         )
-    figures["search_http"], _ = _median_of(
-        sizes.searches, lambda: bench.raw.search_page(experiment_id, sizes.search_page)
-    )
-    figures["search_all"], every = _timed(
-        lambda: _all_pages(client, experiment_id, sizes.search_page)
-    )
+    every = _all_pages(client, experiment_id, sizes.search_page)
     if every != expected:
         bench.result.wrong["search_all"] = (
             f"paging returned {len(every)} runs ({len(set(every))} distinct), "
             f"expected {len(expected)} in descending acc order"
         )
+    bench.result.search_experiment = experiment_id
+
+
+def _first_page(client: MlflowClient, experiment_id: str, page_size: int) -> list[float]:
+    page = client.search_runs(
+        [experiment_id], SEARCH_FILTER, max_results=page_size, order_by=SEARCH_ORDER
+    )
+    return [run.data.metrics["acc"] for run in page]
 
 
 def _all_pages(client: MlflowClient, experiment_id: str, page_size: int) -> list[float]:
@@ -553,6 +554,8 @@ def _all_pages(client: MlflowClient, experiment_id: str, page_size: int) -> list
 
 
 def bench_history(bench: Bench) -> None:
+    """Seed the history run, check a read of it and record its pages for :mod:`_replay`; the
+    timed reads come later, in turns with the other server (:func:`timed_in_turns`)."""
     client, sizes, figures = bench.client, bench.sizes, bench.result.figures
     run_id = client.create_run(client.create_experiment("bench-history")).info.run_id
     jobs = [
@@ -568,8 +571,6 @@ def bench_history(bench: Bench) -> None:
     seconds = _parallel(bench, jobs, f"seeding {sizes.history_points:,} points")
     figures["seed_history"] = sizes.history_points / seconds
 
-    # The timed reads come later, in turns with the other server (history_in_turns); this
-    # one checks the answer.
     points = client.get_metric_history(run_id, "loss")
     steps = sorted(point.step for point in points)
     if steps != list(range(sizes.history_points)):
@@ -577,9 +578,6 @@ def bench_history(bench: Bench) -> None:
             f"{len(points)} points, {len(set(steps))} distinct steps, "
             f"expected steps 0..{sizes.history_points - 1} once each"
         )
-    figures["history_http"], _ = _median_of(
-        sizes.history_reads, lambda: bench.raw.history(run_id, "loss")
-    )
     bench.raw.record_history(run_id, "loss", _pages_folder(bench.server))
     bench.result.history_run = run_id
 
@@ -588,44 +586,178 @@ def _pages_folder(server: ServerProcess) -> Path:
     return server.log.parent / "history-pages"
 
 
-def history_in_turns(
-    servers: list[ServerProcess], sizes: Sizes, console: Console, results: dict[str, ServerResult]
+# ---------------------------------------------------------------------------- timed in turns
+@dataclass(frozen=True)
+class Reader:
+    """One timed read that takes turns: the process that answers it (awake, the others
+    paused), the figure it feeds, how many timed reads it gets, the read, and what the read
+    must return (checked after the clock stops)."""
+
+    server: ServerProcess
+    result: ServerResult
+    key: str
+    reads: int
+    read: Callable[[], Any]
+    returns: Callable[[Any], bool]
+
+
+def _readers(
+    seeded: list[ServerProcess],
+    replays: dict[str, ServerProcess],
+    sizes: Sizes,
+    results: dict[str, ServerResult],
+    raws: list[RawApi],
+) -> list[Reader]:
+    """The timed reads of every seeded server (see :func:`_server_readers`)."""
+    readers = []
+    for server in seeded:
+        raw = RawApi(server)
+        raws.append(raw)
+        replay = replays.get(server.name)
+        readers += _server_readers(server, replay, results[server.name], sizes, raw)
+    return readers
+
+
+def _server_readers(
+    server: ServerProcess,
+    replay: ServerProcess | None,
+    result: ServerResult,
+    sizes: Sizes,
+    raw: RawApi,
+) -> list[Reader]:
+    """One server's timed reads: its search and history reads through the client, the same
+    over plain HTTP, and the history read against ``replay``, which answers its pages."""
+    readers = []
+    client = MlflowClient(tracking_uri=server.url)
+    experiment, page = result.search_experiment, sizes.search_page
+    if experiment is not None:
+        matches = sum(a > 0.5 for a in search_accuracies(sizes.search_runs))
+        first = min(matches, page)
+        readers += [
+            Reader(
+                server,
+                result,
+                "search",
+                sizes.searches,
+                partial(_first_page, client, experiment, page),
+                lambda got: len(got) == first,
+            ),
+            Reader(
+                server,
+                result,
+                "search_http",
+                sizes.searches,
+                partial(raw.search_page, experiment, page),
+                lambda got: got == first,
+            ),
+            Reader(
+                server,
+                result,
+                "search_all",
+                sizes.search_passes,
+                partial(_all_pages, client, experiment, page),
+                lambda got: len(got) == matches,
+            ),
+        ]
+    run_id, points = result.history_run, sizes.history_points
+    if run_id is not None and replay is not None:
+        replayed = MlflowClient(tracking_uri=replay.url)
+        readers += [
+            Reader(
+                server,
+                result,
+                "history",
+                sizes.history_reads,
+                partial(client.get_metric_history, run_id, "loss"),
+                lambda got: len(got) == points,
+            ),
+            Reader(
+                server,
+                result,
+                "history_http",
+                sizes.history_reads,
+                partial(raw.history, run_id, "loss"),
+                lambda got: got == points,
+            ),
+            Reader(
+                replay,
+                result,
+                "history_floor",
+                sizes.history_reads,
+                partial(replayed.get_metric_history, run_id, "loss"),
+                lambda got: len(got) == points,
+            ),
+        ]
+    return readers
+
+
+def _reads_in_turns(readers: list[Reader], awake: list[ServerProcess]) -> None:
+    """One read of each reader per turn, in a rotating order, each with only its own server
+    awake; the first turn warms up, and each figure is the median of its timed reads."""
+    seconds: list[list[float]] = [[] for _ in readers]
+    for turn in range(1 + max(reader.reads for reader in readers)):
+        first = turn % len(readers)
+        for i in [*range(first, len(readers)), *range(first)]:
+            reader = readers[i]
+            if turn > reader.reads:
+                continue
+            _alone(reader.server, awake)
+            took, got = _timed(reader.read)
+            if not reader.returns(got):
+                raise RuntimeError(f"{reader.server.name} {reader.key}: unexpected answer")
+            if turn:
+                seconds[i].append(took)
+    for reader, taken in zip(readers, seconds, strict=True):
+        reader.result.figures[reader.key] = statistics.median(taken)
+
+
+def timed_in_turns(
+    servers: list[ServerProcess],
+    sizes: Sizes,
+    only: Iterable[str],
+    console: Console,
+    results: dict[str, ServerResult],
 ) -> None:
-    """The timed ``get_metric_history`` reads: every server that seeded a history, and a
-    :mod:`_replay` of each one's recorded answers, started again together, left to go quiet,
-    then read in turns (one read each, in a rotating order, the others paused), one warm-up
-    round and ``history_reads`` timed ones; each figure is the median of its reads."""
-    seeded = [s for s in servers if results[s.name].history_run]
-    replays = [_servers.replay_server(s.log.parent, _pages_folder(s)) for s in seeded]
+    """The timed search and history reads and the concurrent loggers, on every server that
+    seeded (and a :mod:`_replay` of each one's history pages), started again together and left
+    to go quiet: the reads in turns (:func:`_reads_in_turns`), then the loggers in rounds
+    (:func:`concurrent_in_turns`), so every figure spans the same stretch of the machine's
+    time as its peer's."""
+    concurrent = "concurrent" in only
+    seeded = [
+        s
+        for s in servers
+        if concurrent or results[s.name].search_experiment or results[s.name].history_run
+    ]
+    replays = {
+        s.name: _servers.replay_server(s.log.parent, _pages_folder(s))
+        for s in seeded
+        if results[s.name].history_run
+    }
     started: list[ServerProcess] = []
+    raws: list[RawApi] = []
     try:
-        for server in [*seeded, *replays]:
-            console.print(f"[bold]{server.name}[/]: starting for the history reads")
+        for server in [*seeded, *replays.values()]:
+            console.print(f"[bold]{server.name}[/]: starting for the timed reads and loggers")
             server.start(deadline_s=180.0)
             started.append(server)
         for server in started:
             _settle(server, console)
-        readers = [
-            (server, key, MlflowClient(tracking_uri=server.url), results[owner.name])
-            for owner, replay in zip(seeded, replays, strict=True)
-            for server, key in ((owner, "history"), (replay, "history_floor"))
-        ]
-        console.print("[bold]history[/]: every server in turn")
-        seconds: list[list[float]] = [[] for _ in readers]
-        for turn in range(sizes.history_reads + 1):
-            first = turn % len(readers)
-            for i in [*range(first, len(readers)), *range(first)]:
-                server, _, client, result = readers[i]
-                _alone(server, started)
-                run_id = result.history_run or ""
-                took, points = _timed(lambda c=client, r=run_id: c.get_metric_history(r, "loss"))
-                if len(points) != sizes.history_points:
-                    raise RuntimeError(f"{server.name}: the read gave {len(points)} points")
-                if turn:  # the first round warms up
-                    seconds[i].append(took)
-        for (_, key, _, result), taken in zip(readers, seconds, strict=True):
-            result.figures[key] = statistics.median(taken)
+        os.environ["MLFLOW_TRACKING_TOKEN"] = next((s.token for s in servers if s.token), "")
+        readers = _readers(seeded, replays, sizes, results, raws)
+        if readers:
+            console.print("[bold]search and history reads[/]: every server in turn")
+            try:
+                _reads_in_turns(readers, started)
+            except Exception as exc:  # recorded like a workload's failure; the loggers still run
+                for server in seeded:
+                    results[server.name].errors.append(f"timed reads: {exc!r}")
+                console.print(f"[red]timed reads: {exc!r}[/]", markup=False)
+        if concurrent:
+            concurrent_in_turns(seeded, started, sizes, console, results)
     finally:
+        for raw in raws:
+            raw.close()
         for server in started:
             server.resume()
             server.stop()
@@ -674,16 +806,53 @@ def logger_process(
         results.put((index, 0, repr(exc)))
 
 
-def bench_concurrent(bench: Bench) -> None:
-    sizes = bench.sizes
-    experiment_id = bench.client.create_experiment("bench-concurrent")
+def concurrent_in_turns(
+    servers: list[ServerProcess],
+    awake: list[ServerProcess],
+    sizes: Sizes,
+    console: Console,
+    results: dict[str, ServerResult],
+) -> None:
+    """``concurrent_rounds`` rounds of the concurrent loggers; in each, every server takes its
+    turn (rotating order) with the others paused. The figure is the median round's rate. A
+    server whose loggers fail has its error recorded and leaves the rounds."""
+    rates: dict[str, list[float]] = {s.name: [] for s in servers}
+    running = list(servers)
+    for turn in range(sizes.concurrent_rounds):
+        first = turn % len(running) if running else 0
+        for server in running[first:] + running[:first]:
+            _alone(server, awake)
+            console.print(
+                f"[bold]{server.name}[/]: {sizes.loggers} concurrent loggers, "
+                f"round {turn + 1} of {sizes.concurrent_rounds}"
+            )
+            try:
+                rates[server.name].append(_concurrent_once(server, sizes, turn))
+            except Exception as exc:
+                message = f"{server.name} concurrent: {exc!r}"
+                results[server.name].errors.append(
+                    f"{message}\n--- last lines of {server.log}:\n{server.log_tail()}"
+                )
+                console.print(f"[red]{message}[/]", markup=False)
+                running.remove(server)
+    for name, taken in rates.items():
+        if taken and name in {s.name for s in running}:
+            results[name].figures["concurrent"] = statistics.median(taken)
+
+
+def _concurrent_once(server: ServerProcess, sizes: Sizes, turn: int) -> float:
+    """One round of the loggers against ``server``: metrics/s from the moment every logger
+    has imported mlflow and created its run until the last one is done."""
+    experiment_id = MlflowClient(tracking_uri=server.url).create_experiment(
+        f"bench-concurrent-{turn}"
+    )
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with client threads
     barrier = ctx.Barrier(sizes.loggers + 1)
     results = ctx.Queue()
     processes = [
         ctx.Process(
             target=logger_process,
-            args=(bench.server.url, experiment_id, i, sizes, barrier, results),
+            args=(server.url, experiment_id, i, sizes, barrier, results),
         )
         for i in range(sizes.loggers)
     ]
@@ -706,7 +875,7 @@ def bench_concurrent(bench: Bench) -> None:
     failures = [f"logger {i}: {error}" for i, _, error in outcomes if error]
     if failures:
         raise RuntimeError("; ".join(failures))
-    bench.result.figures["concurrent"] = sum(logged for _, logged, _ in outcomes) / elapsed
+    return float(sum(logged for _, logged, _ in outcomes) / elapsed)
 
 
 def _drain(results: Any, most: int, wait_s: float = 10.0) -> list[tuple[int, int, str | None]]:
@@ -722,30 +891,29 @@ def _drain(results: Any, most: int, wait_s: float = 10.0) -> list[tuple[int, int
 
 
 # ---------------------------------------------------------------------------- one server
-# Each on one server alone; log_batch runs on all of them at once (log_batch_in_turns).
-WORKLOADS: dict[str, Callable[[Bench], None]] = {
+# Seeding, on each server alone, one after the other; everything timed runs in turns.
+SEEDING: dict[str, Callable[[Bench], None]] = {
     "search": bench_search,
     "history": bench_history,
-    "concurrent": bench_concurrent,
 }
-ALL_WORKLOADS = ["log_batch", *WORKLOADS]
+ALL_WORKLOADS = ["log_batch", *SEEDING, "concurrent"]
 HTTP_STATUS = re.compile(r'" ([45]\d\d)\b')
 
 
-def run_workloads(
+def seed_server(
     server: ServerProcess, sizes: Sizes, only: Iterable[str], console: Console, result: ServerResult
 ) -> ServerResult:
-    """Every selected workload against ``server``, into ``result``; a failing one is recorded,
-    the rest still run."""
+    """Every selected seeding workload against ``server``, into ``result``; a failing one is
+    recorded, the rest still run."""
     raw = RawApi(server)
     client = MlflowClient(tracking_uri=server.url)
     bench = Bench(server, client, raw, sizes, result, console)
     start = time.perf_counter()
     try:
-        for name, workload in WORKLOADS.items():
+        for name, workload in SEEDING.items():
             if name not in only:
                 continue
-            console.print(f"[bold]{server.name}[/]: {name}")
+            console.print(f"[bold]{server.name}[/]: {name}, seeding")
             try:
                 workload(bench)
             except Exception as exc:
@@ -757,7 +925,6 @@ def run_workloads(
     finally:
         raw.close()
     bench.result.seconds = time.perf_counter() - start
-    bench.result.http_errors = _http_errors(server)
     return bench.result
 
 
@@ -788,7 +955,7 @@ def benchmark_server(
             # Read per request by the client; the stock server ignores the header, so both
             # servers receive byte-identical requests.
             os.environ["MLFLOW_TRACKING_TOKEN"] = server.token
-        return run_workloads(server, sizes, only, console, result)
+        return seed_server(server, sizes, only, console, result)
     finally:
         server.stop()
 
@@ -959,16 +1126,13 @@ def run(
             results = log_batch_in_turns(servers, workdir, sizes, console)
         else:
             results = {server.name: ServerResult() for server in servers}
-        if set(only) & set(WORKLOADS):
+        if set(only) & set(SEEDING):
             for server in servers:
                 benchmark_server(server, sizes, only, console, results[server.name])
-        if "history" in only:
-            try:
-                history_in_turns(servers, sizes, console, results)
-            except Exception as exc:  # recorded like a workload's failure
-                for result in results.values():
-                    result.errors.append(f"history reads: {exc!r}")
-                console.print(f"[red]history reads: {exc!r}[/]", markup=False)
+        if set(only) & {*SEEDING, "concurrent"}:
+            timed_in_turns(servers, sizes, only, console, results)
+        for server in servers:  # every phase's requests: the log is appended to on each start
+            results[server.name].http_errors = _http_errors(server)
     finally:
         if databases:
             databases.drop_all()
