@@ -627,68 +627,34 @@ def _server_readers(
 ) -> list[Reader]:
     """One server's timed reads: its search and history reads through the client, the same
     over plain HTTP, and the history read against ``replay``, which answers its pages."""
-    readers = []
+    Spec = tuple[ServerProcess, str, int, Callable[[], Any], Callable[[Any], bool]]
+    specs: list[Spec] = []
     client = MlflowClient(tracking_uri=server.url)
     experiment, page = result.search_experiment, sizes.search_page
     if experiment is not None:
         matches = sum(a > 0.5 for a in search_accuracies(sizes.search_runs))
         first = min(matches, page)
-        readers += [
-            Reader(
-                server,
-                result,
-                "search",
-                sizes.searches,
-                partial(_first_page, client, experiment, page),
-                lambda got: len(got) == first,
-            ),
-            Reader(
-                server,
-                result,
-                "search_http",
-                sizes.searches,
-                partial(raw.search_page, experiment, page),
-                lambda got: got == first,
-            ),
-            Reader(
-                server,
-                result,
-                "search_all",
-                sizes.search_passes,
-                partial(_all_pages, client, experiment, page),
-                lambda got: len(got) == matches,
-            ),
-        ]
+        first_page = partial(_first_page, client, experiment, page)
+        every_page = partial(_all_pages, client, experiment, page)
+        specs += [
+            (server, "search", sizes.searches, first_page, lambda got: len(got) == first),
+            (server, "search_http", sizes.searches, partial(raw.search_page, experiment, page),
+             lambda got: got == first),
+            (server, "search_all", sizes.search_passes, every_page,
+             lambda got: len(got) == matches),
+        ]  # fmt: skip
     run_id, points = result.history_run, sizes.history_points
     if run_id is not None and replay is not None:
-        replayed = MlflowClient(tracking_uri=replay.url)
-        readers += [
-            Reader(
-                server,
-                result,
-                "history",
-                sizes.history_reads,
-                partial(client.get_metric_history, run_id, "loss"),
-                lambda got: len(got) == points,
-            ),
-            Reader(
-                server,
-                result,
-                "history_http",
-                sizes.history_reads,
-                partial(raw.history, run_id, "loss"),
-                lambda got: got == points,
-            ),
-            Reader(
-                replay,
-                result,
-                "history_floor",
-                sizes.history_reads,
-                partial(replayed.get_metric_history, run_id, "loss"),
-                lambda got: len(got) == points,
-            ),
-        ]
-    return readers
+        read = partial(client.get_metric_history, run_id, "loss")
+        replayed = partial(MlflowClient(tracking_uri=replay.url).get_metric_history, run_id, "loss")
+        specs += [
+            (server, "history", sizes.history_reads, read, lambda got: len(got) == points),
+            (server, "history_http", sizes.history_reads, partial(raw.history, run_id, "loss"),
+             lambda got: got == points),
+            (replay, "history_floor", sizes.history_reads, replayed,
+             lambda got: len(got) == points),
+        ]  # fmt: skip
+    return [Reader(on, result, key, reads, call, ok) for on, key, reads, call, ok in specs]
 
 
 def _reads_in_turns(readers: list[Reader], awake: list[ServerProcess]) -> None:
