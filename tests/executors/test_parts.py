@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from shamal.executors import (
     Handle,
     LaunchFailed,
     LaunchSpec,
+    _procfs,
 )
 from shamal.executors._env import (
     clean_environment,
@@ -36,6 +38,8 @@ from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import (
     ProcessIdentity,
     atomic_write_json,
+    ephemeral_ports,
+    free_port,
     kill_group_of,
     read_json,
 )
@@ -267,6 +271,66 @@ def test_atomic_json_files(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp files left
     path.write_text("[1, 2]")
     assert read_json(path) is None  # not an object
+
+
+# ---------------------------------------------------------------- ports
+
+
+def _bind(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
+def test_a_master_port_is_chosen_below_the_kernels_ephemeral_range() -> None:
+    # Outgoing connections take ports from that range at any moment: a MASTER_PORT picked
+    # from it was taken between the choice and rank 0's bind (EADDRINUSE in a Ray gang).
+    low, high = ephemeral_ports()
+    assert 1024 <= low < high <= 65535
+    ports = {free_port() for _ in range(20)}
+    assert all(20_000 <= port < low for port in ports), ports
+    assert len(ports) > 1  # chosen at random, not one fixed port
+    with _bind(ports.pop()):
+        pass  # and free
+
+
+def test_a_taken_port_is_never_chosen_and_a_full_window_falls_back_to_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: list[socket.socket] = []
+    try:
+        # A window of 64 ports below the real ephemeral range, every one of them bound here.
+        start = 20_000
+        while len(taken) < 64:
+            try:
+                taken.append(_bind(start + len(taken)))
+            except OSError:  # in use by something else: start the window after it
+                for sock in taken:
+                    sock.close()
+                start, taken = start + len(taken) + 1, []
+        window = range(start, start + 64)
+        ranges = tmp_path / "ip_local_port_range"
+        ranges.write_text(f"{window.stop}\t60999\n")
+        monkeypatch.setattr(_procfs, "_EPHEMERAL_RANGE", ranges)
+        monkeypatch.setattr(_procfs, "_LOWEST_CHOSEN_PORT", window.start)
+        assert ephemeral_ports() == (window.stop, 60999)
+        port = free_port()
+        assert port not in window
+        with _bind(port):
+            pass
+    finally:
+        for sock in taken:
+            sock.close()
+
+
+def test_without_the_kernels_range_linuxs_default_is_assumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_procfs, "_EPHEMERAL_RANGE", tmp_path / "missing")
+    assert ephemeral_ports() == (32_768, 60_999)
+    (tmp_path / "garbled").write_text("not ports")
+    monkeypatch.setattr(_procfs, "_EPHEMERAL_RANGE", tmp_path / "garbled")
+    assert ephemeral_ports() == (32_768, 60_999)
 
 
 # ---------------------------------------------------------------- ray shapes

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import tempfile
@@ -24,6 +25,7 @@ __all__ = [
     "ProcessIdentity",
     "atomic_write_json",
     "boot_id",
+    "ephemeral_ports",
     "free_port",
     "kill_group",
     "kill_group_of",
@@ -139,8 +141,47 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Ports below this are left alone: fixed service ports live there, and so does 10002-19999,
+# the worker port range commonly given to Ray.
+_LOWEST_CHOSEN_PORT = 20_000
+_PORT_TRIES = 64
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (Linux's default when it does not say)."""
+    try:
+        low, high = (int(x) for x in _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for ``MASTER_PORT``)."""
+    """A TCP port free on ``host`` right now, for a server that binds it a little later
+    (rank 0's ``MASTER_PORT``).
+
+    Chosen at random below the kernel's ephemeral range where that leaves room: a port from
+    that range can be taken meanwhile by any outgoing connection on the machine (the kernel
+    hands them out), which made a gang's rendezvous fail with EADDRINUSE; below it only a
+    server that binds that very port can take it. Falls back to a port the kernel picks.
+    """
+    low, _ = ephemeral_ports()
+    chooser = random.SystemRandom()
+    if low - _LOWEST_CHOSEN_PORT >= _PORT_TRIES:
+        for _ in range(_PORT_TRIES):
+            port = chooser.randrange(_LOWEST_CHOSEN_PORT, low)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
