@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from shamal.executors._procfs import free_port  # below the ephemeral range
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+__all__ = ["LiveServer", "free_port"]
 
 
 class _PortTaken(RuntimeError):

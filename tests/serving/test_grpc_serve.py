@@ -17,10 +17,11 @@ import tritonclient.grpc as grpcclient
 from sklearn.datasets import load_iris
 from tritonclient.utils import InferenceServerException
 
+from tests.live import free_port
 from tests.polling import wait_until
 from tests.serving import models
 from tests.serving.conftest import ServerProcess
-from tests.serving.test_grpc_support import free_port, sample_array
+from tests.serving.test_grpc_support import sample_array
 
 MAX_REQUEST_BYTES = 1 << 20
 WAIT_S = 30.0

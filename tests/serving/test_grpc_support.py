@@ -16,7 +16,6 @@ This file holds no tests; pytest collects it only because of its name.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable, TooManyRequests
+from shamal.executors._procfs import free_port
 from shamal.serving._datatypes import DATATYPES
 from shamal.serving._grpc import start_grpc_server
 from shamal.serving._types import (
@@ -261,13 +261,6 @@ class BackgroundServer:
     def run(self, coroutine: Any, timeout: float = 30) -> Any:
         """Run a coroutine on the server's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def sample_array(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
