@@ -14,13 +14,24 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event, func, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from shamal.db import Database, RetryableConflict, current_revision, head_revision, open_database
+from shamal.config import Settings
+from shamal.db import (
+    Database,
+    RetryableConflict,
+    current_revision,
+    head_revision,
+    open_database,
+    server_warnings,
+)
 from shamal.db import upgrade as migrate
+from shamal.db._checks import AUTOVACUUM_OFF
 from shamal.db.models import Base, TeamRow
 from shamal.errors import AlreadyExists, InvalidParameter, ServiceUnavailable
+from shamal.server import start_platform
 
 
 @pytest.fixture
@@ -363,3 +374,58 @@ def test_invalid_settings_are_one_clear_line_that_keeps_secrets(
     assert "hunter2" not in said
     assert "Traceback" not in said
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+# ---------------------------------------------------------------- server settings
+def _show(db: Database, setting: str) -> str:
+    with db.engine.connect() as connection:
+        value: str = connection.execute(text(f"SHOW {setting}")).scalar_one()
+        return value
+
+
+def test_sqlite_has_no_server_settings_to_warn_of(tmp_path: Path) -> None:
+    database = open_database(f"sqlite:///{tmp_path / 'shamal.db'}")
+    try:
+        assert server_warnings(database) == []
+    finally:
+        database.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_without_table_statistics_is_named(fresh_pg_url: str) -> None:
+    """Autovacuum cannot refresh statistics without ``track_counts``: set it off for this
+    database (a superuser's per-database setting, which new connections take) and the
+    warning must come, whatever the server's autovacuum says; back on, the warning follows
+    the server's autovacuum alone."""
+    database = open_database(fresh_pg_url)
+    try:
+        expected = [] if _show(database, "autovacuum") == "on" else [AUTOVACUUM_OFF]
+        assert server_warnings(database) == expected
+        name = make_url(fresh_pg_url).database
+        with database.engine.connect() as connection:
+            connection.execute(text(f'ALTER DATABASE "{name}" SET track_counts = off'))
+            connection.commit()
+        database.engine.dispose()  # new connections take the database's setting
+        assert _show(database, "track_counts") == "off"
+        assert server_warnings(database) == [AUTOVACUUM_OFF]
+    finally:
+        database.dispose()
+
+
+@pytest.mark.postgres
+def test_the_platform_logs_the_warning_at_start(
+    fresh_pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    database = open_database(fresh_pg_url)
+    name = make_url(fresh_pg_url).database
+    with database.engine.connect() as connection:
+        connection.execute(text(f'ALTER DATABASE "{name}" SET track_counts = off'))
+        connection.commit()
+    database.dispose()
+    caplog.set_level(logging.WARNING, logger="shamal.server._platform")
+    platform = start_platform(
+        Settings(home=tmp_path / "home", database_url=fresh_pg_url, allowed_hosts=("*",))
+    )
+    platform.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "shamal.server._platform"]
+    assert warned == [AUTOVACUUM_OFF]

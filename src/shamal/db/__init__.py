@@ -10,6 +10,7 @@ Usage::
 
 from __future__ import annotations
 
+from shamal.db._checks import server_warnings
 from shamal.db._engine import build_engine
 from shamal.db._migrate import current_revision, head_revision, upgrade
 from shamal.db._uow import Database, RetryableConflict, is_transient, is_unique_violation
@@ -22,6 +23,7 @@ __all__ = [
     "is_transient",
     "is_unique_violation",
     "open_database",
+    "server_warnings",
     "upgrade",
 ]
 

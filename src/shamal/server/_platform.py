@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
-from shamal.db import Database, open_database, upgrade
+from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments._service import DeploymentService
 from shamal.executors._nvml import detect_local_gpus
 from shamal.jobs import JobService, build_cluster, effective_settings
@@ -53,6 +53,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     db = open_database(settings.resolved_database_url)
     if migrate:
         upgrade(db)
+    for warning in server_warnings(db):
+        logger.warning(warning)
     key = load_or_create_key(settings.keys_dir / "audit.key", settings.audit_key)
     audit = AuditLog(db, key)
     security = SecurityService(db, audit)
