@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -285,11 +286,23 @@ class PostgresDatabases:
         self.prefix = prefix
         self.names: list[str] = []
 
-    def _execute(self, sql: str) -> None:
+    def _execute(self, sql: str, database: str | None = None) -> Any:
         import psycopg  # only the postgres backend needs it
 
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]  # names are ours: [a-z0-9_]
+        dsn = f"postgresql://{PG_HOST}/{database}" if database else PG_ADMIN_DSN
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            cursor = conn.execute(sql)  # type: ignore[arg-type]  # names are ours: [a-z0-9_]
+            return cursor.fetchall() if cursor.description else None
+
+    def analyze_if_autovacuum_is_off(self) -> bool:
+        """ANALYZE every database when the server's autovacuum is off, as autovacuum would
+        have after the seeding (without it both servers' planners estimate from empty
+        tables); returns whether it did."""
+        if self._execute("SHOW autovacuum") == [("on",)]:
+            return False
+        for name in self.names:
+            self._execute("ANALYZE", name)
+        return True
 
     def create(self, suffix: str) -> str:
         """Create ``<prefix>_<suffix>`` and return a SQLAlchemy URL for psycopg 3."""

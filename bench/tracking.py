@@ -1095,6 +1095,8 @@ def run(
         if set(only) & set(SEEDING):
             for server in servers:
                 benchmark_server(server, sizes, only, console, results[server.name])
+        if databases and set(only) & set(SEEDING) and databases.analyze_if_autovacuum_is_off():
+            console.print("autovacuum is off on this PostgreSQL: ran ANALYZE on both databases")
         if set(only) & {*SEEDING, "concurrent"}:
             timed_in_turns(servers, sizes, only, console, results)
         for server in servers:  # every phase's requests: the log is appended to on each start
