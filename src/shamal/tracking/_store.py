@@ -307,7 +307,7 @@ def update_run(s: Session, run_id: str, values: Mapping[str, Any]) -> RunInfo:
     return run_row(s, run_id)[0]
 
 
-def among_runs(s: Session, column: Any, run_ids: Sequence[str]) -> ColumnElement[bool]:
+def _among_runs(s: Session, column: Any, run_ids: Sequence[str]) -> ColumnElement[bool]:
     """``column IN run_ids``. On PostgreSQL as ``= ANY`` of one array parameter, not one
     parameter per id: for a 1,000-run page the statement stays short, so the driver caches
     it instead of parsing a thousand placeholders on every call (4 ms less a query)."""
@@ -328,20 +328,20 @@ def runs_with_data(s: Session, rows: Sequence[RunRow]) -> list[Run]:
     for run_id, key, number, is_nan, timestamp, step in s.execute(
         select(
             latest.run_id, latest.key, latest.value, latest.is_nan, latest.timestamp, latest.step
-        ).where(among_runs(s, latest.run_id, ids))
+        ).where(_among_runs(s, latest.run_id, ids))
     ):
         metrics[run_id].append(Metric(key, math.nan if is_nan else number, timestamp, step))
     params: dict[str, dict[str, str]] = defaultdict(dict)
     for run_id, key, value in s.execute(
         select(ParamRow.run_id, ParamRow.key, ParamRow.value).where(
-            among_runs(s, ParamRow.run_id, ids)
+            _among_runs(s, ParamRow.run_id, ids)
         )
     ):
         params[run_id][key] = value
     tags: dict[str, dict[str, str]] = defaultdict(dict)
     for run_id, key, value in s.execute(
         select(RunTagRow.run_id, RunTagRow.key, RunTagRow.value).where(
-            among_runs(s, RunTagRow.run_id, ids)
+            _among_runs(s, RunTagRow.run_id, ids)
         )
     ):
         tags[run_id][key] = value
@@ -572,7 +572,7 @@ def _dataset_inputs(s: Session, run_ids: Sequence[str]) -> dict[str, list[Datase
     rows = s.execute(
         select(RunInputRow.run_id, RunInputRow.tags, DatasetRow)
         .join(DatasetRow, DatasetRow.dataset_id == RunInputRow.dataset_id)
-        .where(among_runs(s, RunInputRow.run_id, run_ids))
+        .where(_among_runs(s, RunInputRow.run_id, run_ids))
     )
     for run_id, tags, d in rows:
         dataset = Dataset(d.name, d.digest, d.source_type, d.source, d.schema, d.profile)
@@ -589,7 +589,7 @@ def _model_links(s: Session, run_ids: Sequence[str]) -> dict[str, list[tuple[str
             RunModelLinkRow.model_id,
             RunModelLinkRow.direction,
             RunModelLinkRow.step,
-        ).where(among_runs(s, RunModelLinkRow.run_id, run_ids))
+        ).where(_among_runs(s, RunModelLinkRow.run_id, run_ids))
     )
     for run_id, model_id, direction, step in rows:
         found[run_id].append((model_id, direction, step))
