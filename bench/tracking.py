@@ -376,14 +376,7 @@ def log_batch_in_turns(
     replay = _servers.replay_server(workdir / "replay", _empty_pages(workdir / "replay"))
     started: list[ServerProcess] = []
     try:
-        for server in [*servers, replay]:
-            console.print(f"[bold]{server.name}[/]: starting for log_batch")
-            server.start(deadline_s=180.0)
-            started.append(server)
-        for server in started:
-            _settle(server, console)
-        # The stock server ignores the token, so one token serves all and the requests match.
-        os.environ["MLFLOW_TRACKING_TOKEN"] = next((s.token for s in servers if s.token), "")
+        _start_together([*servers, replay], started, "log_batch", console)
         try:
             rates = _rates_in_turn(_targets(servers, replay), sizes)
         except Exception as exc:  # recorded like any workload's failure; the others still run
@@ -703,13 +696,7 @@ def timed_in_turns(
     started: list[ServerProcess] = []
     raws: list[RawApi] = []
     try:
-        for server in [*seeded, *replays.values()]:
-            console.print(f"[bold]{server.name}[/]: starting for the timed reads and loggers")
-            server.start(deadline_s=180.0)
-            started.append(server)
-        for server in started:
-            _settle(server, console)
-        os.environ["MLFLOW_TRACKING_TOKEN"] = next((s.token for s in servers if s.token), "")
+        _start_together([*seeded, *replays.values()], started, "the timed reads", console)
         readers = _readers(seeded, replays, sizes, results, raws)
         if readers:
             console.print("[bold]search and history reads[/]: every server in turn")
@@ -727,6 +714,21 @@ def timed_in_turns(
         for server in started:
             server.resume()
             server.stop()
+
+
+def _start_together(
+    servers: list[ServerProcess], started: list[ServerProcess], what: str, console: Console
+) -> None:
+    """Start ``servers`` (each added to ``started`` once up, for the caller to stop), wait for
+    all of them to go quiet, and give the client the token: the stock server ignores it, so
+    one token serves all and the requests match."""
+    for server in servers:
+        console.print(f"[bold]{server.name}[/]: starting for {what}")
+        server.start(deadline_s=180.0)
+        started.append(server)
+    for server in started:
+        _settle(server, console)
+    os.environ["MLFLOW_TRACKING_TOKEN"] = next((s.token for s in servers if s.token), "")
 
 
 def _alone(target: ServerProcess, servers: list[ServerProcess]) -> None:
