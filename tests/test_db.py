@@ -383,6 +383,16 @@ def _show(db: Database, setting: str) -> str:
         return value
 
 
+def _turn_off_table_statistics(database: Database, url: str) -> None:
+    """``track_counts = off`` for this database (a superuser's per-database setting); the
+    pool is emptied, since only new connections take it."""
+    name = make_url(url).database
+    with database.engine.connect() as connection:
+        connection.execute(text(f'ALTER DATABASE "{name}" SET track_counts = off'))
+        connection.commit()
+    database.engine.dispose()
+
+
 def test_sqlite_has_no_server_settings_to_warn_of(tmp_path: Path) -> None:
     database = open_database(f"sqlite:///{tmp_path / 'shamal.db'}")
     try:
@@ -401,11 +411,7 @@ def test_postgres_without_table_statistics_is_named(fresh_pg_url: str) -> None:
     try:
         expected = [] if _show(database, "autovacuum") == "on" else [AUTOVACUUM_OFF]
         assert server_warnings(database) == expected
-        name = make_url(fresh_pg_url).database
-        with database.engine.connect() as connection:
-            connection.execute(text(f'ALTER DATABASE "{name}" SET track_counts = off'))
-            connection.commit()
-        database.engine.dispose()  # new connections take the database's setting
+        _turn_off_table_statistics(database, fresh_pg_url)
         assert _show(database, "track_counts") == "off"
         assert server_warnings(database) == [AUTOVACUUM_OFF]
     finally:
@@ -417,10 +423,7 @@ def test_the_platform_logs_the_warning_at_start(
     fresh_pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     database = open_database(fresh_pg_url)
-    name = make_url(fresh_pg_url).database
-    with database.engine.connect() as connection:
-        connection.execute(text(f'ALTER DATABASE "{name}" SET track_counts = off'))
-        connection.commit()
+    _turn_off_table_statistics(database, fresh_pg_url)
     database.dispose()
     caplog.set_level(logging.WARNING, logger="shamal.server._platform")
     platform = start_platform(

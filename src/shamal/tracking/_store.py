@@ -312,7 +312,7 @@ def _among_runs(s: Session, column: Any, run_ids: Sequence[str]) -> ColumnElemen
     parameter per id: for a 1,000-run page the statement stays short, so the driver caches
     it instead of parsing a thousand placeholders on every call (4 ms less a query)."""
     if s.get_bind().dialect.name == "postgresql":
-        ids = bindparam("run_ids", list(run_ids), type_=postgresql.ARRAY(String()))
+        ids = bindparam(None, list(run_ids), type_=postgresql.ARRAY(String()))
         return cast(ColumnElement[bool], column == any_(ids))
     return cast(ColumnElement[bool], column.in_(list(run_ids)))
 
