@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +37,15 @@ class LiveServer:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "SHAMAL_HOME": str(home), **(env or {})}
+        # Jobs see the folder beside the home (where the tests' exchange folders lie) and
+        # nothing else of the test's: the home and the job folders stay hidden.
+        shared = json.dumps([str(home.parent)])
+        self.env = {
+            **os.environ,
+            "SHAMAL_HOME": str(home),
+            "SHAMAL_SCHEDULER__JOB_SHARED_FOLDERS": shared,
+            **(env or {}),
+        }
         self.workers = workers
         self.args = tuple(args)
         self.process: subprocess.Popen[bytes] | None = None
@@ -125,3 +136,34 @@ class LiveServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exchange_folder(path: Path) -> Path:
+    """Make ``path``, a folder that a test and its jobs both write: jobs run as an OS
+    user of their team's, not the test's, so it is writable by all, and the folders
+    above it (pytest makes them 0700) may be entered (not listed) by all."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    for parent in path.parents:
+        if parent in (Path("/"), Path(tempfile.gettempdir())):
+            break
+        parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
+    return path
+
+
+def job_command_pid(job_id: str, attempt: int) -> int:
+    """The host pid of a running job attempt's command. The job cannot tell it (its PID
+    namespace numbers it 2 or so): it is the process with the attempt's variables that
+    runs as another OS user than the test's (the jail's own processes run as ours)."""
+    wanted = {f"SHAMAL_JOB_ID={job_id}".encode(), f"SHAMAL_ATTEMPT={attempt}".encode()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+        if wanted <= environ and uid != os.getuid():
+            return int(entry.name)
+    raise LookupError(f"no process of job {job_id} attempt {attempt}")

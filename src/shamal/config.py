@@ -175,6 +175,41 @@ class SchedulerSettings(BaseModel):
         "its jobs (at least 5 ticks are always allowed)",
     )
     default_retries: int = Field(default=0, ge=0, le=100)
+    run_jobs_as: Literal["team-users", "server-user"] = Field(
+        default="team-users",
+        description="the OS user local jobs run as: one per team (`shamal-<team>`, made on "
+        "first use; needs the scheduler to run as root), or the server's own user (a "
+        "single-user laptop only; refused when the server runs as root)",
+    )
+    sandbox: bool = Field(
+        default=True,
+        description="run local jobs in mount, PID and IPC namespaces that hide the server's "
+        "home and every other job; false runs them unconfined (only with run_jobs_as = "
+        "server-user)",
+    )
+    job_folders: Path | None = Field(
+        default=None,
+        description="where jobs' working folders go, outside SHAMAL_HOME (default: "
+        "SHAMAL_HOME's sibling `<name>-jobs`)",
+    )
+    job_shared_folders: tuple[Path, ...] = Field(
+        default=(),
+        description="folders every job may read and write at their own paths (a shared "
+        "scratch or dataset folder): every tenant sees them, so never put secrets there",
+    )
+    job_pids_max: int = Field(
+        default=4096, ge=16, le=4_194_304, description="processes and threads per worker"
+    )
+    job_tmp_mib: int = Field(
+        default=1024,
+        ge=1,
+        description="size of a job's private /tmp (memory that counts against its own limit)",
+    )
+    job_network: Literal["host", "none"] = Field(
+        default="host",
+        description="`none`: jobs get a network namespace with only loopback (they then "
+        "cannot reach the platform's API either)",
+    )
     name: str | None = Field(
         default=None,
         description="this scheduler's name (default: host name); jobs it claims carry it",
@@ -244,6 +279,15 @@ class Settings(BaseSettings):
     def jobs_dir(self) -> Path:
         """Where the local executor unpacks snapshots and writes logs of running jobs."""
         return self.home / "jobs"
+
+    @property
+    def job_folders(self) -> Path:
+        """Where local jobs' working folders go: outside ``home``, so a job's folder is
+        never next to the server's secrets."""
+        configured = self.scheduler.job_folders
+        return (
+            configured if configured is not None else self.home.with_name(self.home.name + "-jobs")
+        )
 
     @property
     def keys_dir(self) -> Path:

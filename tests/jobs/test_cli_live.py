@@ -27,7 +27,7 @@ from shamal.cli import app
 from shamal.client import ShamalClient
 from shamal.errors import NotFound
 from tests.jobs.test_scheduling import stop_all_jobs
-from tests.live import LiveServer
+from tests.live import LiveServer, exchange_folder
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -104,9 +104,7 @@ def code(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def marks(tmp_path: Path) -> Path:
-    folder = tmp_path / "marks"
-    folder.mkdir()
-    return folder
+    return exchange_folder(tmp_path / "marks")
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from shamal.client import ShamalClient
-from tests.live import LiveServer
+from tests.live import LiveServer, exchange_folder, job_command_pid
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -99,9 +99,7 @@ while True:
 
 @pytest.fixture
 def marks(tmp_path: Path) -> Path:
-    folder = tmp_path / "marks"
-    folder.mkdir()
-    return folder
+    return exchange_folder(tmp_path / "marks")
 
 
 def starts(marks: Path) -> list[dict[str, Any]]:
@@ -177,7 +175,7 @@ def test_a_job_whose_process_is_killed_fails_and_is_retried(
 ) -> None:
     job_id = submit(api, code, marks, "forever", retries=1)
     wait_for(lambda: (marks / "running-1").exists(), "the job to run")
-    os.kill(int((marks / "running-1").read_text()), signal.SIGKILL)  # e.g. the OOM killer
+    os.kill(job_command_pid(job_id, 1), signal.SIGKILL)  # e.g. the OOM killer
     wait_for(lambda: (marks / "running-2").exists(), "the retry to run")
     events = [e["to_state"] for e in api.job_events(job_id)]
     assert events[3:6] == ["failed", "queued", "admitted"]
@@ -228,7 +226,7 @@ def test_time_limit_stops_a_job(api: ShamalClient, code: Path, marks: Path) -> N
 def test_cancel_stops_a_running_job(api: ShamalClient, code: Path, marks: Path) -> None:
     job_id = submit(api, code, marks, "forever")
     wait_for(lambda: (marks / "running-1").exists(), "the job to run")
-    pid = int((marks / "running-1").read_text())
+    pid = job_command_pid(job_id, 1)
     assert api.cancel_job(job_id)["stop_request"] == "cancel"
     job = wait_for(state_is(api, job_id, "cancelled"), "the cancellation")
     assert job["finished_at"] is not None
@@ -289,7 +287,7 @@ def test_a_job_whose_processes_died_with_the_server_is_lost_and_retried(
         with ShamalClient(live.url, live.token) as api:
             job_id = submit(api, code, marks, "forever", retries=1)
             wait_for(lambda: (marks / "running-1").exists(), "the job to run")
-            pid = int((marks / "running-1").read_text())
+            pid = job_command_pid(job_id, 1)
         live.kill()
         # The machine "lost" the job too: its supervisor and its processes are gone.
         record = tmp_path / "home" / "jobs" / job_id / "attempt-1.log.supervisor.json"
@@ -322,6 +320,7 @@ def test_two_scheduler_processes_never_run_a_job_twice(
         **FAST,
         "SHAMAL_DATABASE_URL": fresh_pg_url,
         "SHAMAL_SCHEDULER__CLUSTER_FILE": str(cluster),
+        "SHAMAL_SCHEDULER__JOB_SHARED_FOLDERS": json.dumps([str(tmp_path)]),
     }
     live = LiveServer(home, env={**env, "SHAMAL_SCHEDULER__ENABLED": "false"}).start()
     schedulers = [

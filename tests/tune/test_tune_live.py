@@ -21,7 +21,7 @@ from shamal.errors import NotFound
 from shamal.tune import TuneClient
 from shamal.tune._driver import TuneDriver, TuneOptions
 from tests.jobs.test_scheduling import FAST, stop_all_jobs
-from tests.live import LiveServer
+from tests.live import LiveServer, exchange_folder
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def test_tune_runs_trials_as_jobs_and_prunes_the_bad_one(
 ) -> None:
     code, marks = tmp_path / "code", tmp_path / "marks"
     code.mkdir()
-    marks.mkdir()
+    exchange_folder(marks)
     (code / "trial.py").write_text(TRIAL)
     monkeypatch.setenv("SHAMAL_URL", server.url)
     monkeypatch.setenv("SHAMAL_TOKEN", server.token)

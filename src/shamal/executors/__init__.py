@@ -12,7 +12,10 @@ import logging
 from typing import Any, cast
 
 from shamal.errors import InvalidParameter
+from shamal.executors._cgroups import limit_mode
+from shamal.executors._isolation import Sandbox, describe, interpreter_paths, self_test
 from shamal.executors._protocol import (
+    OUT_OF_MEMORY,
     REQUEUE_EXIT_CODE,
     Executor,
     ExitReason,
@@ -24,7 +27,13 @@ from shamal.executors._protocol import (
 
 __all__ = [
     "EXECUTORS",
+    "OUT_OF_MEMORY",
     "REQUEUE_EXIT_CODE",
+    "Sandbox",
+    "describe",
+    "interpreter_paths",
+    "limit_mode",
+    "self_test",
     "ExitReason",
     "ExitStatus",
     "Executor",

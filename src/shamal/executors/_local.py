@@ -38,10 +38,12 @@ import subprocess  # starting the supervisor is the point
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shamal.errors import InvalidParameter
+from shamal.executors._cgroups import Limits
 from shamal.executors._env import (
     DEFAULT_PASSTHROUGH,
     MigResolver,
@@ -51,6 +53,13 @@ from shamal.executors._env import (
     platform_variables,
     slot_visible_devices,
     worker_environment,
+)
+from shamal.executors._isolation import (
+    Account,
+    Sandbox,
+    jail_config,
+    prepare_workdir,
+    tenant_account,
 )
 from shamal.executors._procfs import (
     ProcessIdentity,
@@ -73,6 +82,7 @@ __all__ = ["LocalExecutor"]
 logger = logging.getLogger(__name__)
 
 _SUPERVISOR_MODULE = "shamal.executors._supervise"
+_MIB = 1024 * 1024
 
 
 def _nvml_mig_resolver(gpu_index: int, mig_start: int, mig_profile: str) -> str | None:
@@ -118,6 +128,8 @@ class LocalExecutor:
         poll_interval_s: the longest pause between two polls in :meth:`wait`.
         passthrough_env: names of the server's variables that workers inherit.
         resolve_mig: finds a MIG slot's device UUID (default: NVML on this node).
+        sandbox: confine every worker (its tenant's OS user, namespaces, cgroup limits);
+            ``None`` runs workers as this process's user, unconfined.
     """
 
     name = "local"
@@ -131,6 +143,7 @@ class LocalExecutor:
         poll_interval_s: float = 0.2,
         passthrough_env: Sequence[str] = DEFAULT_PASSTHROUGH,
         resolve_mig: MigResolver | None = _nvml_mig_resolver,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._python = python or sys.executable
         self._cancel_grace_s = cancel_grace_s
@@ -138,6 +151,7 @@ class LocalExecutor:
         self._poll_interval_s = poll_interval_s
         self._passthrough = tuple(passthrough_env)
         self._resolve_mig = resolve_mig
+        self._sandbox = sandbox
 
     # ------------------------------------------------------------------ launch
     def launch(self, spec: LaunchSpec) -> Handle:
@@ -157,7 +171,20 @@ class LocalExecutor:
             raise
         return self._await_started(spec, files)
 
+    def _account(self, spec: LaunchSpec) -> Account | None:
+        """The OS account the attempt runs as (``None``: this process's user); its working
+        folder is handed to it."""
+        if self._sandbox is None:
+            return None
+        try:
+            account = tenant_account(spec.tenant) if self._sandbox.own_users else None
+            prepare_workdir(spec.workdir, account)
+        except OSError as exc:
+            raise LaunchFailed(f"could not prepare the job's OS account: {exc}") from None
+        return account
+
     def _plan(self, spec: LaunchSpec) -> dict[str, Any]:
+        account = self._account(spec)
         base = worker_environment(os.environ, self._passthrough)
         layout = gang_layout([slot.node for slot in spec.placement.slots])
         master = ("127.0.0.1", free_port()) if spec.world_size > 1 else None
@@ -177,7 +204,16 @@ class LocalExecutor:
                 slot, override, self._resolve_mig
             )
             env = compose_environment(base, spec.env, platform)
-            workers.append({"argv": list(spec.command), "env": env})
+            worker: dict[str, Any] = {"argv": list(spec.command), "env": env}
+            if self._sandbox is not None:
+                worker["jail"] = jail_config(
+                    self._sandbox, workdir=str(spec.workdir), account=account
+                )
+                worker["limits"] = asdict(
+                    Limits(slot.memory_mib * _MIB, self._sandbox.pids_max, slot.cpu_milli)
+                )
+                worker["cgroup"] = _cgroup_name(spec, rank)
+            workers.append(worker)
         return {
             "job_id": spec.job_id,
             "attempt": spec.attempt,
@@ -322,6 +358,11 @@ class LocalExecutor:
         atomic_write_json(files.status, {**status.to_dict(), "finished_at": time.time()})
         logger.warning("job %s attempt %d is lost", handle.job_id, handle.attempt)
         return status
+
+
+def _cgroup_name(spec: LaunchSpec, rank: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.job_id)
+    return f"{safe}-{spec.attempt}-r{rank}"
 
 
 def _started_or_gone(ready: dict[str, Any], files: _RunFiles) -> bool:

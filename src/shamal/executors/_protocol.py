@@ -59,6 +59,7 @@ from shamal.errors import InvalidParameter, ServiceUnavailable
 from shamal.scheduler._resources import Placement
 
 __all__ = [
+    "OUT_OF_MEMORY",
     "REQUEUE_EXIT_CODE",
     "ExitReason",
     "ExitStatus",
@@ -71,6 +72,11 @@ __all__ = [
 REQUEUE_EXIT_CODE = 75
 """``EX_TEMPFAIL``: the exit code with which the training runtime says "I saved a
 checkpoint after SIGTERM; run me again". An attempt ending with it has ``requeue=True``."""
+
+
+OUT_OF_MEMORY = "out of memory"
+"""The :attr:`ExitStatus.detail` of an attempt that failed because the kernel killed a
+worker over its memory limit (where the executor can tell: a cgroup)."""
 
 
 class LaunchFailed(ServiceUnavailable):
@@ -177,6 +183,8 @@ class LaunchSpec:
             ``CUDA_VISIBLE_DEVICES`` (GPU index, ``GPU-...`` or ``MIG-...`` UUIDs), for
             callers that know better than the slot (local executor only; Ray assigns
             its own devices).
+        tenant: whose code it is (the job's team, ``""`` for none): an executor with a
+            sandbox runs it as that tenant's OS user.
     """
 
     job_id: str
@@ -189,6 +197,7 @@ class LaunchSpec:
     time_limit_s: float | None = None
     grace_s: float = 30.0
     device_ids: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if not self.job_id or "/" in self.job_id or "\0" in self.job_id:

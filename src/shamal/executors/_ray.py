@@ -30,20 +30,25 @@ share of a GPU to Ray (no MIG isolation); ``shamal`` must be importable on the R
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import tarfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shamal.errors import InvalidParameter, ServiceUnavailable
+from shamal.executors._cgroups import Limits
 from shamal.executors._env import DEFAULT_PASSTHROUGH, gang_layout, platform_variables
+from shamal.executors._isolation import Sandbox
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import atomic_write_json, read_json
 from shamal.executors._protocol import (
+    OUT_OF_MEMORY,
     ExitReason,
     ExitStatus,
     Handle,
@@ -117,11 +122,14 @@ class RayExecutor:
             (default: the node's temporary folder). An actor that dies without
             cleaning up (the ``lost`` case) leaves its folder behind there.
         init_options: more keyword arguments for ``ray.init``.
+        sandbox: confine every worker on its node, as the local executor does (the
+            tenant's OS user, namespaces, a cgroup with the slot's limits); needs Ray's
+            workers to run as root where ``own_users`` is set.
     """
 
     name = "ray"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only options, each with a default
         self,
         address: str | None = "auto",
         *,
@@ -132,7 +140,9 @@ class RayExecutor:
         passthrough_env: Sequence[str] = DEFAULT_PASSTHROUGH,
         node_tmpdir: str | None = None,
         init_options: Mapping[str, Any] | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
+        self._sandbox = sandbox
         self._node_tmpdir = node_tmpdir
         self._address = address
         self._ship = ship_workdir
@@ -306,9 +316,24 @@ class RayExecutor:
             env = {"user": dict(spec.env), "platform": platform}
             workdir = None if self._ship else str(spec.workdir)
             limits = (spec.time_limit_s, spec.grace_s)
+            confinement = None
+            if self._sandbox is not None:
+                confinement = {
+                    "sandbox": self._sandbox.to_dict(),
+                    "tenant": spec.tenant,
+                    "limits": asdict(
+                        Limits(slot.memory_mib * _MIB, self._sandbox.pids_max, slot.cpu_milli)
+                    ),
+                }
             calls.append(
                 actors[rank].start.remote(
-                    list(spec.command), env, self._passthrough, workdir, archive, limits
+                    list(spec.command),
+                    env,
+                    self._passthrough,
+                    workdir,
+                    archive,
+                    limits,
+                    confinement,
                 )
             )
         ray.get(calls, timeout=self._start_timeout_s)
@@ -485,4 +510,7 @@ def _outcome(states: Sequence[Mapping[str, Any]]) -> ExitStatus:
     culprit = min(failures)[1] if failures else None
     if culprit is not None and cause is StopCause.GANG:
         cause = None  # the gang stop follows from the culprit's failure
-    return decide_outcome([s["exit_code"] for s in states], cause, culprit)
+    status = decide_outcome([s["exit_code"] for s in states], cause, culprit)
+    if status.reason is ExitReason.FAILED and any(s.get("out_of_memory") for s in states):
+        status = dataclasses.replace(status, detail=OUT_OF_MEMORY)
+    return status

@@ -13,12 +13,14 @@ This module does not import ``ray`` at load time; :mod:`shamal.executors._ray` w
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import shutil
 import signal
 import subprocess  # starting the job's own process is the point
+import sys
 import tarfile
 import tempfile
 import threading
@@ -27,7 +29,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from shamal.executors._cgroups import Limits, WorkerCgroup
 from shamal.executors._env import compose_environment, worker_environment
+from shamal.executors._isolation import (
+    Sandbox,
+    confine,
+    jail_config,
+    prepare_workdir,
+    tenant_account,
+)
 from shamal.executors._logs import LineFramer
 from shamal.executors._outcome import StopCause, stronger
 from shamal.executors._procfs import free_port, kill_group
@@ -82,6 +92,8 @@ class RankProcess:
         self._kill_at: float | None = None
         self._timers: list[threading.Timer] = []
         self._done = threading.Event()
+        self._cgroup: WorkerCgroup | None = None
+        self._out_of_memory = False
 
     # ------------------------------------------------------------------ queries
     def node(self) -> dict[str, Any]:
@@ -112,6 +124,7 @@ class RankProcess:
                 "failed_at": self._failed_at,
                 "done": self._done.is_set(),
                 "started": self._proc is not None or self._code is not None,
+                "out_of_memory": self._out_of_memory,
             }
 
     def read_output(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
@@ -133,9 +146,11 @@ class RankProcess:
         workdir: str | None,
         archive: bytes | None,
         limits: tuple[float | None, float],
+        confinement: Mapping[str, Any] | None = None,
     ) -> None:
         """Start the process (idempotent). ``env`` has ``user`` and ``platform`` parts;
-        ``limits`` is ``(time_limit_s, grace_s)``; ``archive`` a tar of the snapshot."""
+        ``limits`` is ``(time_limit_s, grace_s)``; ``archive`` a tar of the snapshot;
+        ``confinement`` (``sandbox``, ``tenant``, ``limits``) runs it in the jail."""
         with self._lock:
             if self._proc is not None or self._done.is_set():
                 return  # started already, or stopped before it could start
@@ -147,8 +162,9 @@ class RankProcess:
                 worker_environment(os.environ, passthrough), env["user"], platform
             )
             try:
+                command = self._confined(list(argv), cwd, confinement)
                 self._proc = subprocess.Popen(  # argv, no shell
-                    list(argv),
+                    command,
                     cwd=cwd,
                     env=full_env,
                     stdin=subprocess.DEVNULL,
@@ -196,11 +212,31 @@ class RankProcess:
                 timer.cancel()
             if self._proc is not None:
                 kill_group(self._proc.pid, signal.SIGKILL)
+            if self._cgroup is not None:
+                self._cgroup.remove()
         with self._out_lock:
             self._out.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ internals
+    def _confined(
+        self, argv: list[str], cwd: Path, confinement: Mapping[str, Any] | None
+    ) -> list[str]:
+        """``argv`` in the jail, as the tenant's user, in a cgroup with the slot's limits
+        (see :mod:`shamal.executors._isolation`); ``argv`` itself without a sandbox."""
+        if confinement is None:
+            return argv
+        sandbox = Sandbox.from_dict(confinement["sandbox"])
+        # Every actor's folder on this node is hidden; this one's working folder is bound back.
+        sandbox = dataclasses.replace(sandbox, hide=(*sandbox.hide, str(self._dir.parent)))
+        account = tenant_account(str(confinement["tenant"])) if sandbox.own_users else None
+        prepare_workdir(cwd, account)
+        limits = Limits(**confinement["limits"])
+        name = f"ray-{self._dir.name}"
+        self._cgroup = WorkerCgroup.create(name, limits)
+        config = jail_config(sandbox, workdir=str(cwd), account=account)
+        return confine(sys.executable, config, argv, cgroup=self._cgroup, limits=limits)
+
     def _unpack(self, archive: bytes) -> Path:
         target = self._dir / "workdir"
         target.mkdir()
@@ -250,6 +286,11 @@ class RankProcess:
         assert self._proc is not None
         code = self._proc.wait()
         kill_group(self._proc.pid, signal.SIGKILL)  # what its own children left behind
+        if self._cgroup is not None:
+            if self._cgroup.oom_killed():
+                self._out_of_memory = True
+                self._note("ran out of memory")
+            self._cgroup.remove()
         self._exited(code)
         pump.join(_PUMP_JOIN_S)  # a process that escaped its group may hold the pipe
         self._done.set()

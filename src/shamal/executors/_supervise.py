@@ -24,6 +24,7 @@ It imports nothing heavy: it must start fast and depend on little.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -34,10 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shamal.executors._cgroups import Limits, WorkerCgroup
+from shamal.executors._isolation import confine
 from shamal.executors._logs import LineFramer
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import ProcessIdentity, atomic_write_json, kill_group, read_json
-from shamal.executors._protocol import ExitReason, ExitStatus
+from shamal.executors._protocol import OUT_OF_MEMORY, ExitReason, ExitStatus
 
 __all__ = ["main"]
 
@@ -48,10 +51,15 @@ _DRAIN_S = 2.0  # how long to read leftover output after the last worker exited
 class _Worker:
     """One rank: its process, output pipe and exit code."""
 
-    def __init__(self, rank: int, argv: list[str], env: dict[str, str], prefix: bytes) -> None:
+    def __init__(self, rank: int, spec: dict[str, Any], prefix: bytes) -> None:
         self.rank = rank
-        self.argv = argv
-        self.env = env
+        self.argv = list(spec["argv"])
+        self.env = dict(spec["env"])
+        self.jail: dict[str, Any] | None = spec.get("jail")
+        self.limits = Limits(**spec.get("limits", {}))
+        self.cgroup_name = str(spec.get("cgroup", f"worker-{os.getpid()}-{rank}"))
+        self.cgroup: WorkerCgroup | None = None
+        self.out_of_memory = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.identity: ProcessIdentity | None = None
         self.framer = LineFramer(prefix)
@@ -76,7 +84,7 @@ class Supervisor:
         self.grace_s = float(plan["grace_s"])
         gang = len(plan["workers"]) > 1
         self.workers = [
-            _Worker(r, list(w["argv"]), dict(w["env"]), f"[rank {r}] ".encode() if gang else b"")
+            _Worker(r, w, f"[rank {r}] ".encode() if gang else b"")
             for r, w in enumerate(plan["workers"])
         ]
         self.sel = selectors.DefaultSelector()
@@ -129,9 +137,15 @@ class Supervisor:
         return 0
 
     def _spawn(self, worker: _Worker) -> None:
+        argv = worker.argv
         try:
+            if worker.jail is not None:
+                worker.cgroup = WorkerCgroup.create(worker.cgroup_name, worker.limits)
+                argv = confine(
+                    sys.executable, worker.jail, argv, cgroup=worker.cgroup, limits=worker.limits
+                )
             worker.proc = subprocess.Popen(  # argv, no shell
-                worker.argv,
+                argv,
                 cwd=self.plan["workdir"],
                 env=worker.env,
                 stdin=subprocess.DEVNULL,
@@ -202,6 +216,10 @@ class Supervisor:
                 code = worker.proc.poll()
                 if code is not None:
                     worker.code = code
+                    if worker.cgroup is not None and worker.cgroup.oom_killed():
+                        worker.out_of_memory = True
+                        mib = worker.limits.memory_bytes // (1024 * 1024)
+                        self.note(f"rank {worker.rank} ran out of memory (limit {mib} MiB)")
                     if code != 0:
                         self._failed(worker)
 
@@ -246,8 +264,12 @@ class Supervisor:
         for worker in self.workers:
             if worker.proc is not None:  # what its own children left behind
                 kill_group(worker.proc.pid, signal.SIGKILL)
+            if worker.cgroup is not None:  # even those that left the group
+                worker.cgroup.remove()
         self._drain()
         status = decide_outcome([w.code for w in self.workers], self.cause, self.culprit)
+        if any(w.out_of_memory for w in self.workers) and status.reason is ExitReason.FAILED:
+            status = dataclasses.replace(status, detail=OUT_OF_MEMORY)
         self._write_status(status)
 
     def _drain(self) -> None:
@@ -276,6 +298,8 @@ class Supervisor:
         for worker in self.workers:
             if worker.proc is not None:
                 kill_group(worker.proc.pid, signal.SIGKILL)
+            if worker.cgroup is not None:
+                worker.cgroup.remove()
         self.note(f"supervisor error ({type(exc).__name__}): workers killed")
         codes = tuple(w.code for w in self.workers)
         self._write_status(ExitStatus(ExitReason.LOST, codes, False, None, "supervisor error"))

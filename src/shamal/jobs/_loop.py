@@ -27,6 +27,7 @@ should be longer than any restart that is expected to come back.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 from shamal import snapshot
 from shamal.artifacts import ArtifactService
 from shamal.config import SchedulerSettings
-from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec
+from shamal.executors import OUT_OF_MEMORY, Executor, ExitStatus, Handle, LaunchSpec
 from shamal.jobs._convert import (
     placement_from_json,
     placement_to_json,
@@ -86,6 +87,11 @@ class SchedulerParts:
     cluster: Cluster
     settings: SchedulerSettings
     jobs_dir: Path
+    """The attempts' logs and the executor's files about them (the server's, hidden from
+    jobs)."""
+    work_root: Path | None = None
+    """Where attempts' working folders go (outside the server's home); default
+    ``jobs_dir``."""
 
 
 @dataclass
@@ -136,6 +142,7 @@ class SchedulerLoop:
         self._template = parts.cluster
         self._settings = settings = parts.settings
         self._jobs_dir = parts.jobs_dir
+        self._work_root = parts.work_root or parts.jobs_dir
         self._credentials = credentials
         self._clock = clock
         self._classes = {
@@ -197,6 +204,7 @@ class SchedulerLoop:
         if handle is None:
             self._life.ended(job, JobState.LOST, reason=f"its processes were gone after {why}")
             self._release(job)
+            self._remove_workdir(job)
             return
         shipped = self._shipped_bytes(job)
         self.tracked[job.id] = Tracked(job, handle, self._log_path(job), shipped)
@@ -362,8 +370,11 @@ class SchedulerLoop:
     def _log_path(self, job: Job) -> Path:
         return self._jobs_dir / job.id / f"attempt-{job.attempt}.log"
 
+    def _workdir_of(self, job: Job) -> Path:
+        return self._work_root / job.id / f"attempt-{job.attempt}"
+
     def _workdir(self, job: Job) -> Path:
-        folder = self._jobs_dir / job.id / f"attempt-{job.attempt}"
+        folder = self._workdir_of(job)
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
@@ -420,6 +431,7 @@ class SchedulerLoop:
                 time_limit_s=job.time_limit_s,
                 log_path=log_path,
                 grace_s=self._settings.grace_s,
+                tenant=job.team,
             )
             handle = self._executor.launch(spec)
         except Exception as exc:
@@ -450,6 +462,15 @@ class SchedulerLoop:
             return
         self.tracked[job.id] = Tracked(running, handle, log_path)
 
+    def _remove_workdir(self, job: Job) -> None:
+        """An ended attempt's working folder goes (a retry gets a fresh one); what a job
+        keeps belongs in the artifact store."""
+        folder = self._workdir_of(job)
+        if self._work_root != self._jobs_dir and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()  # the job's folder, once its last attempt is gone
+
     def _release(self, job: Job) -> None:
         """Withdraw an ended attempt's credentials; a failure is logged, never fatal (the
         token expires on its own)."""
@@ -474,6 +495,7 @@ class SchedulerLoop:
                 tracked.job, outcome, reason=reason, exit_code=status.exit_code
             )
             self._release(tracked.job)
+            self._remove_workdir(tracked.job)
             if ended is not None and outcome is JobState.SUCCEEDED:
                 self.predictor.update(record_of(ended, ended.attained_s))
 
@@ -532,6 +554,9 @@ def _failure(status: ExitStatus) -> str:
     """How a failed attempt ended, in words: 'killed by SIGKILL', 'rank 1 exited with
     code 3', 'exited with code 127 (command not found)'."""
     code = status.exit_code
+    gang = len(status.exit_codes) > 1 and status.culprit_rank is not None
+    if status.detail == OUT_OF_MEMORY:
+        return f"{OUT_OF_MEMORY} (rank {status.culprit_rank})" if gang else OUT_OF_MEMORY
     if code is not None and code < 0:
         try:
             what = f"killed by {signal.Signals(-code).name}"
@@ -541,5 +566,4 @@ def _failure(status: ExitStatus) -> str:
         what = f"exited with code {code}"
         if code in _SHELL_CODES:
             what += f" ({_SHELL_CODES[code]})"
-    gang = len(status.exit_codes) > 1 and status.culprit_rank is not None
     return f"rank {status.culprit_rank} {what}" if gang else what

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
+from shamal.config import LocalArtifactSettings, Settings
 from shamal.errors import InvalidParameter
-from shamal.executors import get_executor
+from shamal.executors import Sandbox, describe, get_executor, self_test
 from shamal.jobs import Job, JobLifecycle, effective_settings
 from shamal.jobs._loop import SchedulerLoop, SchedulerParts
 from shamal.scheduler import DEFAULT_POLICY, get_policy
@@ -32,7 +37,12 @@ def build_loop(
             neither, jobs get no platform credentials.
     """
     settings = effective_settings(platform.settings.scheduler)
-    options = {"address": settings.ray_address} if settings.executor == "ray" else {}
+    options: dict[str, Any] = {}
+    if settings.executor == "ray":
+        options["address"] = settings.ray_address
+    sandbox = job_sandbox(platform.settings)
+    options["sandbox"] = sandbox
+    logger.info("%s", describe(sandbox))
     parts = SchedulerParts(
         lifecycle=JobLifecycle(platform.db, platform.audit, name or scheduler_name(platform)),
         jobs=platform.jobs,
@@ -41,6 +51,7 @@ def build_loop(
         cluster=platform.cluster,
         settings=settings,
         jobs_dir=platform.settings.jobs_dir,
+        work_root=job_folders(platform.settings),
     )
     try:
         policy = get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options)
@@ -53,6 +64,91 @@ def build_loop(
     # A canary whose traffic stopped still moves on (or back) after its interval.
     loop.periodic.append((10.0, platform.deployments.check_rollouts))
     return loop
+
+
+def job_folders(settings: Settings) -> Path:
+    """The folder of jobs' working folders, made (mode 0711: job users may enter it, not
+    list it) and checked: owned by this user, not a link, outside ``SHAMAL_HOME``."""
+    root = settings.job_folders.absolute()
+    home = settings.home.absolute()
+    if root == home or home in root.parents or root in home.parents:
+        raise InvalidParameter(
+            f"the job folders ({root}) must lie outside SHAMAL_HOME ({home}) and not hold it: "
+            "set SHAMAL_SCHEDULER__JOB_FOLDERS elsewhere"
+        )
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    info = root.lstat()
+    if root.is_symlink() or info.st_uid != os.geteuid():
+        raise InvalidParameter(
+            f"{root} is not a folder of this user's: refusing to put jobs there "
+            "(set SHAMAL_SCHEDULER__JOB_FOLDERS to a folder of the server's)"
+        )
+    root.chmod(0o711)
+    return root
+
+
+def hidden_from_jobs(settings: Settings) -> tuple[str, ...]:
+    """What no job may see: the server's home, every job's folder, the local artifact
+    store, the key ring, a SQLite database, wherever each lies."""
+    paths = {settings.home, settings.job_folders, settings.keys_dir}
+    paths.add(settings.resolved_master_key_file.parent)
+    if isinstance(settings.artifacts, LocalArtifactSettings):
+        paths.add(settings.artifact_root)
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        paths.add(Path(url.removeprefix("sqlite:///")).parent)
+    if settings.scheduler.cluster_file is not None:
+        paths.add(settings.scheduler.cluster_file.parent)
+    return tuple(sorted(str(p.absolute()) for p in paths))
+
+
+def job_sandbox(settings: Settings, *, euid: int | None = None) -> Sandbox | None:
+    """The sandbox jobs run in, after checking that this process may run them so.
+
+    Args:
+        euid: the user the scheduler runs as (default: this process's).
+
+    Raises:
+        InvalidParameter: jobs would run as root, or as the server's user without the
+            operator asking for it, or the sandbox does not work on this machine.
+    """
+    scheduler = settings.scheduler
+    root = (os.geteuid() if euid is None else euid) == 0
+    if scheduler.run_jobs_as == "team-users" and not root:
+        raise InvalidParameter(
+            "jobs run as an OS user per team, which needs the scheduler to run as root. On "
+            "a single-user laptop, run them as your own user instead (hidden from "
+            "SHAMAL_HOME by namespaces): SHAMAL_SCHEDULER__RUN_JOBS_AS=server-user"
+        )
+    if scheduler.run_jobs_as == "server-user" and root:
+        raise InvalidParameter(
+            "the server runs as root, so jobs would run as root: keep "
+            "SHAMAL_SCHEDULER__RUN_JOBS_AS=team-users (a user per team)"
+        )
+    if not scheduler.sandbox:
+        if scheduler.run_jobs_as != "server-user":
+            raise InvalidParameter(
+                "SHAMAL_SCHEDULER__SANDBOX=false runs jobs unconfined: only with "
+                "SHAMAL_SCHEDULER__RUN_JOBS_AS=server-user, on a single-user machine"
+            )
+        logger.warning("jobs run unconfined: they can read everything the server can")
+        return None
+    sandbox = Sandbox(
+        hide=hidden_from_jobs(settings),
+        shared=tuple(str(p.absolute()) for p in scheduler.job_shared_folders),
+        own_users=scheduler.run_jobs_as == "team-users",
+        pids_max=scheduler.job_pids_max,
+        tmp_size_mib=scheduler.job_tmp_mib,
+        no_network=scheduler.job_network == "none",
+    )
+    problem = self_test(sys.executable, sandbox, job_folders(settings))
+    if problem is not None:
+        raise InvalidParameter(
+            f"jobs cannot be confined on this machine ({problem}). Where the kernel allows "
+            "no namespaces, and only on a single-user machine: SHAMAL_SCHEDULER__SANDBOX=false "
+            "with SHAMAL_SCHEDULER__RUN_JOBS_AS=server-user"
+        )
+    return sandbox
 
 
 JOB_TOKEN_MAX = timedelta(days=7)

@@ -1,0 +1,250 @@
+"""How a job's workers are confined: its OS user, what it sees, what it may use.
+
+A :class:`Sandbox` is an executor option. With one, every worker runs inside the jail
+(:mod:`shamal.executors._jail`): new mount, PID and IPC namespaces, the server's folders
+hidden, a private ``/tmp``, its own ``/proc``, and, when ``own_users`` is set, the OS
+user of its tenant (one per team, made on first use with ``useradd``), never root and
+never the server's user. Its limits come from its slot (memory, CPU) and the sandbox
+(processes), through a cgroup where the machine allows one (:mod:`._cgroups`).
+
+Everything here runs with the executor's privileges, before the job's code runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess  # useradd, and the jail's self-test
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from shamal.executors._cgroups import Limits, WorkerCgroup, limit_mode
+
+__all__ = [
+    "JAIL_SCRIPT",
+    "Account",
+    "Sandbox",
+    "confine",
+    "describe",
+    "interpreter_paths",
+    "jail_config",
+    "prepare_workdir",
+    "self_test",
+    "tenant_account",
+]
+
+logger = logging.getLogger(__name__)
+
+JAIL_SCRIPT = Path(__file__).with_name("_jail.py")
+"""Run as a plain file with ``python -I``: see :mod:`shamal.executors._jail`."""
+
+_NAME_MAX = 32  # useradd's limit on Linux
+_USER_PREFIX = "shamal-"
+_NO_TEAM_USER = "shamal-jobs"
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """An OS account a job runs as."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How an executor confines its workers.
+
+    Attributes:
+        hide: folders no job may see (the server's home, the folder of every job's
+            working folder, the artifact store when local, the logs).
+        expose: folders a job may read besides its own (the interpreter that runs the
+            platform, its packages: :func:`interpreter_paths`).
+        shared: folders every job may read and write (a shared scratch folder).
+        own_users: run each job as its tenant's OS user (needs root); otherwise as the
+            executor's own user, in namespaces.
+        pids_max: the most processes (and threads) one worker may have at once.
+        tmp_size_mib: size of the job's private ``/tmp`` and ``/dev/shm`` (memory that
+            counts against the job's own limit).
+        no_network: a network namespace of its own (loopback only): the job reaches
+            nothing, the platform's API included.
+    """
+
+    hide: tuple[str, ...]
+    shared: tuple[str, ...] = ()
+    expose: tuple[str, ...] = ()
+    own_users: bool = True
+    pids_max: int = 4096
+    tmp_size_mib: int = 1024
+    no_network: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sandbox:
+        return cls(
+            hide=tuple(str(p) for p in data["hide"]),
+            shared=tuple(str(p) for p in data.get("shared", ())),
+            expose=tuple(str(p) for p in data.get("expose", ())),
+            own_users=bool(data.get("own_users", True)),
+            pids_max=int(data.get("pids_max", 4096)),
+            tmp_size_mib=int(data.get("tmp_size_mib", 1024)),
+            no_network=bool(data.get("no_network", False)),
+        )
+
+
+def interpreter_paths() -> tuple[str, ...]:
+    """What a job needs to read to run this platform's Python and import ``shamal``."""
+    import shamal
+
+    paths = {sys.prefix, sys.base_prefix, str(Path(shamal.__file__).resolve().parents[1])}
+    paths.add(str(Path(sys.executable).resolve().parent.parent))
+    return tuple(sorted(paths))
+
+
+def account_name(tenant: str) -> str:
+    """The OS user name of a tenant: ``shamal-<team>`` (shortened with a hash past 32
+    characters, other characters than ``[a-z0-9-]`` replaced); ``shamal-jobs`` for
+    jobs of no team."""
+    if not tenant:
+        return _NO_TEAM_USER
+    slug = re.sub(r"[^a-z0-9-]", "-", tenant.lower()).strip("-") or "team"
+    name = _USER_PREFIX + slug
+    if len(name) > _NAME_MAX or slug != tenant:
+        digest = hashlib.sha256(tenant.encode()).hexdigest()[:8]
+        name = f"{_USER_PREFIX}{slug[: _NAME_MAX - len(_USER_PREFIX) - 9]}-{digest}"
+    return name
+
+
+def tenant_account(tenant: str) -> Account:
+    """The OS account of ``tenant``'s jobs, made (``useradd --system``, a group of its
+    own, no home, no login shell) when missing. Never root.
+
+    Raises:
+        PermissionError: it is missing and this process cannot make it.
+    """
+    name = account_name(tenant)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        entry = _create_account(name)
+    if entry.pw_uid == 0 or entry.pw_gid == 0:
+        raise PermissionError(f"the job account {name} is root; refusing to use it")
+    return Account(name, entry.pw_uid, entry.pw_gid)
+
+
+def _create_account(name: str) -> pwd.struct_passwd:
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    command = [
+        useradd,
+        "--system",
+        "--user-group",
+        "--no-create-home",
+        "--home-dir",
+        "/nonexistent",
+        "--shell",
+        "/usr/sbin/nologin",
+        "--comment",
+        "Shamal jobs",
+        name,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        entry = pwd.getpwnam(name)  # made now, or by a scheduler beside us meanwhile
+    except KeyError:
+        raise PermissionError(
+            f"could not create the job account {name}: {done.stderr.strip() or done.returncode}"
+        ) from None
+    logger.info("created the OS account %s (uid %d) for jobs", name, entry.pw_uid)
+    return entry
+
+
+def prepare_workdir(workdir: Path, account: Account | None) -> None:
+    """Give the job's working folder to its account (mode 0700), all of it, without
+    following links; the folder was unpacked by the executor and nothing runs in it yet."""
+    if account is None:
+        return
+    for root, dirs, files in os.walk(workdir):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(root, name), account.uid, account.gid)
+    os.chown(workdir, account.uid, account.gid)
+    workdir.chmod(0o700)
+
+
+def jail_config(sandbox: Sandbox, *, workdir: str, account: Account | None) -> dict[str, Any]:
+    """What the jail is told about one worker (see :mod:`shamal.executors._jail`), less
+    its cgroup and rlimits, which :func:`confine` adds where the worker starts."""
+    return {
+        "uid": None if account is None else account.uid,
+        "gid": None if account is None else account.gid,
+        "user": "" if account is None else account.name,
+        "workdir": workdir,
+        "hide": list(sandbox.hide),
+        "expose": sorted({*interpreter_paths(), *sandbox.expose}),
+        "shared": list(sandbox.shared),
+        "tmp_size_mib": sandbox.tmp_size_mib,
+        "no_network": sandbox.no_network,
+    }
+
+
+def confine(
+    python: str,
+    config: Mapping[str, Any],
+    argv: Sequence[str],
+    *,
+    cgroup: WorkerCgroup | None,
+    limits: Limits,
+) -> list[str]:
+    """The argv that runs ``argv`` in the jail described by ``config``
+    (:func:`jail_config`), joined to ``cgroup``, or with ``limits`` as rlimits when
+    there is none."""
+    own_user = config.get("uid") is not None
+    full = {
+        **config,
+        "cgroup_procs": [] if cgroup is None else cgroup.procs_files,
+        "rlimits": {"RLIMIT_CORE": 0} if cgroup is not None else limits.rlimits(own_user=own_user),
+    }
+    return [python, "-I", str(JAIL_SCRIPT), json.dumps(full), "--", *argv]
+
+
+def self_test(python: str, sandbox: Sandbox, scratch: Path) -> str | None:
+    """Run ``true`` in the jail as the no-team account; ``None`` when it works, else why
+    not (in words). Made for the server's start, so it refuses to run jobs unconfined."""
+    account = None
+    try:
+        if sandbox.own_users:
+            account = tenant_account("")
+        workdir = scratch / "sandbox-self-test"
+        workdir.mkdir(parents=True, exist_ok=True)
+        prepare_workdir(workdir, account)
+        config = jail_config(sandbox, workdir=str(workdir), account=account)
+        argv = confine(python, config, ["true"], cgroup=None, limits=Limits())
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(scratch / "sandbox-self-test")
+    if done.returncode != 0:
+        return done.stderr.strip().replace("[shamal] ", "") or f"exit {done.returncode}"
+    return None
+
+
+def describe(sandbox: Sandbox | None) -> str:
+    """One line for the server's start: who jobs run as, in what, with which limits."""
+    if sandbox is None:
+        return "jobs run unconfined, as the server's own user"
+    who = "a user per team" if sandbox.own_users else "the server's own user"
+    net = ", no network" if sandbox.no_network else ""
+    return f"jobs run as {who} in mount, PID and IPC namespaces{net}; limits: {limit_mode()}"

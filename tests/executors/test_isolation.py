@@ -1,0 +1,341 @@
+"""Jobs are untrusted code: what a sandboxed worker sees, who it runs as, what it may use.
+
+Each test runs jobs that try something a hostile tenant would (section 12 of the
+hostile-input catalogue) and print what they saw as JSON; the test reads the log. Both
+executors run them: the local one, and Ray's rank actors, which confine the command the
+same way on their node. Without the sandbox every probe here succeeds (the jobs would
+run as this test's user, root, beside everything).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shamal.executors import (
+    OUT_OF_MEMORY,
+    Executor,
+    ExitReason,
+    ExitStatus,
+    Handle,
+    LaunchSpec,
+    Sandbox,
+    get_executor,
+)
+from shamal.scheduler._resources import Placement, Slot
+from tests.live import job_command_pid
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs of other users need root")
+
+DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError", "NotADirectoryError"}
+
+PROBE = """
+import json, os, sys
+def probe(action):
+    try:
+        return {"outcome": "ok", "value": action()}
+    except Exception as exc:
+        return {"outcome": type(exc).__name__}
+"""
+
+
+def report(log: str) -> dict[str, Any]:
+    """The JSON object the job printed on its last ``REPORT`` line."""
+    lines = [line for line in log.splitlines() if line.startswith("REPORT ")]
+    assert lines, f"the job printed no report:\n{log}"
+    found: dict[str, Any] = json.loads(lines[-1].removeprefix("REPORT "))
+    return found
+
+
+class Tenants:
+    """Launches sandboxed jobs of named tenants, each in a working folder of its own."""
+
+    def __init__(self, executor: Executor, root: Path, sandbox: Sandbox) -> None:
+        self.executor = executor
+        self.root = root
+        self.sandbox = sandbox
+        self.handles: list[Handle] = []
+
+    def spec(
+        self,
+        tenant: str,
+        code: str,
+        *,
+        memory_mib: int = 256,
+        cpu_milli: int = 1000,
+        env: dict[str, str] | None = None,
+    ) -> LaunchSpec:
+        job_id = f"job-{uuid.uuid4().hex[:10]}"
+        workdir = self.root / "job-folders" / job_id / "attempt-0"
+        workdir.mkdir(parents=True)
+        (workdir / "secret.txt").write_text(f"secret of {tenant}")
+        return LaunchSpec(
+            job_id=job_id,
+            attempt=0,
+            command=(sys.executable, "-c", textwrap.dedent(PROBE + code)),
+            workdir=workdir,
+            env=env or {},
+            placement=Placement((Slot("node-a", cpu_milli, memory_mib),)),
+            log_path=self.root / "home" / "jobs" / job_id / "attempt-0.log",
+            grace_s=2.0,
+            tenant=tenant,
+        )
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        handle = self.executor.launch(spec)
+        self.handles.append(handle)
+        return handle
+
+    def run(self, spec: LaunchSpec) -> tuple[ExitStatus, str]:
+        status = self.executor.wait(self.launch(spec), 60)
+        assert status is not None, "the job did not end within 60 s"
+        return status, spec.log_path.read_text()
+
+    def cleanup(self) -> None:
+        for handle in self.handles:
+            if self.executor.poll(handle) is None:
+                self.executor.cancel(handle)
+                self.executor.wait(handle, 30)
+
+
+def make_sandbox(root: Path, **options: Any) -> Sandbox:
+    home = root / "home"
+    home.mkdir(mode=0o700)
+    (home / "token").write_text("the admin token")
+    (root / "job-folders").mkdir(mode=0o711)
+    return Sandbox(hide=(str(home), str(root / "job-folders")), **options)
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.slow)])
+def executor_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def build(kind: str, request: pytest.FixtureRequest, root: Path, sandbox: Sandbox) -> Executor:
+    if kind == "ray":
+        request.getfixturevalue("ray_cluster")
+        return get_executor(
+            "ray", start_timeout_s=30.0, node_tmpdir=str(root / "node"), sandbox=sandbox
+        )
+    return get_executor("local", sandbox=sandbox)
+
+
+@pytest.fixture
+def tenants(
+    executor_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Tenants]:
+    sandbox = make_sandbox(tmp_path, pids_max=64, tmp_size_mib=4)
+    built = Tenants(build(executor_kind, request, tmp_path, sandbox), tmp_path, sandbox)
+    try:
+        yield built
+    finally:
+        built.cleanup()
+        built.executor.close()
+
+
+def host_processes_with(token: str) -> list[int]:
+    """Host pids of ``sleep`` commands whose first argument starts with ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(b"sleep\0" + token.encode()):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_job_runs_as_its_tenants_user_and_reaches_nothing_of_the_server_or_of_others(
+    tenants: Tenants, tmp_path: Path
+) -> None:
+    victim_spec = tenants.spec(
+        "red", "import time\nprint('REPORT {}', flush=True)\ntime.sleep(600)\n"
+    )
+    victim = tenants.launch(victim_spec)
+
+    def running() -> bool:
+        tenants.executor.poll(victim)  # the Ray executor pulls the output as it polls
+        return victim_spec.log_path.exists() and "REPORT" in victim_spec.log_path.read_text()
+
+    wait_for(running, "the red job to run")
+    victim_pid = job_command_pid(victim_spec.job_id, 0)
+    victim_environ = Path(f"/proc/{victim_pid}/environ").read_bytes()
+    assert b"SHAMAL_JOB_ID" in victim_environ  # readable by the server, as it must be
+    victim_workdir = Path(os.readlink(f"/proc/{victim_pid}/cwd"))
+    home = tmp_path / "home"
+    token = home / "token"
+    code = f"""
+import pwd, signal
+token, home = {str(token)!r}, {str(home)!r}
+victim_dir, victim_log = {str(victim_workdir)!r}, {str(victim_spec.log_path)!r}
+pid, server = {victim_pid}, {os.getpid()}
+relative = os.path.relpath(token, os.getcwd())
+seen = {{
+    "uid": os.getuid(), "user": pwd.getpwuid(os.getuid()).pw_name, "cwd": os.getcwd(),
+    "token": probe(lambda: open(token).read()),
+    "token_by_relative_path": probe(lambda: open(relative).read()),
+    "home_listing": probe(lambda: os.listdir(home)),
+    "victim_secret": probe(lambda: open(os.path.join(victim_dir, "secret.txt")).read()),
+    "victim_folder": probe(lambda: os.listdir(victim_dir)),
+    "victim_log": probe(lambda: open(victim_log).read()),
+    "victim_environ": probe(lambda: open(f"/proc/{{pid}}/environ").read()),
+    "server_environ": probe(lambda: open(f"/proc/{{server}}/environ").read()),
+    "signal_victim": probe(lambda: os.kill(pid, signal.SIGKILL)),
+    "stop_victim": probe(lambda: os.kill(pid, signal.SIGSTOP)),
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "own_secret": probe(lambda: open("secret.txt").read()),
+    "write_own_folder": probe(lambda: open("out.txt", "w").write("mine")),
+}}
+seen["kill_everything"] = probe(lambda: os.kill(-1, signal.SIGKILL))
+print("REPORT " + json.dumps(seen), flush=True)
+"""
+    status, log = tenants.run(tenants.spec("blue", code))
+    assert status.reason is ExitReason.SUCCEEDED, log
+    seen = report(log)
+    blue = pwd.getpwnam("shamal-blue")
+    assert (seen["uid"], seen["user"]) == (blue.pw_uid, "shamal-blue")
+    assert blue.pw_uid not in (0, os.getuid(), pwd.getpwnam("shamal-red").pw_uid)
+    for probe in (
+        "token",
+        "token_by_relative_path",
+        "victim_secret",
+        "victim_folder",
+        "victim_log",
+        "victim_environ",
+        "server_environ",
+        "signal_victim",
+        "stop_victim",
+    ):
+        assert seen[probe]["outcome"] in DENIED, (probe, seen[probe])
+    assert seen["home_listing"] in (
+        {"outcome": "ok", "value": []},
+        {"outcome": "FileNotFoundError"},
+    )
+    assert os.getpid() not in seen["processes"]
+    assert victim_pid not in seen["processes"]
+    assert len(seen["processes"]) <= 3  # its init, itself, and nothing else
+    assert seen["own_secret"] == {"outcome": "ok", "value": "secret of blue"}
+    assert seen["write_own_folder"]["outcome"] == "ok"
+    assert "the admin token" not in log
+    assert "secret of red" not in log
+    # The red job is untouched by all of it: still running, not stopped.
+    assert tenants.executor.poll(victim) is None
+    state = Path(f"/proc/{victim_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state in "RS", state
+
+
+def test_a_job_over_its_memory_fails_out_of_memory(tenants: Tenants) -> None:
+    code = """
+chunks = []
+for _ in range(64):
+    chunks.append(bytearray(16 * 1024 * 1024))  # touched: bytearray zero-fills
+print("REPORT {\\"survived\\": true}", flush=True)
+"""
+    status, log = tenants.run(tenants.spec("red", code, memory_mib=96))
+    assert status.reason is ExitReason.FAILED, log
+    assert status.detail == OUT_OF_MEMORY, (status, log)
+    assert "survived" not in log
+
+
+def test_every_process_a_job_starts_ends_with_it(tenants: Tenants) -> None:
+    mark = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    code = f"""
+import subprocess, time
+mark = {mark!r}
+subprocess.Popen(["setsid", "sleep", mark + "1"])
+nohup = "nohup sleep " + mark + "2 >/dev/null 2>&1 &"
+subprocess.Popen(["sh", "-c", nohup])
+if os.fork() == 0:  # a daemon by double fork
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", mark + "3"])
+    os._exit(0)
+os.wait()
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    commands = [open(f"/proc/{{p}}/cmdline", "rb").read() for p in pids]
+    alive = [c for c in commands if c.startswith(b"sleep\\0" + mark.encode())]
+    if len(alive) == 3:
+        break
+    time.sleep(0.02)
+print("REPORT " + json.dumps({{"alive": len(alive)}}), flush=True)
+"""
+    status, log = tenants.run(tenants.spec("red", code))
+    assert status.reason is ExitReason.SUCCEEDED, log
+    assert report(log) == {"alive": 3}  # all three escapees ran while the job did
+    assert host_processes_with(mark) == []
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(tenants: Tenants) -> None:
+    code = """
+import time
+children = []
+error = None
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    error = type(exc).__name__
+print("REPORT " + json.dumps({"forked": len(children), "error": error}), flush=True)
+"""
+    status, log = tenants.run(tenants.spec("red", code))
+    assert status.reason is ExitReason.SUCCEEDED, log
+    seen = report(log)
+    assert seen["error"] == "BlockingIOError", seen  # EAGAIN from fork
+    assert seen["forked"] < tenants.sandbox.pids_max
+
+
+def test_the_private_tmp_is_bounded_and_shows_nothing_of_the_hosts(
+    tenants: Tenants, tmp_path: Path
+) -> None:
+    host_file = Path("/tmp") / f"shamal-host-{uuid.uuid4().hex}"  # noqa: S108 - the point
+    host_file.write_text("host")
+    try:
+        code = f"""
+def fill():
+    with open("/tmp/fill", "wb") as fh:
+        for _ in range(16):
+            fh.write(b"x" * 1024 * 1024)
+            fh.flush()
+seen = {{"fill": probe(fill), "host_file": probe(lambda: open({str(host_file)!r}).read())}}
+print("REPORT " + json.dumps(seen), flush=True)
+"""
+        status, log = tenants.run(tenants.spec("red", code))
+    finally:
+        host_file.unlink()
+    assert status.reason is ExitReason.SUCCEEDED, log
+    seen = report(log)
+    assert seen["fill"]["outcome"] == "OSError", seen  # ENOSPC past tmp_size_mib
+    assert seen["host_file"]["outcome"] == "FileNotFoundError"
+
+
+def test_a_job_gets_no_more_cpu_than_its_request(tenants: Tenants) -> None:
+    code = """
+import resource, time
+start = time.monotonic()
+while time.monotonic() - start < 2.0:
+    pass
+used = resource.getrusage(resource.RUSAGE_SELF)
+seen = {"cpu": used.ru_utime + used.ru_stime, "wall": time.monotonic() - start}
+print("REPORT " + json.dumps(seen), flush=True)
+"""
+    status, log = tenants.run(tenants.spec("red", code, cpu_milli=200))
+    assert status.reason is ExitReason.SUCCEEDED, log
+    seen = report(log)
+    assert seen["cpu"] / seen["wall"] < 0.35, seen  # 0.2 of a CPU, with slack
