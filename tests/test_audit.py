@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,8 +13,10 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from shamal.cli import app as cli_app
+from shamal.config import Settings
 from shamal.security import AuditLog
 from shamal.server import Platform
+from shamal.server._platform import start_platform
 
 
 def _fill(api: TestClient) -> None:
@@ -208,3 +211,58 @@ def test_cli_remembers_the_witness_between_runs(
     assert "BROKEN at entry 4" in caught.output
     # --fresh ignores the witness: exactly the blind spot the witness covers.
     assert runner.invoke(cli_app, ["audit", "verify", "--local", "--fresh"]).exit_code == 0
+
+
+def test_the_server_checks_the_chain_against_its_own_witness(
+    api: TestClient, platform: Platform, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's watch keeps a witness in its home (outside the database): a tail cut
+    with the head rewound is caught by its next check, by /audit/status and by
+    /audit/verify, even for a client that kept no witness of its own."""
+    assert api.get("/api/v1/audit/status").json() == {
+        "checked": False,
+        "ok": None,
+        "checked_at": None,
+        "report": None,
+    }
+    _fill(api)
+    first = platform.audit_watch.check()
+    assert first.ok
+    witness = platform.settings.audit_witness_file
+    assert oct(witness.stat().st_mode & 0o777) == "0o600"
+    status = api.get("/api/v1/audit/status").json()
+    assert (status["checked"], status["ok"], status["report"]["head_seq"]) == (True, True, 6)
+
+    _cut_tail_and_rewind_head(platform, keep=4)
+    assert platform.audit.verify().ok  # the chain alone is consistent again
+    with caplog.at_level("ERROR", logger="shamal.security._watch"):
+        report = platform.audit_watch.check()
+    assert (report.ok, report.first_broken_seq) == (False, 5)
+    assert "audit chain BROKEN at entry 5" in caplog.text
+    status = api.get("/api/v1/audit/status").json()
+    assert (status["ok"], status["report"]["first_broken_seq"]) == (False, 5)
+    assert api.get("/api/v1/audit/verify").json()["ok"] is False
+    # A broken check keeps the last good witness: the next one is caught as well.
+    assert platform.audit_watch.check().ok is False
+
+
+def test_audit_status_is_for_platform_admins(api: TestClient) -> None:
+    assert api.post("/api/v1/users", json={"name": "plain"}).status_code == 201
+    secret = api.post("/api/v1/tokens", json={"name": "t", "user": "plain"}).json()["secret"]
+    answer = api.get("/api/v1/audit/status", headers={"Authorization": f"Bearer {secret}"})
+    assert answer.status_code == 403
+
+
+def test_the_audit_key_and_home_are_taken_back_from_others(tmp_path: Path) -> None:
+    """Whoever reads the key can re-sign the chain: a key file or home left open to
+    others is closed at start."""
+    home = tmp_path / "home"
+    start_platform(Settings(home=home)).close()
+    key = home / "keys" / "audit.key"
+    home.chmod(0o755)
+    key.chmod(0o644)
+    (home / "keys").chmod(0o755)
+    start_platform(Settings(home=home)).close()
+    assert oct(home.stat().st_mode & 0o777) == "0o700"
+    assert oct((home / "keys").stat().st_mode & 0o777) == "0o700"
+    assert oct(key.stat().st_mode & 0o777) == "0o600"

@@ -259,6 +259,12 @@ class Settings(BaseSettings):
         description="Key of the audit hash chain (hex); default SHAMAL_HOME/keys/audit.key",
     )
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    audit_check_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="how often the server verifies the audit chain against its own witness "
+        "(0: never)",
+    )
 
     # ------------------------------------------------------------------ derived paths
     @property
@@ -292,6 +298,11 @@ class Settings(BaseSettings):
     @property
     def keys_dir(self) -> Path:
         return self.home / "keys"
+
+    @property
+    def audit_witness_file(self) -> Path:
+        """The server's witness of the audit chain: outside the database, with the keys."""
+        return self.keys_dir / "audit-witness.json"
 
     @property
     def resolved_master_key_file(self) -> Path:

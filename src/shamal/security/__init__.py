@@ -20,6 +20,7 @@ from shamal.security._entities import (
     User,
 )
 from shamal.security._service import NAME_PATTERN, SecurityService, TeamDetail, check_name
+from shamal.security._watch import AuditWatch, WitnessFile
 
 __all__ = [
     "NAME_PATTERN",
@@ -28,6 +29,7 @@ __all__ = [
     "AuditContext",
     "AuditEntry",
     "AuditLog",
+    "AuditWatch",
     "ChainReport",
     "IssuedToken",
     "Membership",
@@ -37,6 +39,7 @@ __all__ = [
     "Team",
     "TeamDetail",
     "User",
+    "WitnessFile",
     "check_name",
     "load_or_create_key",
     "utc_now",

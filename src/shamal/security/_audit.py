@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,16 @@ class AuditContext:
         return self.principal
 
 
+def _owner_only(path: Path) -> None:
+    """Whoever reads the key can re-sign the chain: only its owner may (0600, in a 0700
+    folder); looser modes are taken back, with a warning."""
+    for item, wanted in ((path.parent, 0o700), (path, 0o600)):
+        mode = stat.S_IMODE(item.stat().st_mode)
+        if mode & 0o077:
+            logger.warning("%s was open to others (mode %o); now %o", item, mode, wanted)
+            item.chmod(wanted)
+
+
 def load_or_create_key(path: Path, configured: str | None) -> bytes:
     """The audit chain key: from settings (hex), else a 0600 file made on first use."""
     if configured:
@@ -61,6 +72,7 @@ def load_or_create_key(path: Path, configured: str | None) -> bytes:
             raise InvalidParameter("SHAMAL_AUDIT_KEY must hold at least 32 bytes (64 hex digits)")
         return key
     if path.exists():
+        _owner_only(path)
         return bytes.fromhex(path.read_text().strip())
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key_hex = secrets.token_hex(32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Self
 
 from fastapi import APIRouter, Depends, Path, Query, Request, status
@@ -26,6 +26,7 @@ from shamal.security._entities import (
     Role,
 )
 from shamal.security._service import NAME_PATTERN, SecurityService
+from shamal.security._watch import AuditWatch
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ def get_security(request: Request) -> SecurityService:
 def get_audit_log(request: Request) -> AuditLog:
     audit: AuditLog = request.app.state.audit
     return audit
+
+
+def get_audit_watch(request: Request) -> AuditWatch:
+    watch: AuditWatch = request.app.state.audit_watch
+    return watch
 
 
 async def require_principal(
@@ -268,6 +274,7 @@ class ChainReportOut(_Model):
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 Security = Annotated[SecurityService, Depends(get_security)]
 Audit = Annotated[AuditLog, Depends(get_audit_log)]
+Watch = Annotated[AuditWatch, Depends(get_audit_watch)]
 
 
 @router.get("/whoami", tags=["security"], summary="Who the token belongs to")
@@ -431,7 +438,7 @@ def list_audit(
     summary="Verify the audit hash chain; reports the first broken link (platform admin)",
 )
 def verify_audit(
-    audit: Audit,
+    watch: Watch,
     principal: CurrentPrincipal,
     witness: Annotated[
         str | None,
@@ -447,4 +454,28 @@ def verify_audit(
     if witness:
         seq, _, digest = witness.partition(":")
         seen = (int(seq), digest)
-    return ChainReportOut.of(audit.verify(seen))
+    # The server's own witness (kept outside the database) is checked too.
+    return ChainReportOut.of(watch.verify(seen))
+
+
+class AuditStatusOut(_Model):
+    checked: bool = Field(description="false until the server's first check")
+    ok: bool | None = None
+    checked_at: datetime | None = None
+    report: ChainReportOut | None = None
+
+
+@router.get(
+    "/audit/status",
+    tags=["audit"],
+    summary="The server's last check of the audit chain against its own witness (platform admin)",
+)
+def audit_status(watch: Watch, principal: CurrentPrincipal) -> AuditStatusOut:
+    principal.require_admin()
+    last = watch.last()
+    if last is None:
+        return AuditStatusOut(checked=False)
+    report = ChainReportOut.model_validate(last["report"])
+    at = last.get("checked_at")
+    when = None if at is None else datetime.fromtimestamp(float(at), UTC)
+    return AuditStatusOut(checked=True, ok=bool(last["ok"]), checked_at=when, report=report)

@@ -60,6 +60,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.settings = platform.settings
     app.state.db = platform.db
     app.state.audit = platform.audit
+    app.state.audit_watch = platform.audit_watch
     app.state.security = platform.security
     app.state.artifacts = platform.artifacts
     app.state.tracking = platform.tracking

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
@@ -13,7 +16,13 @@ from shamal.executors._nvml import detect_local_gpus
 from shamal.jobs import JobService, build_cluster, effective_settings
 from shamal.registry import RegistryService
 from shamal.scheduler._resources import Cluster
-from shamal.security import AuditLog, SecurityService, load_or_create_key
+from shamal.security import (
+    AuditLog,
+    AuditWatch,
+    SecurityService,
+    WitnessFile,
+    load_or_create_key,
+)
 from shamal.tracking import TrackingService
 from shamal.tune._service import TuneService
 
@@ -40,6 +49,7 @@ class Platform:
     cluster: Cluster
     tune: TuneService
     deployments: DeploymentService
+    audit_watch: AuditWatch
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -49,7 +59,7 @@ class Platform:
 
 def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     """Open the database (migrating it to head), the audit chain and the services."""
-    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_home(settings.home)
     db = open_database(settings.resolved_database_url)
     if migrate:
         upgrade(db)
@@ -77,6 +87,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         nodes=cluster.nodes.values(),
     )
     tune = TuneService(db, audit, settings.resolved_database_url)
+    # Keyed by a digest of the database's URL: no password lands in the file.
+    database_name = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
     deployments = DeploymentService(db, audit, security, registry)
     return Platform(
         settings=settings,
@@ -91,5 +103,16 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         cluster=cluster,
         tune=tune,
         deployments=deployments,
+        audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )
+
+
+def private_home(home: Path) -> None:
+    """Make ``home`` (mode 0700), or take back what its mode gives others: it holds the
+    admin token, the keys and the database."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(home.stat().st_mode)
+    if mode & 0o077:
+        logger.warning("SHAMAL_HOME %s was open to others (mode %o); it is now 0700", home, mode)
+        home.chmod(0o700)

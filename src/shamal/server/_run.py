@@ -120,7 +120,15 @@ def serve(
         scheduler = SchedulerThread(build_loop(platform, api_url=base_url))
     if on_ready is not None:
         on_ready(platform, base_url)
+    watching = threading.Event()
     try:
+        if settings.audit_check_s > 0:
+            threading.Thread(
+                target=platform.audit_watch.run,
+                args=(watching, settings.audit_check_s),
+                name="shamal-audit-watch",
+                daemon=True,
+            ).start()
         if scheduler is not None:
             scheduler.start()
         if settings.workers == 1:
@@ -142,6 +150,7 @@ def serve(
 
         Multiprocess(config, sockets=[sock]).run()
     finally:
+        watching.set()
         if scheduler is not None:
             scheduler.stop()
         sock.close()
