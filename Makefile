@@ -23,9 +23,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 ## install: create .venv with the platform and everything its tests need
 install: $(STAMP)
 
+# Jobs are untrusted code. As root the server runs each team's jobs as an OS user of its
+# own; run by anyone else it can only run them as that user, which an operator must ask
+# for: `make run` asks for it only then, for the single-user laptop it is.
+JOBS_RUN_AS := $(if $(filter 0,$(shell id -u)),team-users,server-user)
+
 ## run: start the platform on the embedded default, with its quickstart
 run: install
-	$(BIN)/shamal server --quickstart
+	SHAMAL_SCHEDULER__RUN_JOBS_AS=$(JOBS_RUN_AS) $(BIN)/shamal server --quickstart
 
 ## check: lint, format check, types, import contracts and the security linter
 check: install

@@ -153,17 +153,20 @@ def exchange_folder(path: Path) -> Path:
 
 def job_command_pid(job_id: str, attempt: int) -> int:
     """The host pid of a running job attempt's command. The job cannot tell it (its PID
-    namespace numbers it 2 or so): it is the process with the attempt's variables that
-    runs as another OS user than the test's (the jail's own processes run as ours)."""
+    namespace numbers it 2): it is the process with the attempt's variables that runs as
+    another OS user than the test's (the jail's own processes run as ours) inside a PID
+    namespace of its own (its network relay, the job's user too, stays outside)."""
     wanted = {f"SHAMAL_JOB_ID={job_id}".encode(), f"SHAMAL_ATTEMPT={attempt}".encode()}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             environ = set((entry / "environ").read_bytes().split(b"\0"))
-            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+            status = (entry / "status").read_text()
+            uid = int(status.split("\nUid:")[1].split()[0])
+            nested = status.split("\nNSpid:")[1].split("\n")[0].split()[1:] == ["2"]
         except (OSError, IndexError, ValueError):
             continue
-        if wanted <= environ and uid != os.getuid():
+        if wanted <= environ and uid != os.getuid() and nested:
             return int(entry.name)
     raise LookupError(f"no process of job {job_id} attempt {attempt}")

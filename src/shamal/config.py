@@ -205,10 +205,11 @@ class SchedulerSettings(BaseModel):
         ge=1,
         description="size of a job's private /tmp (memory that counts against its own limit)",
     )
-    job_network: Literal["host", "none"] = Field(
-        default="host",
-        description="`none`: jobs get a network namespace with only loopback (they then "
-        "cannot reach the platform's API either)",
+    job_network: Literal["platform", "host", "none"] = Field(
+        default="platform",
+        description="`platform`: each job gets a network of its own whose only way out is "
+        "the platform's API (no database port, no other job's services, no internet); "
+        "`host`: the machine's network; `none`: loopback only. Gangs use the machine's",
     )
     name: str | None = Field(
         default=None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -31,6 +32,8 @@ from shamal.executors import (
     Sandbox,
     get_executor,
 )
+from shamal.executors._cgroups import Limits
+from shamal.executors._isolation import confine, jail_config, prepare_workdir, tenant_account
 from shamal.scheduler._resources import Placement, Slot
 from tests.live import job_command_pid
 from tests.polling import wait_for
@@ -112,6 +115,9 @@ def make_sandbox(root: Path, **options: Any) -> Sandbox:
     home = root / "home"
     home.mkdir(mode=0o700)
     (home / "token").write_text("the admin token")
+    (home / "keys").mkdir(mode=0o700)
+    (home / "keys" / "audit.key").write_text("the audit key")
+    (home / "shamal.db").write_text("the database")
     (root / "job-folders").mkdir(mode=0o711)
     return Sandbox(hide=(str(home), str(root / "job-folders")), **options)
 
@@ -159,9 +165,13 @@ def host_processes_with(token: str) -> list[int]:
 def test_a_job_runs_as_its_tenants_user_and_reaches_nothing_of_the_server_or_of_others(
     tenants: Tenants, tmp_path: Path
 ) -> None:
-    victim_spec = tenants.spec(
-        "red", "import time\nprint('REPORT {}', flush=True)\ntime.sleep(600)\n"
-    )
+    victim_code = """
+import socket, time
+service = socket.create_server(("127.0.0.1", 0))  # a debug port, say
+print("REPORT " + json.dumps({"port": service.getsockname()[1]}), flush=True)
+time.sleep(600)
+"""
+    victim_spec = tenants.spec("red", victim_code)
     victim = tenants.launch(victim_spec)
 
     def running() -> bool:
@@ -173,11 +183,13 @@ def test_a_job_runs_as_its_tenants_user_and_reaches_nothing_of_the_server_or_of_
     victim_environ = Path(f"/proc/{victim_pid}/environ").read_bytes()
     assert b"SHAMAL_JOB_ID" in victim_environ  # readable by the server, as it must be
     victim_workdir = Path(os.readlink(f"/proc/{victim_pid}/cwd"))
+    victim_port = report(victim_spec.log_path.read_text())["port"]
     home = tmp_path / "home"
     token = home / "token"
     code = f"""
-import pwd, signal
+import pwd, signal, socket
 token, home = {str(token)!r}, {str(home)!r}
+audit_key, database = {str(home / "keys" / "audit.key")!r}, {str(home / "shamal.db")!r}
 victim_dir, victim_log = {str(victim_workdir)!r}, {str(victim_spec.log_path)!r}
 pid, server = {victim_pid}, {os.getpid()}
 relative = os.path.relpath(token, os.getcwd())
@@ -186,6 +198,10 @@ seen = {{
     "token": probe(lambda: open(token).read()),
     "token_by_relative_path": probe(lambda: open(relative).read()),
     "home_listing": probe(lambda: os.listdir(home)),
+    "audit_key": probe(lambda: open(audit_key).read()),
+    "database": probe(lambda: open(database).read()),
+    "victim_port": probe(lambda: socket.create_connection(("127.0.0.1", {victim_port}), 2)),
+    "database_port": probe(lambda: socket.create_connection(("127.0.0.1", 5432), 2)),
     "victim_secret": probe(lambda: open(os.path.join(victim_dir, "secret.txt")).read()),
     "victim_folder": probe(lambda: os.listdir(victim_dir)),
     "victim_log": probe(lambda: open(victim_log).read()),
@@ -209,6 +225,8 @@ print("REPORT " + json.dumps(seen), flush=True)
     for probe in (
         "token",
         "token_by_relative_path",
+        "audit_key",
+        "database",
         "victim_secret",
         "victim_folder",
         "victim_log",
@@ -218,6 +236,9 @@ print("REPORT " + json.dumps(seen), flush=True)
         "stop_victim",
     ):
         assert seen[probe]["outcome"] in DENIED, (probe, seen[probe])
+    # No network: not another job's port, not the database's (without an API to relay to).
+    assert seen["victim_port"]["outcome"] == "ConnectionRefusedError"
+    assert seen["database_port"]["outcome"] == "ConnectionRefusedError"
     assert seen["home_listing"] in (
         {"outcome": "ok", "value": []},
         {"outcome": "FileNotFoundError"},
@@ -339,3 +360,51 @@ print("REPORT " + json.dumps(seen), flush=True)
     assert status.reason is ExitReason.SUCCEEDED, log
     seen = report(log)
     assert seen["cpu"] / seen["wall"] < 0.35, seen  # 0.2 of a CPU, with slack
+
+
+def test_a_server_that_is_not_root_still_hides_its_home_from_its_jobs(tmp_path: Path) -> None:
+    """On a laptop the server runs as its user and jobs run as that user too (the operator
+    asked for it): the jail then builds its namespaces inside a user namespace. Played
+    here by an unprivileged "server" inside a first jail, whose own job probes."""
+    laptop = tenant_account("laptop-test")
+    outer = tmp_path / "laptop"
+    home, work = outer / "home", outer / "work"
+    home.mkdir(parents=True, mode=0o700)
+    work.mkdir()
+    (home / "token").write_text("the laptop's admin token")
+    prepare_workdir(outer, laptop)  # the unprivileged "server" owns all of it
+    code = PROBE + textwrap.dedent(
+        f"""
+        import socket
+        seen = {{
+            "uid": os.getuid(),
+            "token": probe(lambda: open({str(home / "token")!r}).read()),
+            "processes": len([p for p in os.listdir("/proc") if p.isdigit()]),
+            "database_port": probe(lambda: socket.create_connection(("127.0.0.1", 5432), 2)),
+        }}
+        print("REPORT " + json.dumps(seen), flush=True)
+        """
+    )
+    job = Sandbox(hide=(str(home),), own_users=False, network="none")
+    inner = confine(
+        sys.executable,
+        jail_config(job, workdir=str(work), account=None),
+        [sys.executable, "-c", code],
+        cgroup=None,
+        limits=Limits(memory_bytes=1024 * 1024 * 1024),
+    )
+    server = Sandbox(hide=(), network="host")
+    argv = confine(
+        sys.executable,
+        jail_config(server, workdir=str(outer), account=laptop),
+        inner,
+        cgroup=None,
+        limits=Limits(),
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = report(done.stdout)
+    assert seen["uid"] == 0  # root of its own user namespace: the laptop's user outside
+    assert seen["token"]["outcome"] in DENIED
+    assert seen["processes"] <= 3
+    assert seen["database_port"]["outcome"] == "ConnectionRefusedError"

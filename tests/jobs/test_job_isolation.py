@@ -35,23 +35,37 @@ pytestmark = [
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError", "NotADirectoryError"}
 
 VICTIM = """
-import os, sys, time
+import os, socket, sys, time
 exchange = sys.argv[1]
 open("secret.txt", "w").write("red's secret")
+service = socket.create_server(("127.0.0.1", 0))  # a debug port, say
+open(os.path.join(exchange, "red-port"), "w").write(str(service.getsockname()[1]))
 open(os.path.join(exchange, "red-running"), "w").close()
 while not os.path.exists(os.path.join(exchange, "done")):
     time.sleep(0.05)
 """
 
 ATTACKER = """
-import json, os, signal, sqlite3, sys
+import json, os, signal, socket, sqlite3, sys, urllib.error, urllib.request
 exchange = sys.argv[1]
+api = os.environ["SHAMAL_URL"]
 t = json.load(open(os.path.join(exchange, "targets.json")))
 def probe(action):
     try:
         return {"outcome": "ok", "value": repr(action())[:300]}
     except Exception as exc:
         return {"outcome": type(exc).__name__}
+def call(path, token=None, method="GET"):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    body = b'{"name": "stolen"}' if method == "POST" else None
+    request = urllib.request.Request(api + path, headers=headers, method=method, data=body)
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+token = os.environ["SHAMAL_TOKEN"]
 def rewrite_audit():
     db = sqlite3.connect(f"file:{t['database']}?mode=rw", uri=True)
     db.execute("UPDATE audit_log SET action = 'nothing'")
@@ -73,6 +87,13 @@ seen = {
     "kill_red": probe(lambda: os.kill(t["red_pid"], signal.SIGKILL)),
     "stop_red": probe(lambda: os.kill(t["red_pid"], signal.SIGSTOP)),
     "artifacts": probe(lambda: os.listdir(t["artifacts"])),
+    "database_port": probe(lambda: socket.create_connection(("127.0.0.1", 5432), 2).close()),
+    "red_service": probe(lambda: socket.create_connection(("127.0.0.1", t["red_port"]), 2)),
+    "api_health": call("/health"),
+    "api_without_token": call("/api/v1/whoami"),
+    "api_as_itself": call("/api/v1/whoami", token),
+    "red_job": call("/api/v1/jobs/" + t["red_job"], token),
+    "mint_token": call("/api/v1/tokens", token, "POST"),
 }
 seen["kill_all"] = probe(lambda: os.kill(-1, signal.SIGKILL))
 json.dump(seen, open(os.path.join(exchange, "report.json"), "w"))
@@ -101,6 +122,16 @@ def api(server: LiveServer) -> Iterator[ShamalClient]:
             stop_all_jobs(client)
 
 
+@pytest.fixture
+def mallory(server: LiveServer, api: ShamalClient) -> Iterator[ShamalClient]:
+    """A member of team blue, and of no other team."""
+    api.create_user("mallory")
+    api.set_member("blue", "mallory", "member")
+    secret = api.create_token("laptop", user="mallory")["secret"]
+    with ShamalClient(server.url, secret) as client:
+        yield client
+
+
 def submit(api: ShamalClient, folder: Path, script: str, team: str, *args: str) -> str:
     folder.mkdir()
     (folder / "job.py").write_text(script)
@@ -112,7 +143,7 @@ def submit(api: ShamalClient, folder: Path, script: str, team: str, *args: str) 
 
 
 def test_a_tenants_job_reaches_no_secret_of_the_server_and_nothing_of_another_team(
-    server: LiveServer, api: ShamalClient, tmp_path: Path
+    server: LiveServer, api: ShamalClient, mallory: ShamalClient, tmp_path: Path
 ) -> None:
     exchange = exchange_folder(tmp_path / "exchange")
     red = submit(api, tmp_path / "red", VICTIM, "red", str(exchange))
@@ -131,11 +162,13 @@ def test_a_tenants_job_reaches_no_secret_of_the_server_and_nothing_of_another_te
         "red_folder": os.readlink(f"/proc/{red_pid}/cwd"),
         "red_log": str(home / "jobs" / red / "attempt-1.log"),
         "red_pid": red_pid,
+        "red_port": int((exchange / "red-port").read_text()),
+        "red_job": red,
     }
     for path in ("token", "audit_key", "database", "red_log"):
         assert Path(targets[path]).exists(), path  # each target is real
     (exchange / "targets.json").write_text(json.dumps(targets))
-    blue = submit(api, tmp_path / "blue", ATTACKER, "blue", str(exchange))
+    blue = submit(mallory, tmp_path / "blue", ATTACKER, "blue", str(exchange))
     job = wait_for(state_is(api, blue, "succeeded", "failed"), "blue's job to end")
     assert job["state"] == "succeeded", api.job_log(blue)
     seen = json.loads((exchange / "report.json").read_text())
@@ -155,8 +188,16 @@ def test_a_tenants_job_reaches_no_secret_of_the_server_and_nothing_of_another_te
         "red_environ",
         "kill_red",
         "stop_red",
+        "database_port",
+        "red_service",
     ):
-        assert seen[probe]["outcome"] in DENIED | {"OperationalError"}, (probe, seen[probe])
+        assert seen[probe]["outcome"] in DENIED | {"OperationalError", "ConnectionRefusedError"}, (
+            probe,
+            seen[probe],
+        )
+    # Its one way out is the platform's API, which holds it to its token's scope.
+    assert (seen["api_health"], seen["api_without_token"], seen["api_as_itself"]) == (200, 401, 200)
+    assert (seen["red_job"], seen["mint_token"]) == (404, 403)
     for folder in ("key_ring", "artifacts"):  # an empty folder hides them, or none at all
         assert seen[folder] in ({"outcome": "ok", "value": "[]"}, {"outcome": "FileNotFoundError"})
     report = (exchange / "report.json").read_text()

@@ -13,7 +13,13 @@ from typing import Any, cast
 
 from shamal.errors import InvalidParameter
 from shamal.executors._cgroups import limit_mode
-from shamal.executors._isolation import Sandbox, describe, interpreter_paths, self_test
+from shamal.executors._isolation import (
+    Sandbox,
+    describe,
+    interpreter_paths,
+    network_of,
+    self_test,
+)
 from shamal.executors._protocol import (
     OUT_OF_MEMORY,
     REQUEUE_EXIT_CODE,
@@ -33,6 +39,7 @@ __all__ = [
     "describe",
     "interpreter_paths",
     "limit_mode",
+    "network_of",
     "self_test",
     "ExitReason",
     "ExitStatus",

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess  # useradd, and the jail's self-test
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "describe",
     "interpreter_paths",
     "jail_config",
+    "network_of",
     "prepare_workdir",
     "self_test",
     "tenant_account",
@@ -76,8 +78,10 @@ class Sandbox:
         pids_max: the most processes (and threads) one worker may have at once.
         tmp_size_mib: size of the job's private ``/tmp`` and ``/dev/shm`` (memory that
             counts against the job's own limit).
-        no_network: a network namespace of its own (loopback only): the job reaches
-            nothing, the platform's API included.
+        network: ``platform``: a network namespace of its own whose only way out is a
+            relay to the platform's API (at the port ``SHAMAL_URL`` names, on loopback);
+            ``none``: loopback only; ``host``: the machine's network. Gangs use the
+            machine's network (their ranks must reach each other).
     """
 
     hide: tuple[str, ...]
@@ -86,7 +90,7 @@ class Sandbox:
     own_users: bool = True
     pids_max: int = 4096
     tmp_size_mib: int = 1024
-    no_network: bool = False
+    network: str = "platform"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,7 +104,7 @@ class Sandbox:
             own_users=bool(data.get("own_users", True)),
             pids_max=int(data.get("pids_max", 4096)),
             tmp_size_mib=int(data.get("tmp_size_mib", 1024)),
-            no_network=bool(data.get("no_network", False)),
+            network=str(data.get("network", "platform")),
         )
 
 
@@ -182,9 +186,20 @@ def prepare_workdir(workdir: Path, account: Account | None) -> None:
     workdir.chmod(0o700)
 
 
-def jail_config(sandbox: Sandbox, *, workdir: str, account: Account | None) -> dict[str, Any]:
+def jail_config(
+    sandbox: Sandbox,
+    *,
+    workdir: str,
+    account: Account | None,
+    env: Mapping[str, str] | None = None,
+    world_size: int = 1,
+) -> dict[str, Any]:
     """What the jail is told about one worker (see :mod:`shamal.executors._jail`), less
-    its cgroup and rlimits, which :func:`confine` adds where the worker starts."""
+    its cgroup and rlimits, which :func:`confine` adds where the worker starts.
+
+    ``env`` is the worker's environment: its ``SHAMAL_URL`` is what the ``platform``
+    network relays to (without one, the job gets no network at all)."""
+    network, api = network_of(sandbox.network, (env or {}).get("SHAMAL_URL"), world_size)
     return {
         "uid": None if account is None else account.uid,
         "gid": None if account is None else account.gid,
@@ -194,8 +209,36 @@ def jail_config(sandbox: Sandbox, *, workdir: str, account: Account | None) -> d
         "expose": sorted({*interpreter_paths(), *sandbox.expose}),
         "shared": list(sandbox.shared),
         "tmp_size_mib": sandbox.tmp_size_mib,
-        "no_network": sandbox.no_network,
+        "network": network,
+        "api": api,
     }
+
+
+def network_of(
+    mode: str, api_url: str | None, world_size: int = 1
+) -> tuple[str, tuple[str, int] | None]:
+    """The jail's network for one worker, and the API address it relays to.
+
+    Raises:
+        ValueError: ``platform`` with an API URL that is not on loopback (the relay
+            listens on the job's loopback at the API's port).
+    """
+    if mode != "platform":
+        return mode, None
+    if world_size > 1:
+        return "host", None  # the ranks of a gang must reach each other
+    if not api_url:
+        return "none", None
+    url = urllib.parse.urlsplit(api_url)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    if not loopback:
+        raise ValueError(
+            f"the job network 'platform' relays to the API on loopback; {host} is not "
+            "(set SHAMAL_SCHEDULER__JOB_NETWORK=host for a remote API)"
+        )
+    return "platform", ("127.0.0.1" if host == "localhost" else host, port)
 
 
 def confine(
@@ -246,5 +289,9 @@ def describe(sandbox: Sandbox | None) -> str:
     if sandbox is None:
         return "jobs run unconfined, as the server's own user"
     who = "a user per team" if sandbox.own_users else "the server's own user"
-    net = ", no network" if sandbox.no_network else ""
+    net = {
+        "platform": ", a network of their own that reaches only the platform's API",
+        "none": ", no network",
+        "host": ", on the machine's network",
+    }.get(sandbox.network, "")
     return f"jobs run as {who} in mount, PID and IPC namespaces{net}; limits: {limit_mode()}"

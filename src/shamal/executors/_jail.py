@@ -30,20 +30,25 @@ it as a plain file, so nothing the job controls (``PYTHONPATH``, the working fol
 CONFIG is JSON: ``uid``, ``gid`` (``null``: stay the caller's user), ``user`` (the name
 for ``USER``/``LOGNAME``), ``workdir``, ``hide`` (paths), ``shared`` (paths the job may
 read and write), ``expose`` (paths the job may read), ``tmp_size_mib``, ``cgroup_procs``
-(``cgroup.procs`` files to join), ``rlimits`` (``{"RLIMIT_AS": n, ...}``), ``no_network``
-(a network namespace with only loopback).
+(``cgroup.procs`` files to join), ``rlimits`` (``{"RLIMIT_AS": n, ...}``), ``network``
+(``host``; ``none``: a network namespace with only loopback; ``platform``: that, plus a
+relay from ``127.0.0.1:<port>`` inside to ``api`` = ``[host, port]`` outside).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import resource
 import signal
+import socket
 import stat
+import struct
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,9 @@ MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
 
 JAIL_FAILED = 124
 """Exit code when the jail itself could not be set up (nothing of the job ran)."""
@@ -275,6 +283,90 @@ def _forward(signum: int) -> None:
         os.kill(-1, signum)  # every process of the namespace but this one
 
 
+# ---------------------------------------------------------------------- the network
+def _loopback_up() -> None:
+    """Bring up ``lo`` in a new network namespace (it starts down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _start_relay(config: dict[str, Any]) -> socket.socket:
+    """Fork the relay, which stays in the host's network (this process is about to leave
+    it); returns the channel on which it waits for the job's listening socket."""
+    ours, theirs = socket.socketpair()
+    if os.fork() == 0:
+        ours.close()
+        _relay(theirs, (str(config["api"][0]), int(config["api"][1])), config)
+    theirs.close()
+    return ours
+
+
+def _hand_over_listener(channel: socket.socket, port: int) -> None:
+    """In the job's network: listen where the job expects the API (loopback, the API's
+    port) and hand the socket to the relay, which answers from the host's network."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+        socket.send_fds(channel, [b"L"], [listener.fileno()])
+    channel.close()
+
+
+def _relay(channel: socket.socket, api: tuple[str, int], config: dict[str, Any]) -> None:
+    """The job's only way out: every connection to the API's port inside the job's network
+    is joined to the API itself. Bytes only, nothing parsed; as the job's user. Survives
+    the job's stop signals (a preempted job still saves its checkpoint through it) and
+    dies with the jail. Never returns."""
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        for sig in _FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)  # the job's log is the job's
+        _, fds, _, _ = socket.recv_fds(channel, 16, 1)
+        channel.close()
+        if not fds:
+            os._exit(0)
+        listener = socket.socket(fileno=fds[0])
+        _drop_privileges(config)
+        while True:
+            inside, _ = listener.accept()
+            threading.Thread(target=_bridge, args=(inside, api), daemon=True).start()
+    except BaseException:  # noqa: BLE001 - a relay that fails ends quietly; the job sees it
+        os._exit(0)
+
+
+def _bridge(inside: socket.socket, api: tuple[str, int]) -> None:
+    # A plain connect to the numeric address: no name lookup (which would import codecs
+    # the relay's user may not be able to read any more).
+    outside = socket.socket(socket.AF_INET6 if ":" in api[0] else socket.AF_INET)
+    try:
+        outside.settimeout(10)
+        outside.connect(api)
+        outside.settimeout(None)
+    except OSError:
+        inside.close()
+        outside.close()
+        return
+    back = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
+    back.start()
+    _pump(inside, outside)
+    back.join()
+    inside.close()
+    outside.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
 def _end_like(status: int) -> None:
     """End this process the way the command ended (exit code or signal)."""
     if os.WIFSIGNALED(status):
@@ -291,15 +383,23 @@ def main(args: list[str]) -> None:
         os._exit(2)
     config = json.loads(args[0])
     argv = args[2:]
+    network = config.get("network", "host")
     try:
         _join_cgroups(config)
         _apply_rlimits(config)
         if os.geteuid() != 0:
             _enter_user_namespace()
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
-        if config.get("no_network"):
+        channel = None
+        if network in ("none", "platform"):
             flags |= CLONE_NEWNET
+        if network == "platform":
+            channel = _start_relay(config)
         _check(_libc.unshare(flags), "unshare")
+        if flags & CLONE_NEWNET:
+            _loopback_up()
+        if channel is not None:
+            _hand_over_listener(channel, int(config["api"][1]))
     except (OSError, JailError) as exc:
         os.write(2, f"[shamal] the job's sandbox could not be built: {exc}\n".encode())
         os._exit(JAIL_FAILED)

@@ -206,9 +206,16 @@ class LocalExecutor:
             env = compose_environment(base, spec.env, platform)
             worker: dict[str, Any] = {"argv": list(spec.command), "env": env}
             if self._sandbox is not None:
-                worker["jail"] = jail_config(
-                    self._sandbox, workdir=str(spec.workdir), account=account
-                )
+                try:
+                    worker["jail"] = jail_config(
+                        self._sandbox,
+                        workdir=str(spec.workdir),
+                        account=account,
+                        env=env,
+                        world_size=spec.world_size,
+                    )
+                except ValueError as exc:
+                    raise LaunchFailed(str(exc)) from None
                 worker["limits"] = asdict(
                     Limits(slot.memory_mib * _MIB, self._sandbox.pids_max, slot.cpu_milli)
                 )

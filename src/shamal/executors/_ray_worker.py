@@ -162,7 +162,7 @@ class RankProcess:
                 worker_environment(os.environ, passthrough), env["user"], platform
             )
             try:
-                command = self._confined(list(argv), cwd, confinement)
+                command = self._confined(list(argv), cwd, confinement, full_env)
                 self._proc = subprocess.Popen(  # argv, no shell
                     command,
                     cwd=cwd,
@@ -220,7 +220,11 @@ class RankProcess:
 
     # ------------------------------------------------------------------ internals
     def _confined(
-        self, argv: list[str], cwd: Path, confinement: Mapping[str, Any] | None
+        self,
+        argv: list[str],
+        cwd: Path,
+        confinement: Mapping[str, Any] | None,
+        env: Mapping[str, str],
     ) -> list[str]:
         """``argv`` in the jail, as the tenant's user, in a cgroup with the slot's limits
         (see :mod:`shamal.executors._isolation`); ``argv`` itself without a sandbox."""
@@ -234,7 +238,13 @@ class RankProcess:
         limits = Limits(**confinement["limits"])
         name = f"ray-{self._dir.name}"
         self._cgroup = WorkerCgroup.create(name, limits)
-        config = jail_config(sandbox, workdir=str(cwd), account=account)
+        config = jail_config(
+            sandbox,
+            workdir=str(cwd),
+            account=account,
+            env=env,
+            world_size=len(self._peers),
+        )
         return confine(sys.executable, config, argv, cgroup=self._cgroup, limits=limits)
 
     def _unpack(self, archive: bytes) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 
 from shamal.config import LocalArtifactSettings, Settings
 from shamal.errors import InvalidParameter
-from shamal.executors import Sandbox, describe, get_executor, self_test
+from shamal.executors import Sandbox, describe, get_executor, network_of, self_test
 from shamal.jobs import Job, JobLifecycle, effective_settings
 from shamal.jobs._loop import SchedulerLoop, SchedulerParts
 from shamal.scheduler import DEFAULT_POLICY, get_policy
@@ -58,6 +58,10 @@ def build_loop(
     except ValueError as exc:
         raise InvalidParameter(f"scheduler settings: {exc}") from None
     url = settings.api_url or api_url
+    try:
+        network_of(settings.job_network, url)
+    except ValueError as exc:
+        raise InvalidParameter(str(exc)) from None
     credentials = JobCredentials(platform, url) if url else None
     loop = SchedulerLoop(parts, policy, credentials=credentials)
     loop.periodic.append((10.0, platform.tune.fail_stale_trials))
@@ -139,7 +143,7 @@ def job_sandbox(settings: Settings, *, euid: int | None = None) -> Sandbox | Non
         own_users=scheduler.run_jobs_as == "team-users",
         pids_max=scheduler.job_pids_max,
         tmp_size_mib=scheduler.job_tmp_mib,
-        no_network=scheduler.job_network == "none",
+        network=scheduler.job_network,
     )
     problem = self_test(sys.executable, sandbox, job_folders(settings))
     if problem is not None:
