@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,7 @@ from shamal.executors import (
     Sandbox,
     get_executor,
 )
-from shamal.executors._cgroups import Limits
+from shamal.executors._cgroups import Limits, WorkerCgroup
 from shamal.executors._isolation import confine, jail_config, prepare_workdir, tenant_account
 from shamal.scheduler._resources import Placement, Slot
 from tests.live import job_command_pid
@@ -408,3 +409,29 @@ def test_a_server_that_is_not_root_still_hides_its_home_from_its_jobs(tmp_path: 
     assert seen["token"]["outcome"] in DENIED
     assert seen["processes"] <= 3
     assert seen["database_port"]["outcome"] == "ConnectionRefusedError"
+
+
+def test_a_lost_attempt_leaves_no_process_and_no_cgroup_behind(tmp_path: Path) -> None:
+    """The supervisor of a sandboxed attempt is killed (as a crash would): the attempt is
+    declared lost, and nothing of it is left: not its escapees, not its cgroup."""
+    sandbox = make_sandbox(tmp_path)
+    executor = get_executor("local", sandbox=sandbox)
+    tenants = Tenants(executor, tmp_path, sandbox)
+    mark = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    code = f"""
+import subprocess, time
+subprocess.Popen(["setsid", "sleep", {mark!r} + "1"])
+print("REPORT {{}}", flush=True)
+time.sleep(600)
+"""
+    spec = tenants.spec("red", code)
+    handle = tenants.launch(spec)
+    wait_for(lambda: "REPORT" in spec.log_path.read_text(), "the job to run")
+    wait_for(lambda: host_processes_with(mark), "its escapee to start")
+    name = f"{spec.job_id}-0-r0"
+    assert WorkerCgroup.existing(name) is not None
+    os.kill(int(handle.data["supervisor"]["pid"]), signal.SIGKILL)
+    status = wait_for(lambda: executor.poll(handle), "the attempt to be declared lost")
+    assert status.reason is ExitReason.LOST
+    assert host_processes_with(mark) == []
+    assert WorkerCgroup.existing(name) is None

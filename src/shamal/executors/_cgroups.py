@@ -174,6 +174,21 @@ class WorkerCgroup:
             self._write("cpu", "cpu.cfs_period_us", str(_PERIOD_US))
             self._write("cpu", "cpu.cfs_quota_us", str(limits.cpu_milli * _PERIOD_US // 1000))
 
+    @classmethod
+    def existing(cls, name: str) -> WorkerCgroup | None:
+        """The cgroup :meth:`create` made under ``name``, if it is still there (the remains
+        of a worker whose supervisor vanished)."""
+        if (base := _v2_base()) is not None:
+            folders = {"": base / name}
+            unified = True
+        elif (bases := _v1_bases()) is not None:
+            folders = {c: b / name for c, b in bases.items()}
+            unified = False
+        else:
+            return None
+        present = {c: f for c, f in folders.items() if f.is_dir()}
+        return cls(present, unified=unified) if present else None
+
     @property
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files a process writes its pid to, to join."""

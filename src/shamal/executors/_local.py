@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from shamal.errors import InvalidParameter
-from shamal.executors._cgroups import Limits
+from shamal.executors._cgroups import Limits, WorkerCgroup
 from shamal.executors._env import (
     DEFAULT_PASSTHROUGH,
     MigResolver,
@@ -219,7 +219,7 @@ class LocalExecutor:
                 worker["limits"] = asdict(
                     Limits(slot.memory_mib * _MIB, self._sandbox.pids_max, slot.cpu_milli)
                 )
-                worker["cgroup"] = _cgroup_name(spec, rank)
+                worker["cgroup"] = _cgroup_name(spec.job_id, spec.attempt, rank)
             workers.append(worker)
         return {
             "job_id": spec.job_id,
@@ -358,6 +358,10 @@ class LocalExecutor:
                         worker.get("rank"),
                     )
         world_size = int(handle.data.get("world_size", 1))
+        for rank in range(world_size):  # what left its process group, and the cgroup itself
+            leftover = WorkerCgroup.existing(_cgroup_name(handle.job_id, handle.attempt, rank))
+            if leftover is not None:
+                leftover.remove()
         status = ExitStatus(
             ExitReason.LOST, (None,) * world_size, False, None, "the supervisor vanished"
         )
@@ -367,9 +371,9 @@ class LocalExecutor:
         return status
 
 
-def _cgroup_name(spec: LaunchSpec, rank: int) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.job_id)
-    return f"{safe}-{spec.attempt}-r{rank}"
+def _cgroup_name(job_id: str, attempt: int, rank: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)
+    return f"{safe}-{attempt}-r{rank}"
 
 
 def _started_or_gone(ready: dict[str, Any], files: _RunFiles) -> bool:
