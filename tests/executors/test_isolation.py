@@ -34,7 +34,13 @@ from shamal.executors import (
     get_executor,
 )
 from shamal.executors._cgroups import Limits, WorkerCgroup
-from shamal.executors._isolation import confine, jail_config, prepare_workdir, tenant_account
+from shamal.executors._isolation import (
+    confine,
+    jail_config,
+    masked_gpu_devices,
+    prepare_workdir,
+    tenant_account,
+)
 from shamal.scheduler._resources import Placement, Slot
 from tests.live import job_command_pid
 from tests.polling import wait_for
@@ -435,3 +441,34 @@ time.sleep(600)
     assert status.reason is ExitReason.LOST
     assert host_processes_with(mark) == []
     assert WorkerCgroup.existing(name) is None
+
+
+def test_a_job_can_open_only_the_gpus_it_was_given(tmp_path: Path) -> None:
+    """``CUDA_VISIBLE_DEVICES`` is a request a job may ignore: the device files of the
+    other GPUs read as ``/dev/null`` in its sandbox (played with files, NVML's index to
+    minor number map given)."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / name).write_text(name)
+    minors = {0: 2, 1: 0, 2: 1}  # NVML's order need not be the files'
+    files = [str(dev / f"nvidia{n}") for n in range(3)]
+    assert masked_gpu_devices([1], minors, dev) == [files[1], files[2]]
+    assert masked_gpu_devices([], minors, dev) == files  # a CPU job gets none
+    assert masked_gpu_devices([0], None, dev) == []  # no map: its own must not vanish
+
+    account = tenant_account("red")
+    work = tmp_path / "work"
+    work.mkdir()
+    prepare_workdir(work, account)
+    sandbox = Sandbox(hide=(), expose=(str(dev),), network="none")
+    config = jail_config(
+        sandbox, workdir=str(work), account=account, masked=masked_gpu_devices([1], minors, dev)
+    )
+    code = f"print([open(f).read() for f in {files!r}])"
+    argv = confine(
+        sys.executable, config, [sys.executable, "-c", code], cgroup=None, limits=Limits()
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['nvidia0', '', '']"

@@ -23,7 +23,7 @@ import shutil
 import subprocess  # useradd, and the jail's self-test
 import sys
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ __all__ = [
     "describe",
     "interpreter_paths",
     "jail_config",
+    "masked_gpu_devices",
     "network_of",
     "prepare_workdir",
     "self_test",
@@ -193,12 +194,14 @@ def jail_config(
     account: Account | None,
     env: Mapping[str, str] | None = None,
     world_size: int = 1,
+    masked: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What the jail is told about one worker (see :mod:`shamal.executors._jail`), less
     its cgroup and rlimits, which :func:`confine` adds where the worker starts.
 
     ``env`` is the worker's environment: its ``SHAMAL_URL`` is what the ``platform``
-    network relays to (without one, the job gets no network at all)."""
+    network relays to (without one, the job gets no network at all). ``masked`` files
+    (another worker's GPUs: :func:`masked_gpu_devices`) read as ``/dev/null``."""
     network, api = network_of(sandbox.network, (env or {}).get("SHAMAL_URL"), world_size)
     return {
         "uid": None if account is None else account.uid,
@@ -211,6 +214,7 @@ def jail_config(
         "tmp_size_mib": sandbox.tmp_size_mib,
         "network": network,
         "api": api,
+        "mask": list(masked),
     }
 
 
@@ -259,6 +263,27 @@ def confine(
         "rlimits": {"RLIMIT_CORE": 0} if cgroup is not None else limits.rlimits(own_user=own_user),
     }
     return [python, "-I", str(JAIL_SCRIPT), json.dumps(full), "--", *argv]
+
+
+def masked_gpu_devices(
+    visible: Iterable[int], minors: Mapping[int, int] | None, dev: Path = Path("/dev")
+) -> list[str]:
+    """The GPU device files a worker must not open: every ``/dev/nvidia<N>`` but those of
+    the GPUs it was given (``visible``, by index; ``minors`` maps an index to its file's
+    number, from NVML). ``CUDA_VISIBLE_DEVICES`` alone is a request the job may ignore.
+
+    A worker without GPUs gets none of them. One with GPUs but no map (NVML could not say)
+    keeps them all, with a warning: hiding its own GPU would break it."""
+    files = sorted(p for p in dev.glob("nvidia*") if p.name.removeprefix("nvidia").isdigit())
+    wanted = set(visible)
+    if not wanted:
+        return [str(p) for p in files]
+    if minors is None:
+        if files:
+            logger.warning("cannot tell which /dev/nvidia* files are this job's: none hidden")
+        return []
+    keep = {f"nvidia{minors[i]}" for i in wanted if i in minors}
+    return [str(p) for p in files if p.name not in keep]
 
 
 def self_test(python: str, sandbox: Sandbox, scratch: Path) -> str | None:

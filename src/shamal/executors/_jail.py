@@ -29,7 +29,8 @@ it as a plain file, so nothing the job controls (``PYTHONPATH``, the working fol
 
 CONFIG is JSON: ``uid``, ``gid`` (``null``: stay the caller's user), ``user`` (the name
 for ``USER``/``LOGNAME``), ``workdir``, ``hide`` (paths), ``shared`` (paths the job may
-read and write), ``expose`` (paths the job may read), ``tmp_size_mib``, ``cgroup_procs``
+read and write), ``expose`` (paths the job may read), ``mask`` (files that read as
+``/dev/null``: other GPUs' devices), ``tmp_size_mib``, ``cgroup_procs``
 (``cgroup.procs`` files to join), ``rlimits`` (``{"RLIMIT_AS": n, ...}``), ``network``
 (``host``; ``none``: a network namespace with only loopback; ``platform``: that, plus a
 relay from ``127.0.0.1:<port>`` inside to ``api`` = ``[host, port]`` outside).
@@ -189,6 +190,9 @@ def build_view(config: dict[str, Any]) -> None:
                 _mount("none", str(path), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
     for fd in fds.values():
         os.close(fd)
+    for masked in config.get("mask", ()):  # device files of GPUs that are not the job's
+        if os.path.exists(masked):
+            _mount("/dev/null", masked, None, MS_BIND)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 

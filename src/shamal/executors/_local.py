@@ -58,6 +58,7 @@ from shamal.executors._isolation import (
     Account,
     Sandbox,
     jail_config,
+    masked_gpu_devices,
     prepare_workdir,
     tenant_account,
 )
@@ -152,6 +153,8 @@ class LocalExecutor:
         self._passthrough = tuple(passthrough_env)
         self._resolve_mig = resolve_mig
         self._sandbox = sandbox
+        self._minors: dict[int, int] | None = None
+        self._minors_asked = False
 
     # ------------------------------------------------------------------ launch
     def launch(self, spec: LaunchSpec) -> Handle:
@@ -170,6 +173,15 @@ class LocalExecutor:
             files.launched.unlink(missing_ok=True)  # nothing runs: a retry may launch
             raise
         return self._await_started(spec, files)
+
+    def _gpu_minors(self) -> dict[int, int] | None:
+        """NVML's GPU index -> ``/dev/nvidia<N>``, asked once."""
+        if not self._minors_asked:
+            from shamal.executors._nvml import gpu_minor_numbers
+
+            self._minors = gpu_minor_numbers()
+            self._minors_asked = True
+        return self._minors
 
     def _account(self, spec: LaunchSpec) -> Account | None:
         """The OS account the attempt runs as (``None``: this process's user); its working
@@ -213,6 +225,7 @@ class LocalExecutor:
                         account=account,
                         env=env,
                         world_size=spec.world_size,
+                        masked=masked_gpu_devices(slot.gpus, self._gpu_minors()),
                     )
                 except ValueError as exc:
                     raise LaunchFailed(str(exc)) from None

@@ -228,3 +228,24 @@ def mig_device_uuid(
     if len(same_size) == 1 and same_size[0]["start"] is None:
         return str(same_size[0]["uuid"])
     raise LookupError(f"no {mig_profile} MIG device at slice {mig_start} of GPU {gpu_index}")
+
+
+def gpu_minor_numbers(nvml: Any | None = None) -> dict[int, int] | None:
+    """GPU index -> the minor number of its ``/dev/nvidia<minor>`` file; ``None`` when
+    NVML cannot say (no driver, or the call failed). Never raises."""
+    with _Session(nvml) as session:
+        if not session.ok:
+            return None
+        try:
+            count = int(session.nvml.nvmlDeviceGetCount())
+            return {
+                index: int(
+                    session.nvml.nvmlDeviceGetMinorNumber(
+                        session.nvml.nvmlDeviceGetHandleByIndex(index)
+                    )
+                )
+                for index in range(count)
+            }
+        except Exception as exc:
+            logger.warning("could not map GPUs to their device files: %s", exc)
+            return None

@@ -35,10 +35,12 @@ from shamal.executors._isolation import (
     Sandbox,
     confine,
     jail_config,
+    masked_gpu_devices,
     prepare_workdir,
     tenant_account,
 )
 from shamal.executors._logs import LineFramer
+from shamal.executors._nvml import gpu_minor_numbers
 from shamal.executors._outcome import StopCause, stronger
 from shamal.executors._procfs import free_port, kill_group
 
@@ -244,6 +246,9 @@ class RankProcess:
             account=account,
             env=env,
             world_size=len(self._peers),
+            masked=masked_gpu_devices(
+                [int(g) for g in self.node()["gpus"] if str(g).isdigit()], gpu_minor_numbers()
+            ),
         )
         return confine(sys.executable, config, argv, cgroup=self._cgroup, limits=limits)
 
