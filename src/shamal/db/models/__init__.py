@@ -11,7 +11,13 @@ from shamal.db.models.deployments import (
     DeploymentSampleRow,
     DeploymentStatsRow,
 )
-from shamal.db.models.jobs import JobAttemptRow, JobEventRow, JobRow, SchedulerRow
+from shamal.db.models.jobs import (
+    JobAttemptRow,
+    JobEventRow,
+    JobRow,
+    SchedulerRow,
+    SnapshotOwnerRow,
+)
 from shamal.db.models.registry import (
     ModelAliasRow,
     ModelVersionRow,
@@ -19,7 +25,13 @@ from shamal.db.models.registry import (
     RegisteredModelRow,
     RegisteredModelTagRow,
 )
-from shamal.db.models.security import ApiTokenRow, TeamMemberRow, TeamRow, UserRow
+from shamal.db.models.security import (
+    ApiTokenRow,
+    TeamInvitationRow,
+    TeamMemberRow,
+    TeamRow,
+    UserRow,
+)
 from shamal.db.models.tracking import (
     DatasetRow,
     ExperimentRow,
@@ -53,6 +65,7 @@ __all__ = [
     "JobEventRow",
     "JobRow",
     "SchedulerRow",
+    "SnapshotOwnerRow",
     "LatestMetricRow",
     "LoggedModelParamRow",
     "LoggedModelRow",
@@ -68,6 +81,7 @@ __all__ = [
     "RunModelLinkRow",
     "RunRow",
     "RunTagRow",
+    "TeamInvitationRow",
     "TeamMemberRow",
     "TeamRow",
     "UTCDateTime",

@@ -114,3 +114,16 @@ class SchedulerRow(Base):
     host: Mapped[str] = mapped_column(String(256), default="")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SnapshotOwnerRow(Base):
+    """A team that uploaded a code snapshot. The blob is content-addressed and stored once;
+    the right to run it is per team: a digest no team of the caller uploaded answers 404."""
+
+    __tablename__ = "snapshot_owners"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -61,3 +61,19 @@ class ApiTokenRow(Base):
     # "full": a person's or service's own token; "job": one the scheduler issued to a job
     # attempt (no admin action, no token, account or team management; revoked when it ends).
     scope: Mapped[str] = mapped_column(String(16), server_default="full")
+
+
+class TeamInvitationRow(Base):
+    """A team admin's offer of a role to an account, which joins only when it accepts."""
+
+    __tablename__ = "team_invitations"
+
+    team_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+    invited_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
