@@ -246,6 +246,33 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(default=16 * _MIB, ge=1024)
     max_upload_bytes: int = Field(default=50 * 1024 * _MIB, ge=1024)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="longest wait for the next piece of a request body (408)"
+    )
+    min_body_rate: int = Field(
+        default=1024,
+        ge=0,
+        description="least average bytes a second of a request body once body_rate_grace_s "
+        "have passed (408 below it; 0: no floor)",
+    )
+    body_rate_grace_s: float = Field(default=30.0, ge=0)
+    max_uploads_per_principal: int = Field(
+        default=8, ge=1, description="uploads one account may stream at once (429 beyond)"
+    )
+    max_searches_per_principal: int = Field(
+        default=4, ge=1, description="searches and list pages one account may run at once (429)"
+    )
+    upload_spool_dir: Path | None = Field(
+        default=None,
+        description="where upload bodies gather before they go to the store; default the "
+        "local store's own staging folder, or SHAMAL_HOME/uploads",
+    )
+    max_page_bytes: int = Field(
+        default=4 * _MIB,
+        ge=64 * 1024,
+        description="a search or list page stops early past this many bytes of JSON and "
+        "gives a next_page_token",
+    )
     graceful_shutdown_s: float = Field(default=20.0, ge=0)
     access_log: bool = Field(default=True, description="Log one line per HTTP request")
 
@@ -281,6 +308,16 @@ class Settings(BaseSettings):
         if isinstance(self.artifacts, LocalArtifactSettings) and self.artifacts.root is not None:
             return self.artifacts.root
         return self.home / "artifacts"
+
+    @property
+    def resolved_upload_spool_dir(self) -> Path:
+        """Where upload bodies gather: beside the local store's own temporary files (one
+        disk, and the store's staging folder already), else under ``home``."""
+        if self.upload_spool_dir is not None:
+            return self.upload_spool_dir
+        if isinstance(self.artifacts, LocalArtifactSettings):
+            return self.artifact_root / ".tmp"
+        return self.home / "uploads"
 
     @property
     def jobs_dir(self) -> Path:

@@ -22,7 +22,13 @@ from shamal.artifacts._local import LocalObjectStore
 from shamal.artifacts._objects import ObjectStore, open_object_store
 from shamal.artifacts._paths import contained_path, safe_relpath
 from shamal.artifacts._service import ArtifactService, team_namespace
-from shamal.artifacts._streaming import consume_body, download_headers
+from shamal.artifacts._streaming import (
+    PrincipalSlots,
+    consume_body,
+    download_headers,
+    principal_key,
+    sweep_spool,
+)
 
 if TYPE_CHECKING:
     from shamal.artifacts._s3 import S3ObjectStore
@@ -35,13 +41,16 @@ __all__ = [
     "Keyring",
     "LocalObjectStore",
     "ObjectStore",
+    "PrincipalSlots",
     "S3ObjectStore",
     "consume_body",
     "contained_path",
     "download_headers",
     "open_blob_store",
     "open_object_store",
+    "principal_key",
     "safe_relpath",
+    "sweep_spool",
     "team_namespace",
 ]
 

@@ -6,12 +6,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 
 import shamal
 from shamal import snapshot
+from shamal.artifacts import PrincipalSlots, sweep_spool
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
@@ -85,6 +87,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
         running = start_platform(settings) if owned else platform
         assert running is not None
         _bind(app, running)
+        await anyio.to_thread.run_sync(sweep_spool, settings.resolved_upload_spool_dir)
         try:
             yield
         finally:
@@ -101,12 +104,18 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     )
     if platform is not None:
         _bind(app, platform)
+    # Per account: bodies streaming in, and searches or list pages being built.
+    app.state.upload_slots = PrincipalSlots("uploads", settings.max_uploads_per_principal)
+    app.state.search_slots = PrincipalSlots("searches", settings.max_searches_per_principal)
     install_error_handlers(app)
     app.add_middleware(
         RequestGuard,
         allowed_hosts=settings.effective_allowed_hosts,
         max_body=settings.max_request_bytes,
         upload_limits=upload_limits(settings),
+        body_timeout_s=settings.body_timeout_s,
+        min_body_rate=settings.min_body_rate,
+        rate_grace_s=settings.body_rate_grace_s,
     )
     _add_probes(app)
     # Routing tries routes in order: the MLflow dialect carries the volume (a logger sends

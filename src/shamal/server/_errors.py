@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,7 +46,9 @@ async def _on_shamal_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ShamalError)
     if exc.status >= 500:
         logger.error("request failed: %s (%s)", exc.code, exc.message)
-    return error_response(exc, path=request.url.path)
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    headers = None if retry_after_s is None else {"Retry-After": str(math.ceil(retry_after_s))}
+    return error_response(exc, headers, path=request.url.path)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
