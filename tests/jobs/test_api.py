@@ -75,7 +75,6 @@ def test_submit_list_show_events_and_cancel(api: TestClient, platform: Platform)
         ({"env": {"1BAD": "x"}}, "is not an environment variable name: use letters"),
         ({"pool": "nowhere"}, "no pool named"),
         ({"priority": "urgent"}, "no priority class"),
-        ({"snapshot": "0" * 64}, "unknown snapshot"),
         ({"command": ["a\x00b"]}, "command"),
         ({"time_limit_s": -1}, ""),
     ],

@@ -254,10 +254,11 @@ def _environment(items: list[str]) -> dict[str, str]:
     return check_env(variables)
 
 
-def _upload_snapshot(api: ShamalClient, workdir: Path) -> str:
-    """Upload the snapshot of ``workdir``; a server's refusal of its size says what to do."""
+def _upload_snapshot(api: ShamalClient, workdir: Path, team: str | None) -> str:
+    """Upload the snapshot of ``workdir`` for ``team``; a server's refusal of its size says
+    what to do."""
     try:
-        return api.upload_snapshot(workdir)
+        return api.upload_snapshot(workdir, team)
     except PayloadTooLarge as exc:
         raise PayloadTooLarge(
             f"the snapshot of {workdir.resolve()} is larger than this server takes "
@@ -346,7 +347,7 @@ def submit(
     digest = None
     if not no_snapshot:
         with console.status(f"snapshotting {escape(str(workdir.resolve()))} ..."):
-            digest = _upload_snapshot(api, workdir)
+            digest = _upload_snapshot(api, workdir, team)
     job = api.submit_job(command, **options, snapshot=digest)
     if as_json:
         console.print_json(data=job)

@@ -279,8 +279,9 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         self.request("DELETE", self._artifact_url(team, path))
 
     # ------------------------------------------------------------------ jobs
-    def upload_snapshot(self, folder: Path) -> str:
-        """Pack ``folder`` (honouring .gitignore) and upload it unless already stored.
+    def upload_snapshot(self, folder: Path, team: str | None = None) -> str:
+        """Pack ``folder`` (honouring .gitignore) and upload it for ``team`` (default: the
+        account's only team) unless that team already did.
 
         Returns the snapshot's sha256, which :meth:`submit_job` takes.
 
@@ -294,13 +295,15 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
             raise InvalidParameter(f"cannot snapshot the code: {exc}") from None
         try:
             path = f"/api/v1/snapshots/{built.digest}"
+            params = {"team": team} if team else None
             try:
-                self.request("GET", path)
+                self.request("GET", path, params=params)
             except NotFound:
                 with built.path.open("rb") as source:
                     self.request(
                         "PUT",
                         path,
+                        params=params,
                         content=iter(lambda: source.read(CHUNK), b""),
                         headers={"Content-Type": "application/octet-stream"},
                         timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),

@@ -11,6 +11,7 @@ The scheduler loop drives jobs through their states with the methods of
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
@@ -26,7 +27,7 @@ from shamal import snapshot
 from shamal.artifacts import ArtifactService
 from shamal.config import SchedulerSettings
 from shamal.db import Database
-from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
+from shamal.errors import AlreadyExists, Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.jobs import _cost, _rules, _store
 from shamal.jobs._convert import placement_from_json, record_of, request_of
 from shamal.jobs._entities import (
@@ -136,39 +137,66 @@ class JobService:
         self._clock = clock
 
     # ------------------------------------------------------------------ snapshots
-    def snapshot_size(self, principal: Principal, digest: str) -> int:
-        """The stored snapshot's size.
+    def _snapshot_team(self, principal: Principal | None, team: str | None) -> str | None:
+        """The id of the team whose snapshots the caller reads or adds; None: a platform
+        admin (or an open server) that names no team, for whom every snapshot is visible."""
+        if principal is None or (principal.user.is_admin and team is None):
+            return None
+        return self._team(principal, team)[1]
+
+    def _require_snapshot(self, principal: Principal | None, digest: str, team: str | None) -> int:
+        """The size of a snapshot the caller's team uploaded.
 
         Raises:
-            NotFound: not uploaded (yet).
+            NotFound: not stored, or stored by other teams only (the same answer: a digest
+                learned from another team reveals nothing and runs nothing).
         """
-        del principal  # any account may ask: the digest reveals nothing it did not send
         if not snapshot.is_digest(digest):
             raise InvalidParameter("a snapshot is named by its sha256 (64 lowercase hex digits)")
+        team_id = self._snapshot_team(principal, team)
+        missing = NotFound(f"snapshot {digest[:12]} is not stored: upload it first")
+        if team_id is not None and (principal is None or not principal.user.is_admin):
+            with self._db.unit_of_work(write=False) as s:
+                if not _store.snapshot_owned(s, digest, team_id):
+                    raise missing
         try:
             return self._artifacts.file_info(NAMESPACE, snapshot_path(digest)).size
         except NotFound:
-            raise NotFound(f"snapshot {digest[:12]} is not stored: upload it first") from None
+            raise missing from None
 
-    def has_snapshot(self, principal: Principal, digest: str) -> bool:
+    def snapshot_size(self, principal: Principal, digest: str, team: str | None = None) -> int:
+        """The size of a snapshot that ``team`` (default: the caller's only team) uploaded.
+
+        Raises:
+            NotFound: not uploaded (yet) by that team.
+            InvalidParameter: no team named, and the caller is in several.
+        """
+        return self._require_snapshot(principal, digest, team)
+
+    def has_snapshot(self, principal: Principal, digest: str, team: str | None = None) -> bool:
         try:
-            self.snapshot_size(principal, digest)
+            self._require_snapshot(principal, digest, team)
         except NotFound:
             return False
         return True
 
-    def store_snapshot(self, ctx: AuditContext, digest: str, chunks: Iterable[bytes]) -> int:
-        """Store an uploaded snapshot after checking its sha256 and that it is one.
+    def store_snapshot(
+        self, ctx: AuditContext, digest: str, chunks: Iterable[bytes], team: str | None = None
+    ) -> int:
+        """Store an uploaded snapshot after checking its sha256 and that it is one, for
+        ``team`` (default: the uploader's only team): that team's jobs may run it.
 
         Raises:
             InvalidParameter: the digest does not match the bytes, or the archive holds
-                anything a snapshot may not (links, escaping names, too much data).
+                anything a snapshot may not (links, escaping names, too much data); no team
+                named and the uploader is in several.
             PermissionDenied: the uploader could submit no job (see
-                :func:`_require_job_submitter`).
+                :func:`_require_job_submitter`), or not for ``team``.
         """
         if not snapshot.is_digest(digest):
             raise InvalidParameter("a snapshot is named by its sha256 (64 lowercase hex digits)")
         _require_job_submitter(ctx.principal)
+        team_id = self._snapshot_team(ctx.principal, team)
         with tempfile.TemporaryDirectory(prefix="shamal-upload-") as tmp:
             path = Path(tmp) / "snapshot.tar.gz"
             hasher = hashlib.sha256()
@@ -191,6 +219,11 @@ class JobService:
                 self._artifacts.store_file(
                     ctx, NAMESPACE, snapshot_path(digest), iter(lambda: handle.read(1 << 20), b"")
                 )
+        if team_id is not None:
+            owner = team_id
+            # AlreadyExists: the same team's upload at the same moment recorded it.
+            with contextlib.suppress(AlreadyExists):
+                self._db.run(lambda s: _store.add_snapshot_owner(s, digest, owner, self._clock()))
         return size
 
     def open_snapshot(self, digest: str) -> Iterator[bytes]:
@@ -222,7 +255,8 @@ class JobService:
             InvalidParameter: a malformed request, an unknown pool, class or snapshot, or
                 a job that no node (set of nodes, for a gang) of its pool could ever hold
                 or that needs more than its team's quota plus borrow limit.
-            NotFound / PermissionDenied: the team is not the caller's, or the role is low.
+            NotFound / PermissionDenied: the team is not the caller's, or the role is low;
+                the snapshot is not one the job's team uploaded (NotFound).
         """
         principal = ctx.require_principal()
         command = _rules.check_command(spec.command)
@@ -231,8 +265,8 @@ class JobService:
         pool = _rules.check_pool(spec.pool, set(self._pools))
         team, team_id = self._team(principal, spec.team)
         priority, value = self._priority(principal, team, spec.priority)
-        if spec.snapshot is not None and not self.has_snapshot(principal, spec.snapshot):
-            raise InvalidParameter("unknown snapshot: upload it before submitting the job")
+        if spec.snapshot is not None:
+            self._require_snapshot(principal, spec.snapshot, team or None)
         now = self._clock()
         retries = self._settings.default_retries if spec.retries is None else spec.retries
         job = Job(

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from shamal.db.models import JobAttemptRow, JobEventRow, JobRow
+from shamal.db.models import JobAttemptRow, JobEventRow, JobRow, SnapshotOwnerRow
 from shamal.errors import InvalidParameter, NotFound
 from shamal.jobs._entities import TRANSITIONS, Job, JobEvent, JobState
 
@@ -73,6 +73,18 @@ def _job(row: JobRow) -> Job:
         fingerprint=row.fingerprint,
         predicted_s=row.predicted_s,
     )
+
+
+def add_snapshot_owner(s: Session, digest: str, team_id: str, at: datetime) -> None:
+    """Record that ``team_id`` uploaded the snapshot ``digest`` (again: no change)."""
+    if s.get(SnapshotOwnerRow, (digest, team_id)) is None:
+        s.add(SnapshotOwnerRow(digest=digest, team_id=team_id, created_at=at))
+        s.flush()
+
+
+def snapshot_owned(s: Session, digest: str, team_id: str) -> bool:
+    """Whether ``team_id`` uploaded the snapshot ``digest``."""
+    return s.get(SnapshotOwnerRow, (digest, team_id)) is not None
 
 
 def insert_job(s: Session, job: Job, team_id: str | None, actor: str) -> Job:

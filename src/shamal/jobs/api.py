@@ -174,9 +174,20 @@ class CostOut(_Model):
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=ERROR_RESPONSES)
 
 
-@router.get("/snapshots/{digest}", summary="Whether a code snapshot is stored (404 if not)")
-def get_snapshot(digest: Digest, svc: Jobs, principal: CurrentPrincipal) -> SnapshotOut:
-    return SnapshotOut(digest=digest, size=svc.snapshot_size(principal, digest))
+SnapshotTeam = Annotated[
+    str | None,
+    Query(max_length=64, description="The team whose snapshot it is (default: your only team)."),
+]
+
+
+@router.get(
+    "/snapshots/{digest}",
+    summary="Whether the team uploaded a code snapshot (404 if not, or only another team did)",
+)
+def get_snapshot(
+    digest: Digest, svc: Jobs, principal: CurrentPrincipal, team: SnapshotTeam = None
+) -> SnapshotOut:
+    return SnapshotOut(digest=digest, size=svc.snapshot_size(principal, digest, team))
 
 
 @router.put(
@@ -197,8 +208,9 @@ async def put_snapshot(
     request: Request,
     svc: Jobs,
     ctx: Annotated[AuditContext, Depends(audited("job.snapshot"))],
+    team: SnapshotTeam = None,
 ) -> SnapshotOut:
-    size = await consume_body(request, lambda chunks: svc.store_snapshot(ctx, digest, chunks))
+    size = await consume_body(request, lambda chunks: svc.store_snapshot(ctx, digest, chunks, team))
     return SnapshotOut(digest=digest, size=size)
 
 

@@ -83,7 +83,11 @@ class TuneDriver:
             seed=o.seed,
         )  # fmt: skip
         self.team = study["team"]
-        digest = self._client.upload_snapshot(o.workdir) if o.workdir is not None else None
+        digest = (
+            self._client.upload_snapshot(o.workdir, self.team or None)
+            if o.workdir is not None
+            else None
+        )
         started = 0
         try:
             while len(self.finished) < o.trials and not self._stopped.is_set():
