@@ -25,7 +25,7 @@ from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
-from shamal.server._strict import reject_unknown_query
+from shamal.server._strict import RejectLoneSurrogates, reject_unknown_query
 from shamal.tracking import api as tracking_api
 from shamal.tracking import mlflow_api as tracking_mlflow
 from shamal.tune import api as tune_api
@@ -108,6 +108,8 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.state.upload_slots = PrincipalSlots("uploads", settings.max_uploads_per_principal)
     app.state.search_slots = PrincipalSlots("searches", settings.max_searches_per_principal)
     install_error_handlers(app)
+    # Inside the guard (added later, so it runs first): bodies reach it already capped.
+    app.add_middleware(RejectLoneSurrogates, skip_prefixes=(*UPLOAD_PREFIXES, SNAPSHOT_PREFIX))
     app.add_middleware(
         RequestGuard,
         allowed_hosts=settings.effective_allowed_hosts,

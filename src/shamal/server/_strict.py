@@ -1,14 +1,20 @@
-"""Reject query parameters a route does not declare: a typo should fail, not be ignored."""
+"""Strict reading of requests: query parameters a route does not declare (a typo should fail,
+not be ignored), and JSON strings no store can hold."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Sequence
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shamal.errors import InvalidParameter
 from shamal.mlflow_dialect import is_mlflow_path
+from shamal.server._errors import error_response
 
 
 def _takes_many(annotation: Any) -> bool:
@@ -59,3 +65,82 @@ async def reject_unknown_query(request: Request) -> None:
     )
     if repeated:
         raise InvalidParameter(f"query parameter {repeated[0][:40]!r} may be given only once")
+
+
+#: A JSON escape of a UTF-16 surrogate (``\ud800``..``\udfff``), the only way one can reach a
+#: parsed string: raw bytes of a surrogate are not UTF-8 and fail to parse anyway.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _holds_lone_surrogate(body: bytes) -> bool:
+    """Whether ``body`` is JSON with a string (or key) holding a lone surrogate.
+
+    Escaped pairs (``\\ud83d\\ude00``) decode to one character and pass. A body that is not
+    JSON is the route's to refuse.
+    """
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return False
+    try:
+        stack: list[Any] = [json.loads(body)]
+    except (ValueError, RecursionError):
+        return False
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value) is not None:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
+class RejectLoneSurrogates:
+    """400 for a JSON body that holds a lone UTF-16 surrogate (``"\\ud800"``), on every route.
+
+    Python's ``json`` reads such strings, but nothing can store or encode them as UTF-8: the
+    database drivers and encoders raise deep inside a route (a 500). Checked once here, before
+    routing, so every route (the MLflow dialect reads its bodies itself) answers alike. The
+    body is read whole (the guard around this caps it) and handed on; the routes under
+    ``skip_prefixes`` stream binary bodies and are left alone.
+    """
+
+    def __init__(self, app: ASGIApp, *, skip_prefixes: Sequence[str] = ()) -> None:
+        self.app = app
+        self.skip_prefixes = tuple(skip_prefixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in _BODY_METHODS
+            or scope["path"].startswith(self.skip_prefixes)
+        ):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if _holds_lone_surrogate(body):
+            problem = InvalidParameter("the JSON body holds a lone UTF-16 surrogate (\\ud800)")
+            await error_response(problem, path=scope["path"])(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
