@@ -101,13 +101,14 @@ def test_stale_trials_are_settled_by_their_jobs_outcome(
     _study(tapi, h)
     ids = [_ok(tapi.post(f"{T}/studies/vision/s1/trials", headers=h))["id"] for _ in range(5)]
     jobs = ["aaaaaa01", "aaaaaa02", "aaaaaa03", "aaaaaa04"]
+    fake_jobs.jobs = {job: JobStatus("queued", ended=False, team="vision") for job in jobs}
     for trial, job in zip(ids, jobs, strict=False):
         _ok(tapi.post(f"{T}/trials/{trial}/job", json={"job_id": job}, headers=h))
     _ok(tapi.post(f"{T}/trials/{ids[1]}/report", json={"step": 4, "value": 0.5}, headers=h))
     fake_jobs.jobs = {
-        "aaaaaa01": JobStatus("running", ended=False),
-        "aaaaaa02": JobStatus("succeeded", ended=True),
-        "aaaaaa03": JobStatus("failed", ended=True),
+        "aaaaaa01": JobStatus("running", ended=False, team="vision"),
+        "aaaaaa02": JobStatus("succeeded", ended=True, team="vision"),
+        "aaaaaa03": JobStatus("failed", ended=True, team="vision"),
     }  # aaaaaa04 vanished; trial 5 has no job yet
     changed = {t.id: (t.state.value, t.value, t.reason) for t in tune.fail_stale_trials()}
     assert changed == {
@@ -118,8 +119,31 @@ def test_stale_trials_are_settled_by_their_jobs_outcome(
     assert tune.fail_stale_trials() == []
     states = [t["state"] for t in _ok(tapi.get(f"{T}/studies/vision/s1/trials", headers=h))]
     assert states == ["running", "complete", "fail", "fail", "running"]
+    fake_jobs.jobs["bbbbbb01"] = JobStatus("queued", ended=False, team="vision")
     clash = tapi.post(f"{T}/trials/{ids[0]}/job", json={"job_id": "bbbbbb01"}, headers=h)
     assert clash.status_code == 409
+
+
+def test_a_trial_takes_only_a_job_of_its_studys_team(
+    tapi: TestClient, tune: TuneService, fake_jobs: FakeJobs
+) -> None:
+    """Another team's job (or one that does not exist) is refused as 404: its state would
+    otherwise settle this team's trial, and the trial would report on that job."""
+    h = _member(tapi, "vision", "ana")
+    _study(tapi, h)
+    trial = _ok(tapi.post(f"{T}/studies/vision/s1/trials", headers=h))["id"]
+    fake_jobs.jobs = {
+        "cccccc01": JobStatus("failed", ended=True, team="speech"),
+        "cccccc02": JobStatus("running", ended=False, team="vision"),
+    }
+    for job in ("cccccc01", "dddddd01"):
+        refused = tapi.post(f"{T}/trials/{trial}/job", json={"job_id": job}, headers=h)
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["message"] == f"job '{job}' does not exist in the study's team"
+    assert tune.fail_stale_trials() == []  # nothing was attached: the trial still runs
+    assert _ok(tapi.get(f"{T}/trials/{trial}", headers=h))["job_id"] is None
+    attached = _ok(tapi.post(f"{T}/trials/{trial}/job", json={"job_id": "cccccc02"}, headers=h))
+    assert attached["job_id"] == "cccccc02"
 
 
 def test_another_teams_study_and_trials_answer_404(tapi: TestClient) -> None:

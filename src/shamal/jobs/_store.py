@@ -409,18 +409,20 @@ def finished_runtimes(s: Session, limit: int = 5_000) -> list[tuple[Job, float]]
     return [(_job(row), seconds[row.id]) for row in rows]
 
 
-def job_statuses(s: Session, ids: Collection[str]) -> dict[str, tuple[JobState, bool]]:
-    """(state, whether it has ended for good) of each job that exists.
+def job_statuses(s: Session, ids: Collection[str]) -> dict[str, tuple[JobState, bool, str]]:
+    """(state, whether it has ended for good, team name) of each job that exists.
 
     Ended for good: succeeded or cancelled, or failed or lost with no retry left.
     """
-    query = select(JobRow.id, JobRow.state, JobRow.retries_used, JobRow.max_retries)
-    out: dict[str, tuple[JobState, bool]] = {}
-    for job_id, raw, used, most in s.execute(query.where(JobRow.id.in_(sorted(ids)))):
+    query = select(
+        JobRow.id, JobRow.state, JobRow.retries_used, JobRow.max_retries, JobRow.team_name
+    )
+    out: dict[str, tuple[JobState, bool, str]] = {}
+    for job_id, raw, used, most, team in s.execute(query.where(JobRow.id.in_(sorted(ids)))):
         state = JobState(raw)
         retryable = state in (JobState.FAILED, JobState.LOST) and used < most
         final = state in (JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.LOST)
-        out[job_id] = (state, final and not retryable)
+        out[job_id] = (state, final and not retryable, team)
     return out
 
 

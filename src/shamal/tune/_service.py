@@ -42,10 +42,11 @@ MAX_LIST = 1000
 
 @dataclass(frozen=True, slots=True)
 class JobStatus:
-    """Where a trial's job stands, as far as stale trials are concerned."""
+    """Where a trial's job stands, as far as stale trials are concerned, and whose it is."""
 
     state: str
     ended: bool
+    team: str
 
 
 JobLookup = Callable[[Collection[str]], Mapping[str, JobStatus]]
@@ -62,8 +63,8 @@ def jobs_in_database(db: Database) -> JobLookup:
         with db.unit_of_work(write=False) as s:
             statuses = job_statuses(s, ids)
         return {
-            job_id: JobStatus(state=state.value, ended=ended)
-            for job_id, (state, ended) in statuses.items()
+            job_id: JobStatus(state=state.value, ended=ended, team=team)
+            for job_id, (state, ended, team) in statuses.items()
         }
 
     return lookup
@@ -276,10 +277,16 @@ class TuneService:
         """Record which job runs the trial (the stale check follows that job).
 
         Raises:
+            NotFound: no job ``job_id`` of the study's team (another team's job is not
+                followed: its state would leak into this team's trial).
             Conflict: the trial has finished, or another job already runs it.
         """
         principal = ctx.require_principal()
-        self._trial(principal, trial_id, Role.MEMBER)
+        key, _ = self._trial(principal, trial_id, Role.MEMBER)
+        team = key.split("/", 1)[0]
+        job = self._jobs([job_id]).get(job_id)
+        if job is None or job.team != ("" if team == NO_TEAM else team):
+            raise NotFound(f"job {job_id!r} does not exist in the study's team")
         trial = self._running(trial_id)
         current = trial.system_attrs.get(glue.ATTR_JOB)
         if current not in (None, job_id):
