@@ -283,6 +283,19 @@ class InferenceCore:
             )
         return inputs[0], served.backend.max_batch_size > 0
 
+    def check_served(self, model: str, version: str | None) -> None:
+        """Raise unless ``model`` (and ``version``, when given) is served here: front ends
+        call it before they read a body, so an unknown model is a 404 whatever the body holds.
+
+        Raises:
+            NotFound: no such model or version.
+        """
+        versions = self.repository.models.get(model)
+        if versions is None:
+            raise NotFound(f"Model '{model[:128]}' is not served here.")
+        if version is not None and version not in versions:
+            raise NotFound(f"Model '{model[:128]}' has no version '{version[:32]}' here.")
+
     def model_names(self) -> list[str]:
         return sorted(self.repository.models)
 

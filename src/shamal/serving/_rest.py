@@ -161,6 +161,9 @@ class RestApp:
             key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]
         }
         try:
+            # Before the body: an unknown model is a 404 whatever the body holds (too large,
+            # malformed, pickled), and nothing of it is read.
+            self.core.check_served(model, version)
             content_type = headers.get("content-type", "").split(";")[0].strip().lower()
             if content_type in _PICKLE_TYPES:
                 raise _UnsupportedMediaType(

@@ -23,6 +23,7 @@ float outputs holding NaN or Inf (JSON has no such numbers), BYTES that are not 
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,9 @@ _NO_JSON = {"FP16", "BF16"}
 _INT_KINDS = "iu"
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 BINARY_KEY = "binary_data_size"
+#: A JSON escape of a UTF-16 surrogate: only bodies holding one are walked for lone ones.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def decode_body(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -94,6 +98,8 @@ def decode_request(
         raise InvalidParameter("The request body is not valid JSON.") from None
     if not isinstance(doc, dict):
         raise InvalidParameter("The request body must be a JSON object.")
+    if _SURROGATE_ESCAPE.search(body, 0, json_end) is not None:
+        _refuse_lone_surrogates(doc)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidParameter("'id' must be a string.")
@@ -115,6 +121,27 @@ def decode_request(
         parameters=parameters,
         headers=headers,
     )
+
+
+def _refuse_lone_surrogates(doc: Any) -> None:
+    """400 for a string or key holding a lone UTF-16 surrogate (``"\\ud800"``): ``json`` reads
+    it, but it is no text (a BYTES element would go to the model as bytes that are not
+    UTF-8, an id or name would come back as such). Escaped pairs are one character and pass.
+
+    Raises:
+        InvalidParameter: one was found.
+    """
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value) is not None:
+                raise InvalidParameter("The JSON request holds a lone UTF-16 surrogate (\\ud800).")
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def is_raw(header_length: str | None) -> bool:
