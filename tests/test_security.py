@@ -150,12 +150,10 @@ def test_roles_give_403_inside_the_team_and_404_outside(
         ).status_code
         == 404
     )
-    assert (
-        api.put(
-            "/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["ada"])
-        ).status_code
-        == 200
-    )
+    invited = api.put("/api/v1/teams/vision/members/out", json=body, headers=_as(api, s["ada"]))
+    assert (invited.status_code, invited.json()["status"]) == (202, "invited")
+    accepted = api.post("/api/v1/invitations/vision/accept", headers=_as(api, s["out"]))
+    assert accepted.status_code == 200, accepted.text
     # Platform-admin actions are 403 for everybody else.
     assert (
         api.post("/api/v1/teams", json={"name": "x"}, headers=_as(api, s["ada"])).status_code == 403
@@ -167,7 +165,56 @@ def test_roles_give_403_inside_the_team_and_404_outside(
     assert names == ["vision"]
     assert [t["name"] for t in api.get("/api/v1/teams", headers=_as(api, s["out"])).json()] == [
         "vision"
-    ]  # out was made a viewer above
+    ]  # out was invited as a viewer above, and accepted
+
+
+def test_a_team_admin_invites_and_the_account_consents(
+    api: TestClient, platform: Platform, team_with_roles: dict[str, str]
+) -> None:
+    """A team admin cannot put an account in a team (its jobs, costs and audit trail would
+    act in that account's name): the account is invited and joins only when it accepts."""
+    s = team_with_roles
+    ada, out = _as(api, s["ada"]), _as(api, s["out"])
+    invited = api.put("/api/v1/teams/vision/members/out", json={"role": "member"}, headers=ada)
+    assert (invited.status_code, invited.json()) == (
+        202,
+        {"user": "out", "role": "member", "status": "invited"},
+    )
+    assert api.get("/api/v1/whoami", headers=out).json()["teams"] == {}
+    members = [m["user"] for m in api.get("/api/v1/teams/vision").json()["members"]]
+    assert "out" not in members
+    pending = api.get("/api/v1/invitations", headers=out).json()
+    assert [(i["team"], i["role"], i["invited_by"]) for i in pending] == [
+        ("vision", "member", "ada")
+    ]
+    assert api.get("/api/v1/invitations", headers=_as(api, s["mia"])).json() == []
+    # Nobody else can accept it for the account, nor accept what was never offered.
+    assert (
+        api.post("/api/v1/invitations/vision/accept", headers=_as(api, s["mia"])).status_code == 404
+    )
+    job_token = platform.security.issue_job_token("out", "job-x-1", timedelta(hours=1))
+    by_job = api.post("/api/v1/invitations/vision/accept", headers=_as(api, job_token.secret))
+    assert by_job.status_code == 403
+    joined = api.post("/api/v1/invitations/vision/accept", headers=out)
+    assert (joined.status_code, joined.json()["role"]) == (200, "member")
+    assert api.get("/api/v1/whoami", headers=out).json()["teams"] == {"vision": "member"}
+    assert api.get("/api/v1/invitations", headers=out).json() == []
+    assert api.post("/api/v1/invitations/vision/accept", headers=out).status_code == 404
+    # A member's role changes at once; a platform admin adds without asking.
+    promoted = api.put("/api/v1/teams/vision/members/out", json={"role": "viewer"}, headers=ada)
+    assert (promoted.status_code, promoted.json()["status"]) == (200, "member")
+    api.post("/api/v1/users", json={"name": "zoe"})
+    added = api.put("/api/v1/teams/vision/members/zoe", json={"role": "viewer"})
+    assert (added.status_code, added.json()["status"]) == (200, "member")
+    # Declining drops the invitation and joins nothing.
+    api.post("/api/v1/users", json={"name": "yan"})
+    yan = _as(api, _token_for(api, "yan"))
+    api.put("/api/v1/teams/vision/members/yan", json={"role": "admin"}, headers=ada)
+    assert api.delete("/api/v1/invitations/vision", headers=yan).status_code == 204
+    assert api.post("/api/v1/invitations/vision/accept", headers=yan).status_code == 404
+    assert api.get("/api/v1/whoami", headers=yan).json()["teams"] == {}
+    actions = [e.action for e in platform.audit.entries(limit=30)]
+    assert {"team.invitation.accept", "team.invitation.decline"} <= set(actions)
 
 
 def test_tokens_are_private_to_their_owner(

@@ -79,9 +79,45 @@ def add_member(
     user: str,
     role: Annotated[str, typer.Option("--role", "-r", help=ROLE_HELP)] = "member",
 ) -> None:
-    """Add a user to a team, or change their role (team admins)."""
-    client().set_member(team, user, role)
-    console.print(f"[green]{user}[/] is now {role} in {team}")
+    """Add a user to a team, or change their role (team admins). A team admin who is not
+    a platform admin invites an account that is not a member yet: it joins when it runs
+    `shamal team accept TEAM`."""
+    done = client().set_member(team, user, role)
+    if done.get("status") == "invited":
+        console.print(
+            f"invited [bold]{escape(user)}[/] to {escape(team)} as {escape(role)}: "
+            f"they join when they run `shamal team accept {escape(team)}`"
+        )
+        return
+    console.print(f"[green]{escape(user)}[/] is now {escape(role)} in {escape(team)}")
+
+
+@app.command("invitations")
+@handle_errors
+def invitations(as_json: bool = JsonOption) -> None:
+    """Your invitations to teams, waiting for `shamal team accept` or `decline`."""
+    print_table(
+        "Invitations",
+        ["team", "role", "invited_by", "created_at"],
+        client().invitations(),
+        as_json=as_json,
+    )
+
+
+@app.command("accept")
+@handle_errors
+def accept(team: str) -> None:
+    """Accept an invitation: join TEAM with the role it offers."""
+    member = client().accept_invitation(team)
+    console.print(f"[green]joined[/] {escape(team)} as {escape(member['role'])}")
+
+
+@app.command("decline")
+@handle_errors
+def decline(team: str) -> None:
+    """Decline an invitation to TEAM."""
+    client().decline_invitation(team)
+    console.print(f"declined the invitation to {escape(team)}")
 
 
 @app.command("remove-member")

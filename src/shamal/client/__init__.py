@@ -175,6 +175,18 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         path = f"/api/v1/teams/{quote(team, safe='')}/members/{quote(user, safe='')}"
         self.request("DELETE", path)
 
+    def invitations(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/api/v1/invitations")
+        return result
+
+    def accept_invitation(self, team: str) -> dict[str, Any]:
+        path = f"/api/v1/invitations/{quote(team, safe='')}/accept"
+        result: dict[str, Any] = self.request("POST", path)
+        return result
+
+    def decline_invitation(self, team: str) -> None:
+        self.request("DELETE", f"/api/v1/invitations/{quote(team, safe='')}")
+
     # ------------------------------------------------------------------ tokens
     def create_token(
         self, name: str, *, expires_in_s: int | None = None, user: str | None = None

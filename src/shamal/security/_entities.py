@@ -67,6 +67,17 @@ class Membership:
 
 
 @dataclass(frozen=True, slots=True)
+class Invitation:
+    """A team admin's offer of ``role`` in ``team`` to ``user``, who joins by accepting it."""
+
+    team: str
+    user: str
+    role: Role
+    invited_by: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ApiToken:
     """A token's record; the secret is never part of it."""
 

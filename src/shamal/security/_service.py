@@ -19,6 +19,7 @@ from shamal.security._audit import AuditContext, AuditLog, Clock, utc_now
 from shamal.security._entities import (
     AccountKind,
     ApiToken,
+    Invitation,
     IssuedToken,
     Membership,
     Principal,
@@ -274,22 +275,86 @@ class SecurityService:
         finally:
             self.forget_principals()
 
-    def set_member(self, ctx: AuditContext, team: str, user: str, role: Role) -> Membership:
-        """Add ``user`` to ``team`` or change their role. Needs team admin."""
+    def set_member(
+        self, ctx: AuditContext, team: str, user: str, role: Role
+    ) -> Membership | Invitation:
+        """Add ``user`` to ``team`` or change their role. Needs team admin.
+
+        Joining a team takes the account's consent (a team's jobs, tokens and audit trail
+        would act in its name): a platform admin adds the account at once, a team admin
+        changes a member's role at once but only invites an account that is not a member
+        yet, which joins by :meth:`accept_invitation`.
+
+        Returns:
+            The membership, or the invitation that waits for the account.
+        """
         principal = ctx.require_principal()
         principal.require_own_token("change team members")
         principal.require_team_role(team, Role.ADMIN)
         ctx.target = f"team:{team}/user:{user}"
 
+        def work(s: Session) -> Membership | Invitation:
+            if principal.user.is_admin or _store.is_member(s, team, user):
+                done: Membership | Invitation = _store.upsert_member(
+                    s, team, user, role, self._clock()
+                )
+                self._audit.record(s, ctx, ctx.target, role=role.label)
+            else:
+                done = _store.upsert_invitation(s, team, user, role, principal.name, self._clock())
+                self._audit.record(s, ctx, ctx.target, role=role.label, invited=True)
+            return done
+
+        try:
+            return self._db.run(work, retry_unique=True)
+        finally:
+            self.forget_principals()
+
+    def invitations(self, principal: Principal) -> list[Invitation]:
+        """The caller's own invitations that wait for an answer."""
+        with self._db.unit_of_work(write=False) as s:
+            return _store.invitations_of(s, principal.name)
+
+    def accept_invitation(self, ctx: AuditContext, team: str) -> Membership:
+        """Join ``team`` with the role the invitation offers.
+
+        Raises:
+            NotFound: the caller has no invitation to ``team``.
+            PermissionDenied: a job's token (an account accepts with its own).
+        """
+        principal = ctx.require_principal()
+        principal.require_own_token("accept an invitation")
+        ctx.target = f"team:{team}/user:{principal.name}"
+
         def work(s: Session) -> Membership:
-            membership = _store.upsert_member(s, team, user, role, self._clock())
-            self._audit.record(s, ctx, ctx.target, role=role.label)
+            invitation = _store.take_invitation(s, team, principal.name)
+            membership = _store.upsert_member(
+                s, team, principal.name, invitation.role, self._clock()
+            )
+            self._audit.record(
+                s, ctx, ctx.target, role=invitation.role.label, invited_by=invitation.invited_by
+            )
             return membership
 
         try:
             return self._db.run(work, retry_unique=True)
         finally:
             self.forget_principals()
+
+    def decline_invitation(self, ctx: AuditContext, team: str) -> None:
+        """Drop the caller's invitation to ``team``.
+
+        Raises:
+            NotFound: the caller has no invitation to ``team``.
+        """
+        principal = ctx.require_principal()
+        principal.require_own_token("decline an invitation")
+        ctx.target = f"team:{team}/user:{principal.name}"
+
+        def work(s: Session) -> None:
+            _store.take_invitation(s, team, principal.name)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
 
     def remove_member(self, ctx: AuditContext, team: str, user: str) -> None:
         principal = ctx.require_principal()

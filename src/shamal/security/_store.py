@@ -15,6 +15,7 @@ from shamal.db.models import (
     ApiTokenRow,
     AuditEntryRow,
     AuditHeadRow,
+    TeamInvitationRow,
     TeamMemberRow,
     TeamRow,
     UserRow,
@@ -24,6 +25,7 @@ from shamal.security._entities import (
     AccountKind,
     ApiToken,
     AuditEntry,
+    Invitation,
     Membership,
     Role,
     Team,
@@ -114,6 +116,7 @@ def list_teams(s: Session, only: Sequence[str] | None = None) -> list[Team]:
 def delete_team(s: Session, name: str) -> None:
     row = _team_row(s, name)
     s.execute(delete(TeamMemberRow).where(TeamMemberRow.team_id == row.id))
+    s.execute(delete(TeamInvitationRow).where(TeamInvitationRow.team_id == row.id))
     s.delete(row)
     s.flush()
 
@@ -144,6 +147,73 @@ def remove_member(s: Session, team: str, user: str) -> None:
     )
     if getattr(result, "rowcount", 0) == 0:
         raise NotFound(f"user {user!r} is not a member of team {team!r}")
+
+
+def is_member(s: Session, team: str, user: str) -> bool:
+    team_row = _team_row(s, team)
+    user_id = s.scalar(select(UserRow.id).where(UserRow.name == user))
+    return user_id is not None and s.get(TeamMemberRow, (team_row.id, user_id)) is not None
+
+
+def upsert_invitation(
+    s: Session, team: str, user: str, role: Role, invited_by: str, now: datetime
+) -> Invitation:
+    """Offer ``role`` in ``team`` to ``user`` (a new offer replaces an older one)."""
+    team_row = _team_row(s, team)
+    user_row = s.scalar(select(UserRow).where(UserRow.name == user))
+    if user_row is None:
+        raise NotFound(f"user {user!r} does not exist")
+    row = s.get(TeamInvitationRow, (team_row.id, user_row.id))
+    if row is None:
+        row = TeamInvitationRow(
+            team_id=team_row.id, user_id=user_row.id, role=role.label, invited_by=invited_by,
+            created_at=now,
+        )  # fmt: skip
+        s.add(row)
+    else:
+        row.role, row.invited_by, row.created_at = role.label, invited_by, now
+    s.flush()
+    return Invitation(team=team, user=user, role=role, invited_by=invited_by, created_at=now)
+
+
+def invitations_of(s: Session, user: str) -> list[Invitation]:
+    """The invitations ``user`` has not answered, by team."""
+    rows = s.execute(
+        select(TeamRow.name, TeamInvitationRow)
+        .join(TeamRow, TeamRow.id == TeamInvitationRow.team_id)
+        .join(UserRow, UserRow.id == TeamInvitationRow.user_id)
+        .where(UserRow.name == user)
+        .order_by(TeamRow.name)
+    ).all()
+    return [
+        Invitation(
+            team=team,
+            user=user,
+            role=Role.parse(row.role),
+            invited_by=row.invited_by,
+            created_at=row.created_at,
+        )  # fmt: skip
+        for team, row in rows
+    ]
+
+
+def take_invitation(s: Session, team: str, user: str) -> Invitation:
+    """Remove and return ``user``'s invitation to ``team``.
+
+    Raises:
+        NotFound: there is none (or the team is gone).
+    """
+    for invitation in invitations_of(s, user):
+        if invitation.team == team:
+            team_id = _team_row(s, team).id
+            user_id = s.scalar(select(UserRow.id).where(UserRow.name == user))
+            s.execute(
+                delete(TeamInvitationRow).where(
+                    TeamInvitationRow.team_id == team_id, TeamInvitationRow.user_id == user_id
+                )
+            )
+            return invitation
+    raise NotFound(f"no invitation to team {team!r}")
 
 
 def list_members(s: Session, team: str) -> list[Membership]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, cast
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
@@ -22,6 +22,7 @@ from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
 from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
     AccountKind,
+    Invitation,
     Principal,
     Role,
 )
@@ -208,6 +209,17 @@ class TeamIn(_Model):
 class MemberOut(_Model):
     user: str
     role: RoleName
+    status: Literal["member", "invited"] = Field(
+        default="member",
+        description="invited: the account joins when it accepts (a team admin's addition)",
+    )
+
+
+class InvitationOut(_Model):
+    team: str
+    role: RoleName
+    invited_by: str
+    created_at: datetime
 
 
 class TeamOut(_Model):
@@ -366,9 +378,58 @@ def set_member(
     body: MemberIn,
     svc: Security,
     ctx: Annotated[AuditContext, Depends(audited("team.member.set"))],
+    response: Response,
 ) -> MemberOut:
-    membership = svc.set_member(ctx, team, user, Role.parse(body.role))
-    return MemberOut(user=membership.user, role=body.role)
+    done = svc.set_member(ctx, team, user, Role.parse(body.role))
+    if isinstance(done, Invitation):
+        response.status_code = status.HTTP_202_ACCEPTED
+        return MemberOut(user=done.user, role=body.role, status="invited")
+    return MemberOut(user=done.user, role=body.role)
+
+
+@router.get(
+    "/invitations",
+    tags=["teams"],
+    summary="Your invitations to teams, waiting for your answer",
+)
+def list_invitations(svc: Security, principal: CurrentPrincipal) -> list[InvitationOut]:
+    return [
+        InvitationOut(
+            team=i.team,
+            role=cast(RoleName, i.role.label),
+            invited_by=i.invited_by,
+            created_at=i.created_at,
+        )  # fmt: skip
+        for i in svc.invitations(principal)
+    ]
+
+
+@router.post(
+    "/invitations/{team}/accept",
+    tags=["teams"],
+    summary="Accept an invitation: join the team with the role it offers",
+)
+def accept_invitation(
+    team: Name,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("team.invitation.accept"))],
+) -> MemberOut:
+    membership = svc.accept_invitation(ctx, team)
+    return MemberOut(user=membership.user, role=cast(RoleName, membership.role.label))
+
+
+@router.delete(
+    "/invitations/{team}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["teams"],
+    summary="Decline an invitation",
+)
+def decline_invitation(
+    team: Name,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("team.invitation.decline"))],
+) -> None:
+    svc.decline_invitation(ctx, team)
 
 
 @router.delete(
