@@ -176,3 +176,126 @@ def test_the_connection_stays_usable_after_a_lone_surrogate(tmp_path: Path) -> N
         assert "Traceback" not in log
     finally:
         server.stop()
+
+
+def _account(api: TestClient, name: str, team: str) -> dict[str, str]:
+    """A user with the member role... maintainer role in its own new team; its auth header."""
+    assert api.post("/api/v1/users", json={"name": name}).status_code < 300
+    assert api.post("/api/v1/teams", json={"name": team}).status_code < 300
+    joined = api.put(f"/api/v1/teams/{team}/members/{name}", json={"role": "maintainer"})
+    assert joined.status_code < 300, joined.text
+    secret = api.post("/api/v1/tokens", json={"name": "t", "user": name}).json()["secret"]
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def _team_tag(team: str) -> list[dict[str, str]]:
+    return [{"key": "shamal.team", "value": team}]
+
+
+def _assert_generic(answer: Any, status: int, secret_words: tuple[str, ...]) -> str:
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert body["error_code"] == "RESOURCE_ALREADY_EXISTS", body
+    message = str(body["message"]).lower()
+    for word in (*secret_words, "team", "hidden", "other", "another", "permission", "access"):
+        assert word not in message, message
+    return message
+
+
+def test_a_name_taken_by_a_hidden_object_is_a_generic_conflict(api: TestClient) -> None:
+    """Creating (or renaming to) a name another team's object holds answers as any taken
+    name does: nothing says whose it is, or that the caller cannot see it."""
+    alice = _account(api, "alice", "vision")
+    bob = _account(api, "bob", "speech")
+    exp = api.post(
+        f"{M}/experiments/create",
+        json={"name": "secret-exp", "tags": _team_tag("vision")},
+        headers=alice,
+    ).json()["experiment_id"]
+    run = api.post(f"{M}/runs/create", json={"experiment_id": exp}, headers=alice).json()
+    run_id = run["run"]["info"]["run_id"]
+    made = api.post(
+        f"{M}/registered-models/create",
+        json={"name": "secret-model", "tags": _team_tag("vision")},
+        headers=alice,
+    )
+    assert made.status_code == 200, made.text
+    version = api.post(
+        f"{M}/model-versions/create",
+        json={"name": "secret-model", "source": f"runs:/{run_id}/model"},
+        headers=alice,
+    )
+    assert version.status_code == 200, version.text
+    deployed = api.put(
+        "/api/v1/deployments/secret-dep",
+        json={"team": "vision", "primary": [{"model": "models:/secret-model/1"}]},
+        headers=alice,
+    )
+    assert deployed.status_code == 200, deployed.text
+    hidden = ("alice", "vision", "secret-model/1")
+
+    # Bob sees none of it...
+    assert api.get("/api/v1/deployments/secret-dep", headers=bob).status_code == 404
+    # ...and each of his creates on those names is a plain "taken" (MLflow's own status, 400,
+    # under its dialect; 409 under Shamal's API).
+    mine = api.post(
+        f"{M}/experiments/create",
+        json={"name": "bob-exp", "tags": _team_tag("speech")},
+        headers=bob,
+    )
+    bob_exp = mine.json()["experiment_id"]
+    taken = api.post(
+        f"{M}/experiments/create",
+        json={"name": "secret-exp", "tags": _team_tag("speech")},
+        headers=bob,
+    )
+    _assert_generic(taken, 400, hidden)
+    renamed = api.post(
+        f"{M}/experiments/update",
+        json={"experiment_id": bob_exp, "new_name": "secret-exp"},
+        headers=bob,
+    )
+    _assert_generic(renamed, 400, hidden)
+    own = api.post(
+        f"{M}/registered-models/create",
+        json={"name": "bob-model", "tags": _team_tag("speech")},
+        headers=bob,
+    )
+    assert own.status_code == 200, own.text
+    again = api.post(
+        f"{M}/registered-models/create",
+        json={"name": "bob-model", "tags": _team_tag("speech")},
+        headers=bob,
+    )
+    taken_model = api.post(
+        f"{M}/registered-models/create",
+        json={"name": "secret-model", "tags": _team_tag("speech")},
+        headers=bob,
+    )
+    # The same words as for a name of his own.
+    assert _assert_generic(taken_model, 400, hidden).replace("secret-model", "x") == (
+        _assert_generic(again, 400, ()).replace("bob-model", "x")
+    )
+    moved = api.post(
+        f"{M}/registered-models/rename",
+        json={"name": "bob-model", "new_name": "secret-model"},
+        headers=bob,
+    )
+    _assert_generic(moved, 400, hidden)
+    bob_run = api.post(f"{M}/runs/create", json={"experiment_id": bob_exp}, headers=bob).json()
+    bob_version = api.post(
+        f"{M}/model-versions/create",
+        json={"name": "bob-model", "source": f"runs:/{bob_run['run']['info']['run_id']}/model"},
+        headers=bob,
+    )
+    assert bob_version.status_code == 200, bob_version.text
+    dep = api.put(
+        "/api/v1/deployments/secret-dep",
+        json={"team": "speech", "primary": [{"model": "models:/bob-model/1"}]},
+        headers=bob,
+    )
+    _assert_generic(dep, 409, hidden)
+    # Alice's deployment is as it was.
+    still = api.get("/api/v1/deployments/secret-dep", headers=alice).json()
+    assert still["team"] == "vision"
+    assert still["revision"] == 1

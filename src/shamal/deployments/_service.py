@@ -42,7 +42,7 @@ from shamal.deployments._entities import (
     VersionStats,
     WeightedUri,
 )
-from shamal.errors import Conflict, InvalidParameter
+from shamal.errors import AlreadyExists, Conflict, InvalidParameter
 from shamal.registry import RegistryService
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
 from shamal.security._audit import Clock
@@ -154,6 +154,7 @@ class DeploymentService:
         if existing is None:
             team, team_id = self._team(principal, spec.team)
         else:
+            _refuse_hidden_name(principal, existing[0], name)
             self._access(principal, existing, name, Role.MEMBER)
             team, team_id = existing[1].team, existing[0].team_id
             if spec.team is not None and spec.team != team:
@@ -169,6 +170,7 @@ class DeploymentService:
                 deployment_id, kind, stored = uuid.uuid4().hex, "create", draft
                 _store.insert(s, deployment_id, team_id, draft)
             else:
+                _refuse_hidden_name(principal, found[0], name)
                 ref, current = self._access(principal, found, name, Role.MEMBER)
                 stored = replace(
                     draft,
@@ -569,3 +571,17 @@ def _fits(sample: SampledRequest) -> bool:
         return len(text) <= MAX_SAMPLE_BYTES
     except (ValueError, TypeError):
         return False
+
+
+def _refuse_hidden_name(principal: Principal, ref: _store.DeploymentRef, name: str) -> None:
+    """A deploy on a name held by a deployment the caller cannot see is a create that finds the
+    name taken: the answer any taken name gets, never a 404 that would tell an update from a
+    create, and nothing of whose it is.
+
+    Raises:
+        AlreadyExists: the caller has no role in the team of the deployment named ``name``.
+    """
+    if principal.user.is_admin:
+        return
+    if ref.team_id is None or principal.role_in_team_id(ref.team_id) is None:
+        raise AlreadyExists(f"a deployment named {name!r} exists already; pick a different name")
