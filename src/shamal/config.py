@@ -293,6 +293,12 @@ class Settings(BaseSettings):
         description="how often the server verifies the audit chain against its own witness "
         "(0: never)",
     )
+    audit_reads: bool = Field(
+        default=False,
+        description="record an audit entry (artifact.read) for every download of an artifact "
+        "or a model's files, through the Shamal API and the MLflow-artifacts proxy, refusals "
+        "included; off by default: one entry per download",
+    )
 
     # ------------------------------------------------------------------ derived paths
     @property

@@ -13,7 +13,7 @@ from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._service import ArtifactService
 from shamal.artifacts._streaming import consume_body, download_headers
 from shamal.security import NAME_PATTERN, AuditContext
-from shamal.security.api import CurrentPrincipal, audited
+from shamal.security.api import CurrentPrincipal, ReadAudit, audited, audited_read
 
 
 def get_artifacts(request: Request) -> ArtifactService:
@@ -82,9 +82,14 @@ async def put_artifact(
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 def get_artifact(
-    team: Team, path: FilePath, svc: Artifacts, principal: CurrentPrincipal
+    team: Team,
+    path: FilePath,
+    svc: Artifacts,
+    principal: CurrentPrincipal,
+    reads: Annotated[ReadAudit, Depends(audited_read("artifact.read"))],
 ) -> StreamingResponse:
     found, data = svc.open(principal, team, path)
+    reads.granted(f"artifact:{team}/{found.path}", digest=found.digest, size=found.size)
     return StreamingResponse(
         data, media_type="application/octet-stream", headers=download_headers(found)
     )

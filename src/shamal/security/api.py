@@ -131,6 +131,50 @@ def audited(action: str) -> Callable[..., Iterator[AuditContext]]:
     return dependency
 
 
+class ReadAudit:
+    """Records reads of sensitive objects (artifact and model downloads) in the audit log,
+    where the operator turned it on (``SHAMAL_AUDIT_READS=true``); off, it records nothing.
+
+    A route calls :meth:`granted` once access is decided and before the bytes stream, so the
+    entry exists even when the client stops reading halfway; a refusal (404, 403, 400) is
+    recorded by the dependency with the error code as outcome.
+    """
+
+    def __init__(self, audit: AuditLog | None, ctx: AuditContext) -> None:
+        self._audit = audit
+        self.ctx = ctx
+
+    @property
+    def enabled(self) -> bool:
+        return self._audit is not None
+
+    def granted(self, target: str, **detail: Any) -> None:
+        if self._audit is None:
+            return
+        self.ctx.target = target
+        self.ctx.detail.update(detail)
+        self._audit.record_outcome(self.ctx, "ok")
+
+
+def audited_read(action: str) -> Callable[..., Iterator[ReadAudit]]:
+    """A dependency that audits a read named ``action`` (e.g. ``artifact.read``) when
+    ``Settings.audit_reads`` is on; see :class:`ReadAudit`."""
+
+    def dependency(request: Request, principal: CurrentPrincipal) -> Iterator[ReadAudit]:
+        ctx = AuditContext(action=action, actor=principal.name, principal=principal)
+        enabled = bool(getattr(request.app.state.settings, "audit_reads", False))
+        audit = get_audit_log(request) if enabled else None
+        try:
+            yield ReadAudit(audit, ctx)
+        except ShamalError as exc:
+            if audit is not None and not ctx.recorded:
+                ctx.target = ctx.target or request.url.path
+                audit.record_outcome(ctx, exc.code.lower())
+            raise
+
+    return dependency
+
+
 async def data_plane_write(principal: CurrentPrincipal) -> Principal:
     """Marks a high-volume write into an object whose creation was audited (metrics, params,
     tags logged to a run). Authenticated like everything else, but not one audit entry per

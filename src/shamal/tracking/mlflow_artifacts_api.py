@@ -11,7 +11,7 @@ from shamal.artifacts import consume_body, download_headers
 from shamal.errors import NotImplementedFeature
 from shamal.mlflow_dialect import ProtoJSONResponse, proto_json
 from shamal.security import AuditContext
-from shamal.security.api import CurrentPrincipal, audited
+from shamal.security.api import CurrentPrincipal, ReadAudit, audited, audited_read
 from shamal.tracking._service import TrackingService
 
 PREFIX = "/api/2.0/mlflow-artifacts"
@@ -35,8 +35,14 @@ def list_artifacts(svc: Tracking, p: CurrentPrincipal, path: str = "") -> ProtoJ
 
 
 @artifacts_router.get("/artifacts/{path:path}")
-def download_artifact(path: str, svc: Tracking, p: CurrentPrincipal) -> StreamingResponse:
+def download_artifact(
+    path: str,
+    svc: Tracking,
+    p: CurrentPrincipal,
+    reads: Annotated[ReadAudit, Depends(audited_read("artifact.read"))],
+) -> StreamingResponse:
     found, data = svc.files.download(p, path)
+    reads.granted(f"mlflow-artifacts:{path}", digest=found.digest, size=found.size)
     return StreamingResponse(
         data, media_type="application/octet-stream", headers=download_headers(found)
     )
