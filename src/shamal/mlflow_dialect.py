@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from fastapi import Request
@@ -25,6 +25,8 @@ __all__ = [
     "INT64_MIN",
     "MLFLOW_PREFIXES",
     "Fields",
+    "PageOf",
+    "bounded_page",
     "is_mlflow_path",
     "mlflow_status",
     "proto_json",
@@ -225,18 +227,23 @@ def _protobuf_safe(value: Any) -> Any:
     return value
 
 
+def encode_json(content: Any) -> bytes:
+    """``content`` as the dialect writes JSON (see :class:`ProtoJSONResponse`)."""
+    safe = _protobuf_safe(content)
+    try:
+        # Search pages hold 1,000 runs: orjson writes them several times faster.
+        return orjson.dumps(safe, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # what only ``json`` writes (an integer beyond 64 bits)
+        return json.dumps(safe, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8"
+        )
+
+
 class ProtoJSONResponse(JSONResponse):
     """JSON with protobuf's spellings of NaN and the infinities, unset fields omitted."""
 
     def render(self, content: Any) -> bytes:
-        safe = _protobuf_safe(content)
-        try:
-            # Search pages hold 1,000 runs: orjson writes them several times faster.
-            return orjson.dumps(safe, option=orjson.OPT_NON_STR_KEYS)
-        except TypeError:  # what only ``json`` writes (an integer beyond 64 bits)
-            return json.dumps(
-                safe, allow_nan=False, separators=(",", ":"), ensure_ascii=False
-            ).encode("utf-8")
+        return encode_json(content)
 
 
 class _EncodedJSONResponse(Response):
@@ -253,3 +260,71 @@ def proto_json_encoded(body: bytes) -> Response:
     speed), in the dialect's spelling: NaN and infinities as strings, unset fields left out.
     """
     return _EncodedJSONResponse(body)
+
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+#: Items a bounded page reads from its store at a time, at most: what it holds besides the
+#: JSON. The first read takes ``PAGE_FIRST_BATCH``; the next ones as many as the bytes left
+#: would hold at the average size so far.
+PAGE_BATCH = 1000
+PAGE_FIRST_BATCH = 100
+
+
+class PageOf(Protocol[T_co]):
+    """A page as the domain services return it."""
+
+    @property
+    def items(self) -> Sequence[T_co]: ...
+
+    @property
+    def next_page_token(self) -> str | None: ...
+
+
+def bounded_page(
+    key: str,
+    fetch: Callable[[int, str | None], PageOf[T]],
+    to_json: Callable[[T], Mapping[str, Any]],
+    *,
+    max_results: int,
+    page_token: str | None,
+    max_bytes: int,
+    resume_at: Callable[[str | None, int], str],
+) -> Response:
+    """A search page of at most ``max_results`` items and, past the first, ``max_bytes``
+    bytes of JSON: ``{key: [...], "next_page_token": ...}``.
+
+    Items are read in batches (``fetch(limit, token)``, see ``PAGE_BATCH``) and written as
+    they come, so the server holds one batch and the page's JSON, whatever ``max_results``
+    says.
+    A page that stops early for its size ends with the token ``resume_at(token of the
+    batch, index in it)``, which resumes exactly at the first item left out; a client that
+    follows tokens sees every item once. The first item always goes in, whatever its size.
+    """
+    parts: list[bytes] = []
+    size = 0
+    token = page_token
+    left = max_results
+    batch = PAGE_FIRST_BATCH
+    while True:
+        page = fetch(min(left, batch), token)
+        for index, item in enumerate(page.items):
+            part = encode_json(to_json(item))
+            if parts and size + len(part) > max_bytes:
+                return _page_response(key, parts, resume_at(token, index))
+            parts.append(part)
+            size += len(part) + 1
+        left -= len(page.items)
+        if page.next_page_token is None or left <= 0:
+            return _page_response(key, parts, page.next_page_token)
+        token = page.next_page_token
+        average = max(size // len(parts), 1)
+        batch = max(1, min(PAGE_BATCH, (max_bytes - size) // average + 1))
+
+
+def _page_response(key: str, parts: list[bytes], token: str | None) -> Response:
+    tail = b"" if token is None else b',"next_page_token":' + orjson.dumps(token)
+    return proto_json_encoded(
+        b"{" + orjson.dumps(key) + b":[" + b",".join(parts) + b"]" + tail + b"}"
+    )

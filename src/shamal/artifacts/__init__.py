@@ -27,6 +27,7 @@ from shamal.artifacts._streaming import (
     consume_body,
     download_headers,
     principal_key,
+    search_slot,
     sweep_spool,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "open_object_store",
     "principal_key",
     "safe_relpath",
+    "search_slot",
     "sweep_spool",
     "team_namespace",
 ]

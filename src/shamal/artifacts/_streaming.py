@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, TypeVar
 from urllib.parse import quote
@@ -27,6 +27,7 @@ from starlette.requests import Request
 
 from shamal.artifacts._entities import ArtifactFile
 from shamal.errors import TooManyRequests
+from shamal.security.api import CurrentPrincipal
 
 __all__ = [
     "SPOOL_IN_MEMORY",
@@ -34,6 +35,7 @@ __all__ = [
     "consume_body",
     "download_headers",
     "principal_key",
+    "search_slot",
     "sweep_spool",
 ]
 
@@ -103,6 +105,18 @@ def principal_key(request: Request) -> str:
     if principal is not None:
         return f"user:{principal.user.id}"
     return f"peer:{request.client.host if request.client else '-'}"
+
+
+async def search_slot(request: Request, principal: CurrentPrincipal) -> AsyncIterator[None]:
+    """A dependency: hold one of the caller's search slots (``max_searches_per_principal``)
+    while the endpoint builds its page.
+
+    Raises:
+        TooManyRequests: the account runs as many searches as it may already.
+    """
+    slots: PrincipalSlots = request.app.state.search_slots
+    with slots.hold(f"user:{principal.user.id}"):
+        yield
 
 
 class _Spool:

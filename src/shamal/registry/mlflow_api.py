@@ -17,19 +17,24 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from shamal.artifacts import search_slot
 from shamal.errors import InvalidParameter
-from shamal.mlflow_dialect import Fields, proto_json, read_fields
+from shamal.mlflow_dialect import Fields, bounded_page, proto_json, read_fields
 from shamal.registry._mlflow_json import model_version_json, registered_model_json, tags_of
 from shamal.registry._rules import parse_stage, parse_version
 from shamal.registry._service import (
     MODELS_PAGE_DEFAULT,
+    MODELS_PAGE_MAX,
     VERSIONS_PAGE_DEFAULT,
+    VERSIONS_PAGE_MAX,
     RegistryService,
+    _check_max_results,
 )
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, read_only_post
+from shamal.tracking import resume_token
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +51,12 @@ async def get_registry(request: Request) -> RegistryService:
 
 Registry = Annotated[RegistryService, Depends(get_registry)]
 Body = Annotated[Fields, Depends(read_fields)]
-Handler = Callable[..., JSONResponse]
+Handler = Callable[..., Response]
 
 
-def _route(path: str, method: str) -> Callable[[Handler], Handler]:
-    """Register a handler under every prefix of the dialect."""
+def _route(path: str, method: str, *, search: bool = False) -> Callable[[Handler], Handler]:
+    """Register a handler under every prefix of the dialect; a ``search`` holds one of the
+    caller's search slots while it runs."""
 
     def register(handler: Handler) -> Handler:
         for prefix in PREFIXES:
@@ -60,6 +66,7 @@ def _route(path: str, method: str) -> Callable[[Handler], Handler]:
                 methods=[method],
                 include_in_schema=False,
                 response_class=JSONResponse,
+                dependencies=[Depends(search_slot)] if search else None,
             )
         return handler
 
@@ -104,6 +111,14 @@ VersionQuery = Annotated[Fields, Depends(_version_query)]
 AliasQuery = Annotated[Fields, Depends(_alias_query)]
 StagesQuery = Annotated[Fields, Depends(_stages_query)]
 SearchQuery = Annotated[Fields, Depends(_search_query)]
+
+
+async def _page_bytes(request: Request) -> int:
+    return int(request.app.state.settings.max_page_bytes)
+
+
+#: The most bytes of JSON a search page holds past its first item (``max_page_bytes``).
+PageBytes = Annotated[int, Depends(_page_bytes)]
 
 
 def _version(fields: Fields) -> int:
@@ -179,22 +194,25 @@ def get_registered_model(
     return proto_json({"registered_model": registered_model_json(model)})
 
 
-@_route("/registered-models/search", "GET")
+@_route("/registered-models/search", "GET", search=True)
 def search_registered_models(
-    svc: Registry, principal: CurrentPrincipal, fields: SearchQuery
-) -> JSONResponse:
-    page = svc.search_registered_models(
-        principal,
-        filter_string=fields.text("filter"),
-        order_by=_strings(fields, "order_by"),
-        max_results=_max_results(fields, MODELS_PAGE_DEFAULT),
+    svc: Registry, principal: CurrentPrincipal, fields: SearchQuery, page_bytes: PageBytes
+) -> Response:
+    filter_string, order_by = fields.text("filter"), _strings(fields, "order_by")
+    return bounded_page(
+        "registered_models",
+        lambda limit, token: svc.search_registered_models(
+            principal,
+            filter_string=filter_string,
+            order_by=order_by,
+            max_results=limit,
+            page_token=token,
+        ),
+        registered_model_json,
+        max_results=_check_max_results(_max_results(fields, MODELS_PAGE_DEFAULT), MODELS_PAGE_MAX),
         page_token=fields.text("page_token"),
-    )
-    return proto_json(
-        {
-            "registered_models": [registered_model_json(m) for m in page.items],
-            "next_page_token": page.next_page_token,
-        }
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 
@@ -310,22 +328,27 @@ def get_model_version(
     return proto_json({"model_version": model_version_json(version)})
 
 
-@_route("/model-versions/search", "GET")
+@_route("/model-versions/search", "GET", search=True)
 def search_model_versions(
-    svc: Registry, principal: CurrentPrincipal, fields: SearchQuery
-) -> JSONResponse:
-    page = svc.search_model_versions(
-        principal,
-        filter_string=fields.text("filter"),
-        order_by=_strings(fields, "order_by"),
-        max_results=_max_results(fields, VERSIONS_PAGE_DEFAULT),
+    svc: Registry, principal: CurrentPrincipal, fields: SearchQuery, page_bytes: PageBytes
+) -> Response:
+    filter_string, order_by = fields.text("filter"), _strings(fields, "order_by")
+    return bounded_page(
+        "model_versions",
+        lambda limit, token: svc.search_model_versions(
+            principal,
+            filter_string=filter_string,
+            order_by=order_by,
+            max_results=limit,
+            page_token=token,
+        ),
+        model_version_json,
+        max_results=_check_max_results(
+            _max_results(fields, VERSIONS_PAGE_DEFAULT), VERSIONS_PAGE_MAX
+        ),
         page_token=fields.text("page_token"),
-    )
-    return proto_json(
-        {
-            "model_versions": [model_version_json(v) for v in page.items],
-            "next_page_token": page.next_page_token,
-        }
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 

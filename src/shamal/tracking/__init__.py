@@ -18,6 +18,7 @@ from shamal.tracking._filters import (
     parse_filter,
     parse_order_by,
 )
+from shamal.tracking._paging import resume_token
 from shamal.tracking._search import compare, sort_key
 from shamal.tracking._service import TrackingService
 
@@ -38,5 +39,6 @@ __all__ = [
     "encode_page_token",
     "parse_filter",
     "parse_order_by",
+    "resume_token",
     "sort_key",
 ]

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from shamal.errors import InvalidParameter
 from shamal.tracking._entities import HistoryRow, Page
-from shamal.tracking._filters import encode_page_token
+from shamal.tracking._filters import decode_page_token, encode_page_token
 
 T = TypeVar("T")
 
@@ -47,6 +47,12 @@ def page_of(items: list[T], offset: int, limit: int) -> Page[T]:
     """``items`` was fetched with ``limit + 1`` rows: one more means there is a next page."""
     more = len(items) > limit
     return Page(items[:limit], encode_page_token(offset + limit) if more else None)
+
+
+def resume_token(token: str | None, index: int) -> str:
+    """The offset token of the item ``index`` places after where ``token`` starts: where a
+    page cut short for its size resumes."""
+    return encode_page_token(decode_page_token(token) + index)
 
 
 def history_page(rows: list[HistoryRow], limit: int) -> Page[HistoryRow]:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     delete,
+    func,
     select,
     tuple_,
     update,
@@ -49,6 +50,32 @@ from shamal.tracking._entities import (
 from shamal.tracking._prepared import PreparedStatement, Row
 
 ARTIFACT_SCHEME = "mlflow-artifacts:/"
+
+
+#: How many params and tags one object may hold (their sizes: see ``_service``). MLflow sets
+#: no such counts; these leave room for every real use we know of (a sweep's config
+#: flattened into params, a CI's tags) and bound what one run costs each search page. Writers
+#: racing at the limit may pass it by what their last calls added.
+MAX_PARAMS_PER_RUN = 2_000
+MAX_TAGS_PER_RUN = 1_000
+MAX_TAGS_PER_EXPERIMENT = 1_000
+
+
+def _check_count(
+    s: Session, table: Any, where: ColumnElement[bool], limit: int, what: str, owner: str
+) -> None:
+    """Raise InvalidParameter (the transaction then rolls back) when the object holds more
+    than ``limit`` rows of ``table`` after a write."""
+    _refuse_over(
+        s.scalar(select(func.count()).select_from(table).where(where)) or 0, limit, what, owner
+    )
+
+
+def _refuse_over(count: int, limit: int, what: str, owner: str) -> None:
+    if count > limit:
+        raise InvalidParameter(
+            f"A {owner} may have at most {limit} {what}; this request would make it {count}."
+        )
 
 
 def _insert(s: Session, table: Any) -> Any:
@@ -103,6 +130,7 @@ def insert_experiment(
     s.add(row)
     s.flush()
     row.artifact_location = f"{ARTIFACT_SCHEME}{row.experiment_id}"
+    _refuse_over(len(tags), MAX_TAGS_PER_EXPERIMENT, "tags", "experiment")
     for key, value in tags.items():
         s.add(ExperimentTagRow(experiment_id=row.experiment_id, key=key, value=value))
     s.flush()
@@ -212,6 +240,15 @@ def set_experiment_tag(s: Session, experiment_id: str, key: str, value: str | No
         raise NotFound(f"No tag with name: {key} in experiment with id {experiment_id}")
     if value is not None:
         s.add(ExperimentTagRow(experiment_id=row.experiment_id, key=key, value=value))
+        s.flush()
+        _check_count(
+            s,
+            ExperimentTagRow,
+            ExperimentTagRow.experiment_id == row.experiment_id,
+            MAX_TAGS_PER_EXPERIMENT,
+            "tags",
+            "experiment",
+        )
     s.flush()
 
 
@@ -255,6 +292,7 @@ def insert_run(
     )
     s.add(row)
     s.flush()
+    _refuse_over(len(tags), MAX_TAGS_PER_RUN, "tags", "run")
     if tags:
         s.execute(
             _insert(s, RunTagRow),
@@ -397,6 +435,7 @@ def log_params(s: Session, run_id: str, params: Sequence[tuple[str, str]]) -> No
     ]
     if fresh:
         s.execute(_insert(s, ParamRow).on_conflict_do_nothing(), fresh)
+        _check_count(s, ParamRow, ParamRow.run_id == run_id, MAX_PARAMS_PER_RUN, "params", "run")
 
 
 def set_tags(s: Session, run_id: str, tags: Sequence[tuple[str, str]]) -> None:
@@ -409,6 +448,7 @@ def set_tags(s: Session, run_id: str, tags: Sequence[tuple[str, str]]) -> None:
         index_elements=["run_id", "key"], set_={"value": stmt.excluded.value}
     )
     s.execute(stmt, [{"run_id": run_id, "key": k, "value": v} for k, v in latest.items()])
+    _check_count(s, RunTagRow, RunTagRow.run_id == run_id, MAX_TAGS_PER_RUN, "tags", "run")
 
 
 def delete_tag(s: Session, run_id: str, key: str) -> None:

@@ -12,9 +12,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from shamal.artifacts import search_slot
 from shamal.mlflow_dialect import (
     Fields,
     ProtoJSONResponse,
+    bounded_page,
     proto_json,
     proto_json_encoded,
     read_fields,
@@ -24,7 +26,8 @@ from shamal.security.api import CurrentPrincipal, audited, data_plane_write, rea
 from shamal.tracking import _proto
 from shamal.tracking._entities import LoggedModelSpec
 from shamal.tracking._model_service import DEFAULT_LOGGED_MODEL_RESULTS
-from shamal.tracking._service import LoggedData, TrackingService, view_type
+from shamal.tracking._paging import check_page_size, resume_token
+from shamal.tracking._service import MAX_SEARCH, LoggedData, TrackingService, view_type
 from shamal.tracking.mlflow_artifacts_api import artifacts_router
 
 
@@ -42,6 +45,16 @@ F = Annotated[Fields, Depends(_fields)]
 Tracking = Annotated[TrackingService, Depends(get_tracking)]
 Writer = Annotated[Principal, Depends(data_plane_write)]
 Searcher = Annotated[Principal, Depends(read_only_post)]
+
+
+async def _page_bytes(request: Request) -> int:
+    return int(request.app.state.settings.max_page_bytes)
+
+
+#: The most bytes of JSON a search page holds past its first item (``max_page_bytes``).
+PageBytes = Annotated[int, Depends(_page_bytes)]
+#: Searches hold one of the caller's ``max_searches_per_principal`` slots while they run.
+SEARCH_SLOT = [Depends(search_slot)]
 
 
 mlflow = APIRouter(include_in_schema=False, default_response_class=ProtoJSONResponse)
@@ -130,30 +143,37 @@ def get_experiment_by_name(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSO
     return proto_json({"experiment": _proto.experiment_json(exp)})
 
 
-@mlflow.get("/experiments/search")
-def search_experiments_get(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSONResponse:
-    return _search_experiments(f, svc, p)
+@mlflow.get("/experiments/search", dependencies=SEARCH_SLOT)
+def search_experiments_get(
+    f: F, svc: Tracking, p: CurrentPrincipal, page_bytes: PageBytes
+) -> Response:
+    return _search_experiments(f, svc, p, page_bytes)
 
 
-@mlflow.post("/experiments/search")
-def search_experiments_post(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
-    return _search_experiments(f, svc, p)
+@mlflow.post("/experiments/search", dependencies=SEARCH_SLOT)
+def search_experiments_post(f: F, svc: Tracking, p: Searcher, page_bytes: PageBytes) -> Response:
+    return _search_experiments(f, svc, p, page_bytes)
 
 
-def _search_experiments(f: Fields, svc: TrackingService, p: Principal) -> ProtoJSONResponse:
-    page = svc.search_experiments(
-        p,
-        filter_string=f.text("filter"),
-        order_by=f.many("order_by"),
-        view=view_type(f.text("view_type")),
-        max_results=_page_size(f),
+def _search_experiments(f: Fields, svc: TrackingService, p: Principal, page_bytes: int) -> Response:
+    max_results = check_page_size(_page_size(f), MAX_SEARCH["experiments"])
+    filter_string, order_by = f.text("filter"), f.many("order_by")
+    view = view_type(f.text("view_type"))
+    return bounded_page(
+        "experiments",
+        lambda limit, token: svc.search_experiments(
+            p,
+            filter_string=filter_string,
+            order_by=order_by,
+            view=view,
+            max_results=limit,
+            page_token=token,
+        ),
+        _proto.experiment_json,
+        max_results=max_results,
         page_token=f.text("page_token"),
-    )
-    return proto_json(
-        {
-            "experiments": [_proto.experiment_json(e) for e in page.items],
-            "next_page_token": page.next_page_token,
-        }
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 
@@ -269,20 +289,29 @@ def log_outputs(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
     return proto_json()
 
 
-@mlflow.post("/runs/search")
-def search_runs(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
-    page = svc.search_runs(
-        p,
-        experiment_ids=[str(e) for e in f.many("experiment_ids")],
-        filter_string=f.text("filter"),
-        view=view_type(f.text("run_view_type")),
-        max_results=_page_size(f),
-        order_by=f.many("order_by"),
+@mlflow.post("/runs/search", dependencies=SEARCH_SLOT)
+def search_runs(f: F, svc: Tracking, p: Searcher, page_bytes: PageBytes) -> Response:
+    max_results = check_page_size(_page_size(f), MAX_SEARCH["runs"])
+    experiment_ids = [str(e) for e in f.many("experiment_ids")]
+    filter_string, order_by = f.text("filter"), f.many("order_by")
+    view = view_type(f.text("run_view_type"))
+    return bounded_page(
+        "runs",
+        lambda limit, token: svc.search_runs(
+            p,
+            experiment_ids=experiment_ids,
+            filter_string=filter_string,
+            view=view,
+            max_results=limit,
+            order_by=order_by,
+            page_token=token,
+            unknown_experiments="skip",
+        ),
+        _proto.run_json,
+        max_results=max_results,
         page_token=f.text("page_token"),
-        unknown_experiments="skip",
-    )
-    return proto_json(
-        {"runs": [_proto.run_json(r) for r in page.items], "next_page_token": page.next_page_token}
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 
