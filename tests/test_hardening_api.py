@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi.testclient import TestClient
 
 from tests.live import LiveServer
@@ -299,3 +300,46 @@ def test_a_name_taken_by_a_hidden_object_is_a_generic_conflict(api: TestClient) 
     still = api.get("/api/v1/deployments/secret-dep", headers=alice).json()
     assert still["team"] == "vision"
     assert still["revision"] == 1
+
+
+def test_redact_target_masks_tokens_and_credential_parameters() -> None:
+    from shamal.server._redact import redact_target
+
+    secret = "shm_" + "A1b2-C3d4_" * 4 + "xyz"
+    assert redact_target(f"/health?token={secret}&a=1") == "/health?token=***&a=1"
+    assert (
+        redact_target("/x?Access-Token=abc;key=v&keep=me") == "/x?Access-Token=***;key=***&keep=me"
+    )
+    assert redact_target(f"/api/v1/things/{secret}/x") == "/api/v1/things/shm_***/x"
+    assert redact_target(f"/x?q=shm%5F{secret[4:]}") == "/x?q=shm_***"
+    assert redact_target("/x?X-Amz-Signature=deadbeef&X-Amz-Date=1") == (
+        "/x?X-Amz-Signature=***&X-Amz-Date=1"
+    )
+    assert redact_target("/plain/path?a=b") == "/plain/path?a=b"
+
+
+def test_tokens_never_reach_the_access_log(tmp_path: Path) -> None:
+    """Wherever the request carries a token (query string, path), the access line masks it."""
+    with LiveServer(tmp_path / "home") as server:
+        token = server.token
+        headers = {"Authorization": f"Bearer {token}"}
+        targets = [
+            f"/health?token={token}",
+            f"/api/v1/whoami?access_token={token}",
+            f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={token}",
+            f"/api/v1/deployments/{token}",
+            "/health?api_key=plain-secret-value",
+        ]
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for target in targets:
+                client.get(target, headers=headers)
+            # The access line of the last request is written before its answer is sent.
+            last = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=marker-last"
+            assert client.get(last, headers=headers).status_code == 404
+        log = server.log.read_text(errors="replace")
+    assert "experiment_name=marker-last" in log  # the access log is on and was read
+    assert token not in log
+    assert token[4:20] not in log
+    assert "plain-secret-value" not in log
+    assert "/api/v1/deployments/shm_***" in log
+    assert "/health?token=***" in log

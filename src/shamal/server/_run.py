@@ -18,6 +18,7 @@ from shamal.config import Settings, is_loopback_host
 from shamal.errors import InvalidParameter
 from shamal.server._app import create_app
 from shamal.server._platform import Platform, start_platform
+from shamal.server._redact import access_log_config
 from shamal.server._scheduler import SchedulerThread, build_loop
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def serve(
         "proxy_headers": False,
         "log_level": "info",
         "access_log": settings.access_log,
+        "log_config": access_log_config(),  # tokens in a query string or path never logged
     }
     scheduler = None
     if settings.scheduler.enabled:
