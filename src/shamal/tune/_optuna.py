@@ -9,6 +9,7 @@ SQLite in the platform's file. Optuna never runs its Alembic there: the platform
 
 from __future__ import annotations
 
+import importlib
 import logging
 import warnings
 from typing import Any
@@ -18,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
+from shamal.errors import NotImplementedFeature
 from shamal.tune._entities import TrialInfo, TrialState
 
 logger = logging.getLogger(__name__)
@@ -77,9 +79,23 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     Optuna marks some samplers (QMC, GP) experimental and warns when one is built; the user
     chose it by name, so the warning says nothing new (and must not become an error).
     """
+    needs = _SAMPLER_NEEDS.get(name)
+    if needs is not None:
+        try:
+            importlib.import_module(needs[0])
+        except ImportError:
+            raise NotImplementedFeature(
+                f"the {name} sampler needs {needs[0]}, which this server lacks: "
+                f"pip install {needs[1]} on the server (or choose another sampler)"
+            ) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return _build_sampler(name, seed)
+
+
+# Samplers whose package Optuna imports only when they first sample: checked up front, so
+# a study on a server without it is refused with what to install instead of failing later.
+_SAMPLER_NEEDS = {"cmaes": ("cmaes", "'shamal[tune]'"), "gp": ("torch", "'shamal[train]'")}
 
 
 def _build_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

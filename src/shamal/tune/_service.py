@@ -17,14 +17,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
-
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound
 from shamal.jobs._store import job_statuses
 from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.tune import _entities as rules
-from shamal.tune import _optuna as glue
 from shamal.tune._entities import (
     NO_TEAM,
     Direction,
@@ -34,10 +31,24 @@ from shamal.tune._entities import (
     TrialState,
 )
 
+try:
+    import optuna
+
+    from shamal.tune import _optuna as glue
+except ModuleNotFoundError as _missing:  # the tune extra is not installed
+    if _missing.name is None or _missing.name.split(".")[0] != "optuna":
+        raise
+    OPTUNA_MISSING: str | None = _missing.name
+else:
+    OPTUNA_MISSING = None
+
 logger = logging.getLogger(__name__)
 
-_RUNNING = (optuna.trial.TrialState.RUNNING,)
 MAX_LIST = 1000
+NEEDS_EXTRA = (
+    "hyperparameter search needs Optuna, which this install of Shamal lacks: "
+    "pip install 'shamal[tune]' on the server, then restart it"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +100,20 @@ class TuneService:
     ) -> None:
         self._db = db
         self._audit = audit
-        self._storage = glue.open_storage(storage_url)
         self._jobs = jobs or jobs_in_database(db)
         self._lock = threading.RLock()
         self._studies: dict[str, optuna.Study] = {}
+        #: False on an install without the tune extra: the server starts, and every tune
+        #: route answers 501 naming the extra (see :data:`NEEDS_EXTRA`).
+        self.available = OPTUNA_MISSING is None
+        if not self.available:
+            logger.info("hyperparameter search is off: %s", NEEDS_EXTRA)
+            return
+        self._storage = glue.open_storage(storage_url)
 
     def close(self) -> None:
+        if not self.available:
+            return
         self._storage.remove_session()
         self._storage.engine.dispose()
 
@@ -406,14 +425,17 @@ class TuneService:
         A trial told to prune (by :meth:`report`) becomes pruned; one whose job
         succeeded and that reported a value becomes complete with its last reported
         value (a script that reports but never tells); every other one fails.
-        Trials without a job yet are left alone. Safe to call from any process.
+        Trials without a job yet are left alone. Safe to call from any process; nothing
+        to do on an install without the tune extra.
         """
+        if not self.available:
+            return []
         studies = [study] if study is not None else [
             self._study(s.study_name) for s in self._storage.get_all_studies()
         ]  # fmt: skip
         changed = []
         for each in studies:
-            running = each.get_trials(deepcopy=False, states=_RUNNING)
+            running = each.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
             jobs = {t._trial_id: t.system_attrs.get(glue.ATTR_JOB) for t in running}
             status = self._jobs([str(j) for j in jobs.values() if j])
             for trial in running:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal._api import ERROR_RESPONSES
+from shamal.errors import NotImplementedFeature
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write
 from shamal.tune._entities import (
@@ -27,13 +28,15 @@ from shamal.tune._entities import (
     TrialInfo,
     TrialState,
 )
-from shamal.tune._service import TuneService
+from shamal.tune._service import NEEDS_EXTRA, TuneService
 
 logger = logging.getLogger(__name__)
 
 
 def get_tune(request: Request) -> TuneService:
     service: TuneService = request.app.state.tune
+    if not service.available:
+        raise NotImplementedFeature(NEEDS_EXTRA)
     return service
 
 
