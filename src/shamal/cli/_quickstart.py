@@ -171,11 +171,16 @@ def _start_model_server(client: ShamalClient, http_port: int, grpc_port: int) ->
         if child.poll() is not None:
             raise ServiceUnavailable(f"`shamal serve` exited; its log is {log_path}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(ready, timeout=2.0).status_code == 200:
+            if httpx.get(ready, headers=_bearer(client), timeout=2.0).status_code == 200:
                 return
         time.sleep(0.2)  # readiness poll, bounded by the deadline
     stop_model_servers()
     raise ServiceUnavailable(f"`shamal serve` did not become ready; its log is {log_path}")
+
+
+def _bearer(client: ShamalClient) -> dict[str, str]:
+    """The header `shamal serve` asks for when it serves from the platform."""
+    return {"Authorization": f"Bearer {client.token or ''}"}
 
 
 def serve_the_champion(client: ShamalClient) -> list[str]:
@@ -199,7 +204,7 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         triton = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
         tensor = triton_http.InferInput("input", list(row.shape), "FP32")
         tensor.set_data_from_numpy(row)
-        label = triton.infer(SERVED_AS, [tensor]).as_numpy("label")
+        label = triton.infer(SERVED_AS, [tensor], headers=_bearer(client)).as_numpy("label")
         triton.close()
         steps.append(
             f"tritonclient: wine sample 0 -> class {int(np.asarray(label).reshape(-1)[0])} "
@@ -214,13 +219,26 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         }
     )
     url = f"http://127.0.0.1:{http_port}/v2/models/{SERVED_AS}/infer"
+    # The served model asks for a Shamal token (the one in SHAMAL_TOKEN or SHAMAL_HOME/token);
+    # the line shown names it and never prints it.
     curl = ["curl", "-s", url, "-H", "Content-Type: application/json", "-d", body]
-    shown = shlex.join(curl)
+    shown = shlex.join(curl[:3]) + ' -H "Authorization: Bearer $SHAMAL_TOKEN" '
+    shown += shlex.join(curl[3:])
+    auth = f"Authorization: Bearer {client.token or ''}"
     if shutil.which("curl"):
-        done = subprocess.run(curl, capture_output=True, text=True, timeout=30, check=False)
+        # The token goes through a config on stdin, never on a command line others can read.
+        config = f'header = "{auth}"\n'
+        done = subprocess.run(
+            [*curl, "-K", "-"],
+            input=config,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         answer = done.stdout.strip()
     else:
-        answer = httpx.post(url, content=body, timeout=30).text
+        answer = httpx.post(url, content=body, headers=_bearer(client), timeout=30).text
     steps.append(f"curl: {shown}\n    -> {answer}")
     return steps
 

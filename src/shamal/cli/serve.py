@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import re
+import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +81,26 @@ def serve(
     reject_nonfinite: Annotated[
         bool, typer.Option(help="Answer 400 to NaN/Inf in float inputs (allowed by default).")
     ] = False,
+    auth: Annotated[
+        bool | None,
+        typer.Option(
+            "--auth/--no-auth",
+            help="Ask callers for 'Authorization: Bearer <token>' (probes stay open). Default: "
+            "on when serving from the platform (--deployment, models:/ URIs; callers use "
+            "their Shamal tokens), off for local files on a loopback address. --auth with "
+            "local files takes the token from SHAMAL_SERVE_TOKEN or prints a new one.",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A name clients use in the Host header; repeatable. Default: loopback names "
+            "and --host (any name when --host is a wildcard)."
+        ),
+    ] = None,
+    auth_cache_ttl: Annotated[
+        float, typer.Option(help="Seconds a token the control plane accepted is trusted.")
+    ] = 30.0,
 ) -> None:
     """Serve models over the Open Inference Protocol (KServe V2), REST and gRPC."""
     from shamal.serving._backends import BackendOptions
@@ -126,10 +148,105 @@ def serve(
     on_stop = None
     if deployment is not None:
         on_stop = _follow_deployment(router, core, options, trust or [], drain_timeout)
-    server = ServerOptions(host, http_port, grpc_port, max_request_bytes, drain_timeout)
+    access = _access(auth, host, sources, deployment, auth_cache_ttl)
+    server = ServerOptions(
+        host,
+        http_port,
+        grpc_port,
+        max_request_bytes,
+        drain_timeout,
+        access=access,
+        allowed_hosts=_allowed_hosts(host, allowed_host or []),
+    )
     code = run_server(core, server, on_stop=on_stop)
     repository.close()
     raise typer.Exit(code)
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")  # nosec B104 - names to recognise, not a bind
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _allowed_hosts(host: str, given: list[str]) -> frozenset[str] | None:
+    """The Host allow-list: as the control plane's (loopback names plus the bound host; any
+    name on a wildcard bind, where the names cannot be known)."""
+    from shamal.serving._access import loopback_hosts
+
+    if given:
+        return frozenset(name.strip().lower() for name in given)
+    if host in _WILDCARDS:
+        return None
+    return loopback_hosts(host)
+
+
+def _access(
+    auth: bool | None, host: str, sources: list[Any], deployment: str | None, ttl_s: float
+) -> Any:
+    """Who may call: the platform's tokens when serving from it, else a shared token or
+    nobody asked (see ``--auth``).
+
+    Raises:
+        InvalidParameter: local files on a non-loopback address with neither flag given.
+    """
+    from shamal.serving._access import (
+        OpenAccess,
+        PlatformAccess,
+        StaticToken,
+        deployment_path,
+        registered_model_path,
+    )
+
+    from_platform = deployment is not None or any(
+        s.location.startswith("models:/") for s in sources
+    )
+    if auth is None and not from_platform and not _is_loopback(host):
+        raise InvalidParameter(
+            f"Serving local files on {host} would let anyone who reaches it call the models: "
+            "pass --auth (callers send the printed token) or --no-auth (open to the network)."
+        )
+    if auth is False:
+        if not _is_loopback(host):
+            logger.warning("Serving on %s with --no-auth: anyone who reaches it may call", host)
+        return OpenAccess()
+    if auth is None and not from_platform:
+        return OpenAccess()
+    if ttl_s < 0:
+        raise InvalidParameter("--auth-cache-ttl must be >= 0.")
+    if from_platform:
+        from shamal.client import ShamalClient
+
+        if deployment is not None:
+            resources = {deployment: deployment_path(deployment)}
+        else:
+            resources = {
+                s.name: registered_model_path(_registered_name(s.location)) for s in sources
+            }
+        url = ShamalClient().url
+        logger.info("Callers authenticate with Shamal tokens, checked at %s", url)
+        return PlatformAccess(url, resources, ttl_s=ttl_s)
+    secret = os.environ.get("SHAMAL_SERVE_TOKEN", "").strip()
+    if not secret:
+        secret = secrets.token_urlsafe(32)
+        print(
+            f"Callers send 'Authorization: Bearer {secret}' (set SHAMAL_SERVE_TOKEN to choose it)"
+        )
+    return StaticToken(secret)
+
+
+def _registered_name(uri: str) -> str:
+    """``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` -> NAME."""
+    rest = uri.removeprefix("models:/")
+    return rest.split("@", 1)[0].split("/", 1)[0]
 
 
 def _version() -> str:

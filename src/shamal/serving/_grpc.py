@@ -42,6 +42,7 @@ from shamal.errors import (
     ServiceUnavailable,
     ShamalError,
 )
+from shamal.serving._access import Access, OpenAccess, bearer_token
 from shamal.serving._classification import class_count
 from shamal.serving._datatypes import MAX_RANK, element_count, from_raw, numpy_dtype, to_raw
 from shamal.serving._proto import grpc_predict_v2_pb2 as pb
@@ -104,7 +105,12 @@ _INT64_MAX = (1 << 63) - 1
 
 
 async def start_grpc_server(
-    service: InferenceService, *, host: str, port: int, max_message_bytes: int
+    service: InferenceService,
+    *,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    access: Access | None = None,
 ) -> grpc.aio.Server:
     """Start a ``grpc.aio`` server for ``service`` on ``host:port`` and return it, started.
 
@@ -118,6 +124,8 @@ async def start_grpc_server(
         port: TCP port; 0 asks the OS for a free one (the caller then cannot learn it, so the
             CLI always passes an explicit port).
         max_message_bytes: the largest request and response message, in bytes.
+        access: who may call the RPCs other than ServerLive and ServerReady (the metadata
+            ``authorization: Bearer <token>``); None: anyone.
 
     Returns:
         The started ``grpc.aio.Server``.
@@ -131,7 +139,7 @@ async def start_grpc_server(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    servicer = _InferenceServicer(service, max_message_bytes)
+    servicer = _InferenceServicer(service, max_message_bytes, access or OpenAccess())
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
@@ -148,9 +156,17 @@ async def start_grpc_server(
 class _InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The RPC handlers: each decodes, asks the service, encodes, and maps errors."""
 
-    def __init__(self, service: InferenceService, max_message_bytes: int) -> None:
+    def __init__(self, service: InferenceService, max_message_bytes: int, access: Access) -> None:
         self._service = service
         self._max_message_bytes = max_message_bytes
+        self._access = access
+
+    async def _check(self, context: Any, model: str | None) -> None:
+        token = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                token = bearer_token(value)
+        await self._access.check(token, model)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> Any:
         try:
@@ -166,6 +182,7 @@ class _InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> Any:
         try:
+            await self._check(context, request.name)
             ready = self._service.model_ready(_model_name(request.name), request.version or None)
             return pb.ModelReadyResponse(ready=ready)
         except Exception as exc:
@@ -173,6 +190,7 @@ class _InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
         try:
+            await self._check(context, None)
             meta = self._service.server_metadata()
             return pb.ServerMetadataResponse(
                 name=meta.name, version=meta.version, extensions=list(meta.extensions)
@@ -182,6 +200,7 @@ class _InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
         try:
+            await self._check(context, request.name)
             meta = self._service.model_metadata(_model_name(request.name), request.version or None)
             return pb.ModelMetadataResponse(
                 name=meta.name,
@@ -195,6 +214,7 @@ class _InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
         try:
+            await self._check(context, request.model_name)
             remaining = context.time_remaining()
             deadline = None if remaining is None else time.monotonic() + remaining
             decoded = self._decode(request, context, deadline)

@@ -28,6 +28,7 @@ from shamal.errors import (
     ShamalError,
     TooManyRequests,
 )
+from shamal.serving._access import Access, OpenAccess, bearer_token, host_allowed
 from shamal.serving._core import InferenceCore
 from shamal.serving._metrics import CONTENT_TYPE_LATEST
 from shamal.serving._rest_codec import (
@@ -48,6 +49,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+#: Routes open to every caller: what orchestrators and scrapers call without credentials.
+_PROBES = (["v2", "health", "live"], ["v2", "health", "ready"], ["metrics"])
 _JSON = b"application/json"
 _PICKLE_TYPES = {"application/vnd.bentoml+pickle", "application/python-pickle"}
 _PICKLE_TYPES |= {"application/x-python-pickle", "application/pickle"}
@@ -79,9 +82,18 @@ class RestApp:
         max_request_bytes: the largest body accepted, after decompression too.
     """
 
-    def __init__(self, core: InferenceCore, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+    def __init__(
+        self,
+        core: InferenceCore,
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        access: Access | None = None,
+        allowed_hosts: frozenset[str] | None = None,
+    ):
         self.core = core
         self.max_request_bytes = max_request_bytes
+        self.access: Access = access or OpenAccess()
+        self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,6 +112,11 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         parts = path.strip("/").split("/")
+        if not host_allowed(_header(scope, b"host"), self.allowed_hosts):
+            raise InvalidParameter("Host not allowed.")
+        if parts not in _PROBES:
+            model = parts[2] if len(parts) >= 3 and parts[:2] == ["v2", "models"] else None
+            await self.access.check(bearer_token(_header(scope, b"authorization")), model)
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models":
                 await self._model_route(parts[2:], scope, receive, send)
@@ -202,6 +219,13 @@ class RestApp:
         return decode_request(body, header_length, model=model, version=version, headers=headers)
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
 def _answer_bytes(response: InferResponse) -> int:
     return sum(tensor.data.nbytes for tensor in response.outputs)
 
@@ -270,6 +294,8 @@ async def _send_error(send: Send, exc: ShamalError) -> None:
         extra.append((b"retry-after", str(max(1, math.ceil(retry))).encode()))
     if exc.status == 413:
         extra.append((b"connection", b"close"))
+    if exc.status == 401:
+        extra.append((b"www-authenticate", b'Bearer realm="shamal-serve"'))
     body = json.dumps({"error": exc.message}).encode()
     await _send(send, exc.status, body, _JSON, extra)
 

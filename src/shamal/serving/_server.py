@@ -31,6 +31,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shamal.errors import InvalidParameter, ServiceUnavailable
+from shamal.serving._access import Access
 from shamal.serving._core import InferenceCore
 from shamal.serving._rest import DEFAULT_MAX_REQUEST_BYTES, RestApp
 
@@ -49,6 +50,8 @@ class ServerOptions:
         grpc_port: gRPC port, or None for no gRPC.
         max_request_bytes: largest REST body and gRPC message.
         drain_timeout_s: longest wait for in-flight work after SIGTERM.
+        access: who may call the routes other than the probes (None: anyone).
+        allowed_hosts: names accepted in the ``Host`` header (None: any).
     """
 
     host: str = "127.0.0.1"
@@ -56,6 +59,8 @@ class ServerOptions:
     grpc_port: int | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     drain_timeout_s: float = 30.0
+    access: Access | None = None
+    allowed_hosts: frozenset[str] | None = None
 
 
 #: Most bytes of request line + headers per request (uvicorn's httptools parser has no cap).
@@ -145,7 +150,12 @@ async def serve_forever(
         await core.stop()
         raise
     config = uvicorn.Config(
-        RestApp(core, max_request_bytes=options.max_request_bytes),
+        RestApp(
+            core,
+            max_request_bytes=options.max_request_bytes,
+            access=options.access,
+            allowed_hosts=options.allowed_hosts,
+        ),
         lifespan="off",
         log_level="warning",
         access_log=False,
@@ -178,6 +188,8 @@ async def serve_forever(
     await asyncio.gather(rest_task, return_exceptions=True)
     stopper.cancel()
     await core.stop()
+    if options.access is not None:
+        await options.access.close()
     return 0 if clean and not failed else 1
 
 
@@ -194,6 +206,7 @@ async def _start_grpc(core: InferenceCore, options: ServerOptions) -> Any:
             host=options.host,
             port=options.grpc_port,
             max_message_bytes=options.max_request_bytes,
+            access=options.access,
         )
     except ServiceUnavailable as exc:
         raise InvalidParameter(f"{exc.message} Pick another --grpc-port.") from None
