@@ -24,6 +24,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield server
 
 
+def _auth(platform: LiveServer) -> dict[str, str]:
+    """A platform-served model asks for a Shamal token (the serve process checks it)."""
+    return {"Authorization": f"Bearer {platform.token}"}
+
+
 def _register(platform: LiveServer, folder: Path, name: str) -> int:
     with ShamalClient(platform.url, platform.token) as client:
         experiment = client.experiment_for_variants(None, "serving-tests")
@@ -49,13 +54,17 @@ def test_serves_a_registered_version(
         "--model", "latest=models:/scaler/latest",
         env=env,
     )  # fmt: skip
-    meta = httpx.get(f"{server.url}/v2/models/scaler").json()
+    meta = httpx.get(f"{server.url}/v2/models/scaler", headers=_auth(platform)).json()
     assert meta["versions"] == [str(first)]
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
-    answer = httpx.post(f"{server.url}/v2/models/scaler/infer", json=body).json()
+    answer = httpx.post(
+        f"{server.url}/v2/models/scaler/infer", headers=_auth(platform), json=body
+    ).json()
     assert answer["model_version"] == str(first)
     assert answer["outputs"][0]["data"] == [5.0, 10.0]
-    latest = httpx.post(f"{server.url}/v2/models/latest/infer", json=body).json()
+    latest = httpx.post(
+        f"{server.url}/v2/models/latest/infer", headers=_auth(platform), json=body
+    ).json()
     assert latest["model_version"] == str(second)
 
 
@@ -85,7 +94,9 @@ def test_serves_a_deployment_with_a_shadow(
     server = start_server("--deployment", "web", env=env)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
     for _ in range(3):
-        answer = httpx.post(f"{server.url}/v2/models/web/infer", json=body).json()
+        answer = httpx.post(
+            f"{server.url}/v2/models/web/infer", headers=_auth(platform), json=body
+        ).json()
         assert answer["model_version"] == str(versions[0])
         assert answer["outputs"][0]["data"] == [2.0, 4.0]  # never the shadow's answer
     shadow_batches = f'shamal_inference_batch_size_count{{model="web",version="{versions[1]}"}} 3.0'
@@ -134,7 +145,9 @@ def test_canary_refused_at_start_up_is_reported_and_rolled_back(
     server = start_server("--deployment", "mixed-web", "--report-interval", "0.1", env=env)
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
-    answer = httpx.post(f"{server.url}/v2/models/mixed-web/infer", json=body).json()
+    answer = httpx.post(
+        f"{server.url}/v2/models/mixed-web/infer", headers=_auth(platform), json=body
+    ).json()
     assert answer["model_version"] == str(good)
     with ShamalClient(platform.url, platform.token) as client:
         wait_until(
