@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 from typer.core import TyperGroup, TyperOption
 
@@ -34,6 +35,38 @@ _HINTS: dict[type[ShamalError], str] = {
 
 
 _open_clients: list[ShamalClient] = []
+
+# Control characters (ESC, CR, BEL...), format characters (bidi overrides and isolates,
+# zero-width joiners), line and paragraph separators and lone surrogates: a name holding one
+# could rewrite the terminal, hide text, or show another name. Shown as escapes instead.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
+def safe_text(text: str) -> str:
+    """``text`` with every control, format or invisible character written as its escape
+    (``\\x1b``, ``\\u202e``), so a name that holds one prints as plain, harmless text."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        _escaped(ch) if unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch for ch in text
+    )
+
+
+def escape(text: str) -> str:
+    """``text`` ready to go inside Rich markup: control characters neutralized
+    (:func:`safe_text`) and markup escaped. Every name a user chose goes through this."""
+    return escape_markup(safe_text(text))
 
 
 def _untyped_flags(params: Iterable[Parameter]) -> None:
@@ -129,8 +162,8 @@ def fmt(value: Any) -> str:
         try:
             return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
         except ValueError:
-            return value
-    return str(value)
+            return safe_text(value)
+    return safe_text(str(value))
 
 
 def add_column(table: Table, name: str, cells: Iterable[str]) -> None:

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +23,7 @@ from shamal.cli._common import (
     client,
     console,
     err_console,
+    escape,
     fmt,
     handle_errors,
 )

@@ -9,11 +9,10 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from shamal.cli._common import JsonOption, client, console, handle_errors
+from shamal.cli._common import JsonOption, client, console, escape, handle_errors
 from shamal.config import Settings
 from shamal.scheduler import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
 

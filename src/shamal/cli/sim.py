@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shamal.cli._common import JsonOption, console, err_console
+from shamal.cli._common import JsonOption, console, err_console, escape
 from shamal.cli.sim_pack import pack
 from shamal.plotfile import plot_path
 from shamal.scheduler import DEFAULT_POLICY, Cluster, TeamQuota, policy_names

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
-from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+from shamal.cli._common import JsonOption, client, console, escape, handle_errors, print_table
 from shamal.cli.scheduler import print_quotas
 from shamal.errors import ShamalError
 

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -23,6 +22,7 @@ from shamal.cli._common import (
     client,
     console,
     err_console,
+    escape,
     fmt,
     handle_errors,
     print_table,

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from shamal.cli._common import client, console, err_console, handle_errors
+from shamal.cli._common import client, console, err_console, escape, handle_errors
 from shamal.cli.job import parse_duration_s, parse_memory_mib, require_finite
 from shamal.errors import InvalidParameter
 from shamal.tune._driver import TuneDriver, TuneOptions, register_best
