@@ -28,6 +28,15 @@ def check_text(what: str, value: str, limit: int) -> str:
     return value
 
 
+def check_name(value: str) -> str:
+    """A job's name: at most MAX_NAME characters, none of them control or invisible (ESC,
+    CR, bidi overrides), as registered-model names; it is printed in lists and logs."""
+    check_text("--name", value, MAX_NAME)
+    if not value.isprintable():
+        raise InvalidParameter("--name must not contain control or invisible characters")
+    return value
+
+
 def check_command(command: tuple[str, ...]) -> tuple[str, ...]:
     if not command:
         raise InvalidParameter("a job needs a command: `shamal job submit -- python train.py`")

@@ -271,8 +271,7 @@ class JobService:
         retries = self._settings.default_retries if spec.retries is None else spec.retries
         job = Job(
             id=uuid.uuid4().hex,
-            name=_rules.check_text("--name", spec.name, _rules.MAX_NAME)
-            or _rules.default_name(command),
+            name=_rules.check_name(spec.name) or _rules.default_name(command),
             team=team,
             user=principal.name,
             command=command,
@@ -336,12 +335,20 @@ class JobService:
         team: str | None = None,
         user: str | None = None,
         limit: int = 100,
+        after: tuple[datetime, str] | None = None,
     ) -> list[Job]:
+        """Newest first; ``after`` (submitted_at, id): the page after that job's."""
         if not 1 <= limit <= MAX_LIST:
             raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
         with self._db.unit_of_work(write=False) as s:
             return _store.list_jobs(
-                s, _visibility(principal), states=set(states), team=team, user=user, limit=limit
+                s,
+                _visibility(principal),
+                states=set(states),
+                team=team,
+                user=user,
+                limit=limit,
+                after=after,
             )
 
     def waiting(self, jobs: Sequence[Job]) -> dict[str, str]:

@@ -91,6 +91,15 @@ def check_key(kind: str, key: str) -> str:
     return key
 
 
+def check_printable(what: str, name: str) -> str:
+    """Names shown to people refuse control and invisible characters (ESC, CR, bidi
+    overrides), as registered-model names do: printed, they could drive a terminal or
+    disguise one name as another."""
+    if not name.isprintable():
+        raise InvalidParameter(f"Invalid {what}: it contains control or invisible characters.")
+    return name
+
+
 def check_value(kind: str, key: str, value: str, limit: int) -> str:
     if len(value) > limit:
         raise InvalidParameter(
@@ -276,6 +285,7 @@ class TrackingService:
         """Create an experiment. Its artifact location is always chosen by the server."""
         if not name or len(name) > 256:
             raise InvalidParameter("Experiment name must be 1 to 256 characters.")
+        check_printable("experiment name", name)
         if artifact_location:
             raise InvalidParameter(
                 "artifact_location is chosen by the server (mlflow-artifacts:/<id>); omit it."
@@ -321,6 +331,7 @@ class TrackingService:
     def update_experiment(self, ctx: AuditContext, experiment_id: str, new_name: str) -> None:
         if not new_name or len(new_name) > 256:
             raise InvalidParameter("Experiment name must be 1 to 256 characters.")
+        check_printable("experiment name", new_name)
         self._change_experiment(ctx, experiment_id, Role.MEMBER, name=new_name)
 
     def set_experiment_lifecycle(self, ctx: AuditContext, experiment_id: str, stage: str) -> None:
@@ -387,7 +398,7 @@ class TrackingService:
                 f"different values (run_name='{run_name[:250]}', {RUN_NAME_TAG}='{tagged[:250]}')."
             )
         name = run_name or tagged or f"run-{secrets.token_hex(3)}"
-        check_value("Run name", "run_name", name, MAX_RUN_NAME)
+        check_printable("run name", check_value("Run name", "run_name", name, MAX_RUN_NAME))
         tags[RUN_NAME_TAG] = name
         tags.setdefault("mlflow.user", principal.name)
 
@@ -423,7 +434,9 @@ class TrackingService:
         if end_time is not None:
             values["end_time"] = end_time
         if run_name:
-            values["name"] = check_value("Run name", "run_name", run_name, MAX_RUN_NAME)
+            values["name"] = check_printable(
+                "run name", check_value("Run name", "run_name", run_name, MAX_RUN_NAME)
+            )
         ctx.target = f"run:{run_id}"
 
         def work(s: Session) -> RunInfo:
