@@ -36,7 +36,7 @@ def api_schema(fuzz_platform: Platform) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
-GRAMMAR_PARAMETERS = {"filter", "order_by", "prefix", "path", "digest", "since"}
+GRAMMAR_PARAMETERS = {"filter", "order_by", "prefix", "path", "digest", "since", "page_token"}
 CROSS_FIELD = {("POST", "/api/v1/jobs")}
 
 
@@ -48,7 +48,8 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     operations taking such parameters; the hostile path catalogue, the containment property
     and the filter grammar's own tests cover them. The same holds for a content-addressed
     snapshot (the body must hash to the ``digest`` in its path) and a report period (``since``
-    must lie in the past), and a job submission (whole GPUs, a GPU fraction and a MIG slice
+    must lie in the past), a page token (opaque: only one the server made is valid), and a
+    job submission (whole GPUs, a GPU fraction and a MIG slice
     exclude each other; pools and priority classes are configuration): tests/jobs covers them.
     Every other check still runs there."""
     names = {p.name for part in ("path_parameters", "query") for p in getattr(operation, part)}

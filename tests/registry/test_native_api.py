@@ -8,6 +8,7 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi import checks
 
 from shamal.registry import TEAM_TAG, RegistryService
 from tests.registry.conftest import People
@@ -109,6 +110,14 @@ def test_native_routes_conform_to_their_schema(
             suppress_health_check=list(HealthCheck),
         )
         def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(headers={"Authorization": f"Bearer {secret}"})
+            # Only a page token the server made is valid; a schema-valid other one is a 400.
+            relaxed = (
+                [checks.positive_data_acceptance]
+                if "page_token" in {p.name for p in case.operation.query}
+                else []
+            )
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {secret}"}, excluded_checks=relaxed
+            )
 
         check()

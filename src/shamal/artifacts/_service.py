@@ -144,12 +144,19 @@ class ArtifactService:
         return found, self._blobs.open(found.digest)
 
     def list(
-        self, principal: Principal, team: str, prefix: str = "", limit: int = 1000
+        self,
+        principal: Principal,
+        team: str,
+        prefix: str = "",
+        limit: int = 1000,
+        after: str | None = None,
     ) -> list[ArtifactFile]:
+        """The team's files by path, those under ``prefix``; ``after``: the page after
+        that path."""
         clean = safe_relpath(prefix) if prefix else ""
         namespace = self._namespace(principal, team, Role.VIEWER)
         with self._db.unit_of_work(write=False) as s:
-            return _store.list_files(s, namespace, clean, min(limit, MAX_LIST))
+            return _store.list_files(s, namespace, clean, min(limit, MAX_LIST), after)
 
     def delete(self, ctx: AuditContext, team: str, raw_path: str) -> None:
         """Remove the file from the index; the blob stays while other files use it."""

@@ -47,8 +47,13 @@ def get_file(s: Session, namespace: str, path: str) -> ArtifactFile:
     return _file(row)
 
 
-def list_files(s: Session, namespace: str, prefix: str, limit: int) -> list[ArtifactFile]:
+def list_files(
+    s: Session, namespace: str, prefix: str, limit: int, after: str | None = None
+) -> list[ArtifactFile]:
+    """By path; ``after``: only the paths after it (a keyset page)."""
     query = select(ArtifactFileRow).where(ArtifactFileRow.namespace == namespace)
+    if after is not None:
+        query = query.where(ArtifactFileRow.path > after)
     if prefix:
         # A range scan on the primary key instead of LIKE: no wildcard escaping to get wrong.
         query = query.where(

@@ -6,12 +6,22 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._service import ArtifactService
 from shamal.artifacts._streaming import consume_body, download_headers
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, ReadAudit, audited, audited_read
 
@@ -40,15 +50,37 @@ class ArtifactOut(BaseModel):
 router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=ERROR_RESPONSES)
 
 
-@router.get("/{team}", summary="List a team's artifacts (viewer)")
+def _artifact_cursor(found: ArtifactOut) -> str:
+    return encode_cursor(found.path)
+
+
+@router.get(
+    "/{team}",
+    summary="List a team's artifacts by path (viewer; a page stops early past max_page_bytes)",
+    response_model=list[ArtifactOut],
+)
 def list_artifacts(
     team: Team,
     svc: Artifacts,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     prefix: Annotated[str, Query(max_length=1024)] = "",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> list[ArtifactOut]:
-    return [ArtifactOut.model_validate(f) for f in svc.list(principal, team, prefix, limit)]
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[ArtifactOut]:
+        after = decode_cursor(token, str)
+        found = svc.list(principal, team, prefix, count, None if after is None else after[0])
+        return keyset_page([ArtifactOut.model_validate(f) for f in found], count, _artifact_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_artifact_cursor,
+    )
 
 
 @router.put(

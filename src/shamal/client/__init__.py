@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from shamal import snapshot
-from shamal.client._calls import CHUNK, raise_for
+from shamal.client._calls import CHUNK, NEXT_PAGE_HEADER, raise_for
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
@@ -115,6 +115,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
                 ) from None
             headers = {"Content-Type": "application/json", **(kwargs.pop("headers", None) or {})}
             kwargs.update(content=body, headers=headers)
+        response = self._send(method, path, **kwargs)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -123,9 +129,30 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
                 "is `shamal server` running, and is SHAMAL_URL right?"
             ) from exc
         raise_for(response)
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
+        return response
+
+    def list_pages(
+        self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a native list (a JSON array), following its pages: the server stops
+        a page early past its byte bound and names the next in ``X-Shamal-Next-Page-Token``.
+
+        Args:
+            limit: the most items wanted in all, sent as each page's ``limit`` (None: every
+                item, in the server's default page size).
+        """
+        items: list[dict[str, Any]] = []
+        query = dict(params or {})
+        while limit is None or len(items) < limit:
+            if limit is not None:
+                query["limit"] = limit - len(items)
+            response = self._send("GET", path, params=query)
+            items += response.json()
+            token = response.headers.get(NEXT_PAGE_HEADER)
+            if not token:
+                break
+            query["page_token"] = token
+        return items
 
     def health(self) -> bool:
         try:
@@ -143,8 +170,7 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         return self.request("POST", "/api/v1/users", json=body)
 
     def list_users(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/users")
-        return result
+        return self.list_pages("/api/v1/users")
 
     def set_user_disabled(self, name: str, disabled: bool) -> Any:
         verb = "disable" if disabled else "enable"
@@ -157,8 +183,7 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         )
 
     def list_teams(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/teams")
-        return result
+        return self.list_pages("/api/v1/teams")
 
     def get_team(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", f"/api/v1/teams/{quote(name, safe='')}")
@@ -176,8 +201,7 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         self.request("DELETE", path)
 
     def invitations(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/invitations")
-        return result
+        return self.list_pages("/api/v1/invitations")
 
     def accept_invitation(self, team: str) -> dict[str, Any]:
         path = f"/api/v1/invitations/{quote(team, safe='')}/accept"
@@ -197,8 +221,7 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
 
     def list_tokens(self, *, all_users: bool = False) -> list[dict[str, Any]]:
         params = {"all": "true"} if all_users else None
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/tokens", params=params)
-        return result
+        return self.list_pages("/api/v1/tokens", params)
 
     def revoke_token(self, token_id: str) -> Any:
         return self.request("DELETE", f"/api/v1/tokens/{quote(token_id, safe='')}")
@@ -207,13 +230,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
     def audit_entries(
         self, *, limit: int = 100, before: int | None = None, action: str | None = None
     ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, Any] = {}
         if before is not None:
             params["before"] = before
         if action is not None:
             params["action"] = action
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/audit", params=params)
-        return result
+        return self.list_pages("/api/v1/audit", params, limit=limit)
 
     def verify_audit(self) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", "/api/v1/audit/verify")
@@ -221,11 +243,8 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
 
     # ------------------------------------------------------------------ registry
     def list_models(self, *, search: str = "", limit: int = 100) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
-        if search:
-            params["search"] = search
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/models", params=params)
-        return result
+        params: dict[str, Any] = {"search": search} if search else {}
+        return self.list_pages("/api/v1/models", params, limit=limit)
 
     def get_model(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", f"/api/v1/models/{quote(name, safe='')}")
@@ -281,11 +300,11 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         except httpx.TransportError as exc:
             raise ServiceUnavailable(f"download from {self.url} failed: {exc}") from exc
 
-    def list_artifacts(self, team: str, prefix: str = "") -> list[dict[str, Any]]:
+    def list_artifacts(
+        self, team: str, prefix: str = "", *, limit: int = 1000
+    ) -> list[dict[str, Any]]:
         params = {"prefix": prefix} if prefix else None
-        url = f"/api/v1/artifacts/{quote(team, safe='')}"
-        result: list[dict[str, Any]] = self.request("GET", url, params=params)
-        return result
+        return self.list_pages(f"/api/v1/artifacts/{quote(team, safe='')}", params, limit=limit)
 
     def delete_artifact(self, team: str, path: str) -> None:
         self.request("DELETE", self._artifact_url(team, path))
@@ -338,13 +357,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         user: str | None = None,
         limit: int = 100,
     ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit, "state": list(states)}
+        params: dict[str, Any] = {"state": list(states)}
         if team is not None:
             params["team"] = team
         if user is not None:
             params["user"] = user
-        result: list[dict[str, Any]] = self.request("GET", "/api/v1/jobs", params=params)
-        return result
+        return self.list_pages("/api/v1/jobs", params, limit=limit)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", f"/api/v1/jobs/{quote(job_id, safe='')}")

@@ -14,6 +14,8 @@ from shamal.errors import error_for_code
 
 #: Bytes per read or write when files stream to or from the server.
 CHUNK = 1024 * 1024
+#: The answer header of a list page that stops before the end: the next page's token.
+NEXT_PAGE_HEADER = "X-Shamal-Next-Page-Token"
 
 
 def raise_for(response: httpx.Response) -> None:
@@ -38,4 +40,10 @@ class ClientCalls:
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send one request and decode the answer; implemented by ``ShamalClient``."""
+        raise NotImplementedError
+
+    def list_pages(
+        self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a native list, page after page; implemented by ``ShamalClient``."""
         raise NotImplementedError

@@ -29,10 +29,7 @@ class DeploymentCalls(ClientCalls):
         return result
 
     def list_deployments(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request(
-            "GET", "/api/v1/deployments", params={"limit": limit}
-        )
-        return result
+        return self.list_pages("/api/v1/deployments", limit=limit)
 
     def get_deployment(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("GET", _path(name))
@@ -123,7 +120,4 @@ class DeploymentCalls(ClientCalls):
         return int(result["accepted"])
 
     def deployment_samples(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.request(
-            "GET", _path(name, "samples"), params={"limit": limit}
-        )
-        return result
+        return self.list_pages(_path(name, "samples"), limit=limit)

@@ -64,11 +64,20 @@ class TrackingCalls(ClientCalls):
     def list_experiments(
         self, *, filter_string: str | None = None, view: str = "ACTIVE_ONLY", limit: int = 100
     ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"view": view, "max_results": limit}
+        """Up to ``limit`` experiments, by name, following pages (the server stops one
+        early past its byte bound)."""
+        params: dict[str, Any] = {"view": view}
         if filter_string:
             params["filter"] = filter_string
-        result: dict[str, Any] = self.request("GET", "/api/v1/experiments", params=params)
-        return list(result["items"])
+        items: list[dict[str, Any]] = []
+        while len(items) < limit:
+            params["max_results"] = limit - len(items)
+            result: dict[str, Any] = self.request("GET", "/api/v1/experiments", params=params)
+            items += result["items"]
+            if not result.get("next_page_token"):
+                break
+            params["page_token"] = result["next_page_token"]
+        return items
 
     def get_experiment(self, experiment_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request(
@@ -99,8 +108,18 @@ class TrackingCalls(ClientCalls):
         view: str = "ACTIVE_ONLY",
         limit: int = 100,
     ) -> list[dict[str, Any]]:
-        """One page of an experiment's runs (newest first unless ``order_by`` says otherwise)."""
-        return self._runs_page(experiment_id, filter_string, order_by, view, limit, None)[0]
+        """Up to ``limit`` of an experiment's runs (newest first unless ``order_by`` says
+        otherwise), following pages (the server stops one early past its byte bound)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while len(items) < limit:
+            page, token = self._runs_page(
+                experiment_id, filter_string, order_by, view, limit - len(items), token
+            )
+            items += page
+            if token is None:
+                break
+        return items
 
     def iter_runs(
         self,

@@ -414,12 +414,15 @@ class DeploymentService:
     def get(self, principal: Principal, name: str) -> Deployment:
         return self._read(principal, name)[1]
 
-    def list_deployments(self, principal: Principal, *, limit: int = 100) -> list[Deployment]:
+    def list_deployments(
+        self, principal: Principal, *, limit: int = 100, after: str | None = None
+    ) -> list[Deployment]:
+        """By name; ``after``: the page after that name."""
         if not 1 <= limit <= MAX_LIST:
             raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
         visible = None if principal.user.is_admin else frozenset(principal.team_ids.values())
         with self._db.unit_of_work(write=False) as s:
-            return _store.list_deployments(s, visible, limit)
+            return _store.list_deployments(s, visible, limit, after)
 
     def events(self, principal: Principal, name: str, *, limit: int = 100) -> list[DeploymentEvent]:
         """The newest ``limit`` changes, oldest first."""
@@ -550,13 +553,16 @@ class DeploymentService:
 
         return self._db.run(work)
 
-    def samples(self, principal: Principal, name: str, *, limit: int = 100) -> list[Sample]:
-        """The newest ``limit`` samples, newest first (viewer)."""
+    def samples(
+        self, principal: Principal, name: str, *, limit: int = 100, before: int | None = None
+    ) -> list[Sample]:
+        """The newest ``limit`` samples, newest first (viewer); ``before``: the page of
+        those older than the sample of that id."""
         if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
             raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
         ref, _ = self._read(principal, name)
         with self._db.unit_of_work(write=False) as s:
-            return _store.samples(s, ref.id, limit)
+            return _store.samples(s, ref.id, limit, before)
 
 
 def _describe(split: TrafficSplit) -> list[str]:

@@ -165,8 +165,13 @@ def remove(s: Session, deployment_id: str) -> None:
     s.execute(delete(DeploymentRow).where(DeploymentRow.id == deployment_id))
 
 
-def list_deployments(s: Session, visible: Visibility, limit: int) -> list[Deployment]:
+def list_deployments(
+    s: Session, visible: Visibility, limit: int, after: str | None = None
+) -> list[Deployment]:
+    """By name; ``after``: only the names after it (a keyset page)."""
     query = select(DeploymentRow).order_by(DeploymentRow.name).limit(limit)
+    if after is not None:
+        query = query.where(DeploymentRow.name > after)
     if visible is not None:
         query = query.where(DeploymentRow.team_id.in_(visible))
     return [_deployment(row) for row in s.scalars(query)]
@@ -314,14 +319,18 @@ def add_samples(
         )
 
 
-def samples(s: Session, deployment_id: str, limit: int) -> list[Sample]:
-    """The newest ``limit`` samples, newest first."""
-    rows = s.scalars(
+def samples(s: Session, deployment_id: str, limit: int, before: int | None = None) -> list[Sample]:
+    """The newest ``limit`` samples, newest first; ``before``: only those older than the
+    sample of that id (a keyset page)."""
+    query = (
         select(DeploymentSampleRow)
         .where(DeploymentSampleRow.deployment_id == deployment_id)
         .order_by(DeploymentSampleRow.id.desc())
         .limit(limit)
     )
+    if before is not None:
+        query = query.where(DeploymentSampleRow.id < before)
+    rows = s.scalars(query)
     return [
         Sample(
             id=r.id,

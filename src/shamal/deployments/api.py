@@ -42,6 +42,16 @@ from shamal.deployments._service import (
     MAX_LIST,
     DeploymentService,
 )
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write
 
@@ -388,13 +398,37 @@ class SampleOut(_Model):
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"], responses=ERROR_RESPONSES)
 
 
-@router.get("", summary="Deployments you can see, by name")
+def _deployment_cursor(deployment: DeploymentOut) -> str:
+    return encode_cursor(deployment.name)
+
+
+@router.get(
+    "",
+    summary="Deployments you can see, by name (a page stops early past max_page_bytes)",
+    response_model=list[DeploymentOut],
+)
 def list_deployments(
     svc: Deployments,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
-) -> list[DeploymentOut]:
-    return [DeploymentOut.of(d) for d in svc.list_deployments(principal, limit=limit)]
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[DeploymentOut]:
+        after = decode_cursor(token, str)
+        found = svc.list_deployments(
+            principal, limit=count, after=None if after is None else after[0]
+        )
+        return keyset_page([DeploymentOut.of(d) for d in found], count, _deployment_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_deployment_cursor,
+    )
 
 
 @router.put("/{name}", summary="Deploy: create the deployment or replace its spec")
@@ -527,11 +561,35 @@ def push_samples(name: Name, body: SamplesIn, svc: Deployments, principal: DataP
     return SamplesOut(accepted=svc.record_samples(principal, name, rows))
 
 
-@router.get("/{name}/samples", summary="The newest sampled requests, newest first")
+def _sample_cursor(sample: SampleOut) -> str:
+    return encode_cursor(sample.id)
+
+
+@router.get(
+    "/{name}/samples",
+    summary="The newest sampled requests, newest first (a page stops early past max_page_bytes)",
+    response_model=list[SampleOut],
+)
 def list_samples(
     name: Name,
     svc: Deployments,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     limit: Annotated[int, Query(ge=1, le=DEFAULT_KEEP_SAMPLES)] = 100,
-) -> list[SampleOut]:
-    return [SampleOut.of(s) for s in svc.samples(principal, name, limit=limit)]
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[SampleOut]:
+        before = decode_cursor(token, int)
+        found = svc.samples(
+            principal, name, limit=count, before=None if before is None else before[0]
+        )
+        return keyset_page([SampleOut.of(s) for s in found], count, _sample_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_sample_cursor,
+    )

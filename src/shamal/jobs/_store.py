@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from shamal.db.models import JobAttemptRow, JobEventRow, JobRow, SnapshotOwnerRow
@@ -164,9 +164,19 @@ def list_jobs(
     team: str | None = None,
     user: str | None = None,
     limit: int = 100,
+    after: tuple[datetime, str] | None = None,
 ) -> list[Job]:
-    """Newest first."""
+    """Newest first; ``after``: only the jobs listed after the one submitted then with that
+    id (a keyset page)."""
     query = select(JobRow).order_by(JobRow.submitted_at.desc(), JobRow.id).limit(limit)
+    if after is not None:
+        at, job_id = after
+        query = query.where(
+            or_(
+                JobRow.submitted_at < at,
+                and_(JobRow.submitted_at == at, JobRow.id > job_id),
+            )
+        )
     if visible is not None:
         query = query.where(JobRow.team_name.in_(sorted(visible)))
     if states:

@@ -12,10 +12,21 @@ from pydantic import Field
 
 from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._streaming import consume_body
+from shamal.errors import InvalidParameter
 from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
 from shamal.jobs._schemas import JobIn
 from shamal.jobs._schemas import Model as _Model
 from shamal.jobs._service import MAX_LIST, JobService
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.security import AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 
@@ -221,17 +232,49 @@ def submit_job(
     return JobOut.one(svc.submit(ctx, body.spec()), svc)
 
 
-@router.get("/jobs", summary="Jobs you can see, newest first")
+def _job_cursor(job: JobOut) -> str:
+    return encode_cursor(job.submitted_at.isoformat(), job.id)
+
+
+def _after_job(token: str | None) -> tuple[datetime, str] | None:
+    key = decode_cursor(token, str, str)
+    if key is None:
+        return None
+    try:
+        return datetime.fromisoformat(key[0]), key[1]
+    except ValueError:
+        raise InvalidParameter("Invalid page token.") from None
+
+
+@router.get(
+    "/jobs",
+    summary="Jobs you can see, newest first (a page stops early past max_page_bytes)",
+    response_model=list[JobOut],
+)
 def list_jobs(
     svc: Jobs,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     state: Annotated[list[JobState], Query(max_length=8)] = [],  # noqa: B006 - FastAPI copies
     team: Annotated[str | None, Query(max_length=64)] = None,
     user: Annotated[str | None, Query(max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
-) -> list[JobOut]:
-    jobs = svc.list_jobs(principal, states=state, team=team, user=user, limit=limit)
-    return JobOut.each(jobs, svc)
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[JobOut]:
+        jobs = svc.list_jobs(
+            principal, states=state, team=team, user=user, limit=count, after=_after_job(token)
+        )
+        return keyset_page(JobOut.each(jobs, svc), count, _job_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_job_cursor,
+    )
 
 
 @router.get("/jobs/{job_id}", summary="One job (its id or a unique prefix of 6+ characters)")

@@ -392,13 +392,20 @@ class RegistryService:
         return Page(tuple(models), _next_token(offset, limit, more))
 
     def list_registered_models(
-        self, principal: Principal, *, search: str = "", offset: int = 0, limit: int = 100
+        self,
+        principal: Principal,
+        *,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 100,
+        after: str | None = None,
     ) -> list[RegisteredModel]:
-        """Models the caller may see whose name contains ``search`` (case-insensitive), by name."""
+        """Models the caller may see whose name contains ``search`` (case-insensitive), by
+        name; ``after``: those after that name (then ``offset`` counts from there)."""
         if offset < 0 or not 1 <= limit <= MODELS_PAGE_MAX:
             raise InvalidParameter(f"offset must be >= 0 and limit 1..{MODELS_PAGE_MAX}")
         with self._reading() as s:
-            return _store.list_models(s, _visibility(principal), search, offset, limit)
+            return _store.list_models(s, _visibility(principal), search, offset, limit, after)
 
     # ------------------------------------------------------------------ aliases
     def set_registered_model_alias(

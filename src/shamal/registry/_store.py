@@ -329,10 +329,13 @@ def search_models(
 
 
 def list_models(
-    s: Session, visible: Visibility, search: str, offset: int, limit: int
+    s: Session, visible: Visibility, search: str, offset: int, limit: int, after: str | None = None
 ) -> list[RegisteredModel]:
-    """Models whose name contains ``search`` (case-insensitive, no wildcards), by name."""
+    """Models whose name contains ``search`` (case-insensitive, no wildcards), by name;
+    ``after``: only the names after it (a keyset page)."""
     query = select(RegisteredModelRow).where(_visible(visible))
+    if after is not None:
+        query = query.where(RegisteredModelRow.name > after)
     if search:
         query = query.where(RegisteredModelRow.name.icontains(search, autoescape=True))
     query = query.order_by(RegisteredModelRow.name).offset(offset).limit(limit)

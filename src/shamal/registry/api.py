@@ -11,10 +11,20 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal._api import ERROR_RESPONSES
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.registry._entities import ModelVersion, RegisteredModel
 from shamal.registry._rules import MAX_NAME_LENGTH
 from shamal.registry._service import MODELS_PAGE_MAX, RegistryService, VersionLineage
@@ -176,18 +186,47 @@ class ModelDetailOut(ModelOut):
 router = APIRouter(prefix="/api/v1/models", tags=["models"], responses=ERROR_RESPONSES)
 
 
-@router.get("", summary="List the registered models you can see, by name")
+def _model_cursor(model: ModelOut) -> str:
+    return encode_cursor(model.name)
+
+
+@router.get(
+    "",
+    summary="List the registered models you can see, by name (a page stops early past "
+    "max_page_bytes)",
+    response_model=list[ModelOut],
+)
 def list_models(
     svc: Registry,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     search: Annotated[
         str, Query(max_length=MAX_NAME_LENGTH, description="Part of the name (any case)")
     ] = "",
     limit: Annotated[int, Query(ge=1, le=MODELS_PAGE_MAX)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-) -> list[ModelOut]:
-    models = svc.list_registered_models(principal, search=search, offset=offset, limit=limit)
-    return [ModelOut.of(m) for m in models]
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[ModelOut]:
+        after = decode_cursor(token, str)
+        models = svc.list_registered_models(
+            principal,
+            search=search,
+            # The offset places the first page; the tokens of the next ones say where.
+            offset=offset if token is None else 0,
+            limit=count,
+            after=None if after is None else after[0],
+        )
+        return keyset_page([ModelOut.of(m) for m in models], count, _model_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_model_cursor,
+    )
 
 
 @router.get("/{name}", summary="A registered model with its versions and aliases (viewer)")

@@ -6,10 +6,11 @@ inventory test enforces it), and every state-changing route on :func:`audited`.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, Self, cast
+from typing import Annotated, Any, Literal, Self, TypeVar, cast
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +20,16 @@ from starlette.concurrency import run_in_threadpool
 
 from shamal._api import ERROR_RESPONSES
 from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
     AccountKind,
@@ -327,6 +338,44 @@ class ChainReportOut(_Model):
 
 
 # ---------------------------------------------------------------------- routes
+#: The most items one page of a list of accounts, teams, invitations or tokens holds.
+LIST_MAX = 10_000
+LIST_DEFAULT = 1000
+ListLimit = Annotated[int, Query(ge=1, le=LIST_MAX)]
+M = TypeVar("M", bound=BaseModel)
+
+
+def _listed(
+    items: list[M],
+    key: Callable[[M], tuple[str, ...]],
+    limit: int,
+    page_token: str | None,
+    page_bytes: int,
+) -> Response:
+    """A bounded list (see :func:`bounded_list`) of ``items`` read whole: these tables hold
+    a row per account, team or token, so it is the answer that needs bounding, not the read.
+    Pages follow ``key`` order; a token holds the key of the last item its page held."""
+    ordered = sorted(items, key=key)
+    arity = len(key(ordered[0])) if ordered else 1
+
+    def cursor_of(item: M) -> str:
+        return encode_cursor(*key(item))
+
+    def fetch(count: int, token: str | None) -> ListPage[M]:
+        after = decode_cursor(token, *([str] * arity))
+        start = 0 if after is None else bisect.bisect_right(ordered, after, key=key)
+        return keyset_page(ordered[start : start + count], count, cursor_of)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=cursor_of,
+    )
+
+
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 Security = Annotated[SecurityService, Depends(get_security)]
 Audit = Annotated[AuditLog, Depends(get_audit_log)]
@@ -351,9 +400,21 @@ def create_user(
     return UserOut.of(svc.create_user(ctx, body.name, AccountKind(body.kind), body.is_admin))
 
 
-@router.get("/users", tags=["security"], summary="List accounts (platform admin)")
-def list_users(svc: Security, principal: CurrentPrincipal) -> list[UserOut]:
-    return [UserOut.of(u) for u in svc.list_users(principal)]
+@router.get(
+    "/users",
+    tags=["security"],
+    summary="List accounts by name (platform admin; a page stops early past max_page_bytes)",
+    response_model=list[UserOut],
+)
+def list_users(
+    svc: Security,
+    principal: CurrentPrincipal,
+    page_bytes: PageBytes,
+    limit: ListLimit = LIST_DEFAULT,
+    page_token: PageToken = None,
+) -> Response:
+    users = [UserOut.of(u) for u in svc.list_users(principal)]
+    return _listed(users, lambda u: (u.name,), limit, page_token, page_bytes)
 
 
 @router.post(
@@ -386,9 +447,21 @@ def create_team(
     return TeamOut.of(svc.create_team(ctx, body.name, body.description))
 
 
-@router.get("/teams", tags=["teams"], summary="List the teams visible to the caller")
-def list_teams(svc: Security, principal: CurrentPrincipal) -> list[TeamOut]:
-    return [TeamOut.of(t) for t in svc.list_teams(principal)]
+@router.get(
+    "/teams",
+    tags=["teams"],
+    summary="List the teams visible to the caller by name (a page stops early past max_page_bytes)",
+    response_model=list[TeamOut],
+)
+def list_teams(
+    svc: Security,
+    principal: CurrentPrincipal,
+    page_bytes: PageBytes,
+    limit: ListLimit = LIST_DEFAULT,
+    page_token: PageToken = None,
+) -> Response:
+    teams = [TeamOut.of(t) for t in svc.list_teams(principal)]
+    return _listed(teams, lambda t: (t.name,), limit, page_token, page_bytes)
 
 
 @router.get("/teams/{team}", tags=["teams"], summary="A team and its members")
@@ -434,10 +507,18 @@ def set_member(
 @router.get(
     "/invitations",
     tags=["teams"],
-    summary="Your invitations to teams, waiting for your answer",
+    summary="Your invitations to teams, waiting for your answer, by team (a page stops "
+    "early past max_page_bytes)",
+    response_model=list[InvitationOut],
 )
-def list_invitations(svc: Security, principal: CurrentPrincipal) -> list[InvitationOut]:
-    return [
+def list_invitations(
+    svc: Security,
+    principal: CurrentPrincipal,
+    page_bytes: PageBytes,
+    limit: ListLimit = LIST_DEFAULT,
+    page_token: PageToken = None,
+) -> Response:
+    invitations = [
         InvitationOut(
             team=i.team,
             role=cast(RoleName, i.role.label),
@@ -446,6 +527,7 @@ def list_invitations(svc: Security, principal: CurrentPrincipal) -> list[Invitat
         )  # fmt: skip
         for i in svc.invitations(principal)
     ]
+    return _listed(invitations, lambda i: (i.team,), limit, page_token, page_bytes)
 
 
 @router.post(
@@ -505,13 +587,25 @@ def create_token(
     return IssuedTokenOut(**TokenOut.of(issued.token).model_dump(), secret=issued.secret)
 
 
-@router.get("/tokens", tags=["tokens"], summary="List your tokens (admins: everybody's)")
+@router.get(
+    "/tokens",
+    tags=["tokens"],
+    summary="List your tokens (admins: everybody's), oldest first (a page stops early past "
+    "max_page_bytes)",
+    response_model=list[TokenOut],
+)
 def list_tokens(
     svc: Security,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     all_users: Annotated[bool, Query(alias="all")] = False,
-) -> list[TokenOut]:
-    return [TokenOut.of(t) for t in svc.list_tokens(principal, all_users)]
+    limit: ListLimit = LIST_DEFAULT,
+    page_token: PageToken = None,
+) -> Response:
+    tokens = [TokenOut.of(t) for t in svc.list_tokens(principal, all_users)]
+    return _listed(
+        tokens, lambda t: (t.created_at.isoformat(), t.id), limit, page_token, page_bytes
+    )
 
 
 @router.delete("/tokens/{token_id}", tags=["tokens"], summary="Revoke a token")
@@ -523,18 +617,46 @@ def revoke_token(
     return TokenOut.of(svc.revoke_token(ctx, token_id))
 
 
-@router.get("/audit", tags=["audit"], summary="Audit entries, newest first (platform admin)")
+def _audit_cursor(entry: AuditEntryOut) -> str:
+    return encode_cursor(entry.seq)
+
+
+@router.get(
+    "/audit",
+    tags=["audit"],
+    summary="Audit entries, newest first (platform admin; a page stops early past max_page_bytes)",
+    response_model=list[AuditEntryOut],
+)
 def list_audit(
     audit: Audit,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
     action: Annotated[str | None, Query(max_length=128)] = None,
     actor: Annotated[str | None, Query(max_length=128)] = None,
-) -> list[AuditEntryOut]:
+    page_token: PageToken = None,
+) -> Response:
     principal.require_admin()
-    entries = audit.entries(limit=limit, before=before, action=action, actor=actor)
-    return [AuditEntryOut.of(e) for e in entries]
+
+    def fetch(count: int, token: str | None) -> ListPage[AuditEntryOut]:
+        after = decode_cursor(token, int)
+        entries = audit.entries(
+            limit=count,
+            before=before if after is None else after[0],
+            action=action,
+            actor=actor,
+        )
+        return keyset_page([AuditEntryOut.of(e) for e in entries], count, _audit_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_audit_cursor,
+    )
 
 
 @router.get(

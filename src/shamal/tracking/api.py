@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from typing import Annotated, Generic, TypeVar
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
 
 from shamal._api import ERROR_RESPONSES
+from shamal.artifacts import search_slot
+from shamal.mlflow_dialect import PageBytes, bounded_listing, model_json
 from shamal.security import Principal
 from shamal.security.api import CurrentPrincipal
 from shamal.tracking._entities import Experiment, HistoryRow, Run
+from shamal.tracking._paging import encode_history_token, resume_token
 from shamal.tracking._proto import special_value
 from shamal.tracking._service import MAX_SEARCH, TrackingService, view_type
 
@@ -22,6 +25,8 @@ def _tracking(request: Request) -> TrackingService:
 
 
 T = TypeVar("T")
+#: Lists and searches hold one of the caller's ``max_searches_per_principal`` slots.
+SEARCH_SLOT = [Depends(search_slot)]
 Tracking = Annotated[TrackingService, Depends(_tracking)]
 ExperimentId = Annotated[str, Path(pattern=r"^[0-9]{1,18}$")]
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
@@ -117,25 +122,35 @@ class Listing(BaseModel, Generic[T]):
 router = APIRouter(prefix="/api/v1", tags=["tracking"], responses=ERROR_RESPONSES)
 
 
-@router.get("/experiments", summary="Experiments visible to the caller")
+@router.get(
+    "/experiments",
+    summary="Experiments visible to the caller (a page stops early past max_page_bytes)",
+    response_model=Listing[ExperimentOut],
+    dependencies=SEARCH_SLOT,
+)
 def list_experiments(
     svc: Tracking,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     filter: Annotated[str | None, Query(max_length=20_000)] = None,  # noqa: A002
     view: View = "ACTIVE_ONLY",
     max_results: Annotated[int, Query(ge=1, le=1000)] = 100,
     page_token: Annotated[str | None, Query(max_length=200)] = None,
-) -> Listing[ExperimentOut]:
-    page = svc.search_experiments(
-        principal,
-        filter_string=filter,
-        order_by=["name"],
-        view=view_type(view),
+) -> Response:
+    return bounded_listing(
+        lambda limit, token: svc.search_experiments(
+            principal,
+            filter_string=filter,
+            order_by=["name"],
+            view=view_type(view),
+            max_results=limit,
+            page_token=token,
+        ),
+        lambda e: model_json(ExperimentOut.of(e)),
         max_results=max_results,
         page_token=page_token,
-    )
-    return Listing(
-        items=[ExperimentOut.of(e) for e in page.items], next_page_token=page.next_page_token
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 
@@ -146,27 +161,39 @@ def get_experiment(
     return ExperimentOut.of(svc.experiment(principal, experiment_id))
 
 
-@router.get("/experiments/{experiment_id}/runs", summary="Runs of an experiment, searched")
-def list_runs(
+@router.get(
+    "/experiments/{experiment_id}/runs",
+    summary="Runs of an experiment, searched (a page stops early past max_page_bytes)",
+    response_model=Listing[RunOut],
+    dependencies=SEARCH_SLOT,
+)
+def list_runs(  # noqa: PLR0913, PLR0917 - FastAPI: each a query field or a dependency
     experiment_id: ExperimentId,
     svc: Tracking,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     filter: Annotated[str | None, Query(max_length=20_000)] = None,  # noqa: A002
     order_by: Annotated[list[str] | None, Query(max_length=20)] = None,
     view: View = "ACTIVE_ONLY",
     max_results: Annotated[int, Query(ge=1, le=5000)] = 100,
     page_token: Annotated[str | None, Query(max_length=200)] = None,
-) -> Listing[RunOut]:
-    page = svc.search_runs(
-        principal,
-        experiment_ids=[experiment_id],
-        filter_string=filter,
-        view=view_type(view),
+) -> Response:
+    return bounded_listing(
+        lambda limit, token: svc.search_runs(
+            principal,
+            experiment_ids=[experiment_id],
+            filter_string=filter,
+            view=view_type(view),
+            max_results=limit,
+            order_by=order_by or [],
+            page_token=token,
+        ),
+        lambda r: model_json(RunOut.of(r)),
         max_results=max_results,
-        order_by=order_by or [],
         page_token=page_token,
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
-    return Listing(items=[RunOut.of(r) for r in page.items], next_page_token=page.next_page_token)
 
 
 @router.get("/runs/{run_id}", summary="One run with its params, latest metrics and tags")
@@ -174,18 +201,28 @@ def get_run(run_id: RunId, svc: Tracking, principal: CurrentPrincipal) -> RunOut
     return RunOut.of(svc.get_run(principal, run_id))
 
 
-@router.get("/runs/{run_id}/metrics/{key}", summary="A metric's history")
+@router.get(
+    "/runs/{run_id}/metrics/{key}",
+    summary="A metric's history (a page stops early past max_page_bytes)",
+    response_model=Listing[MetricPoint],
+    dependencies=SEARCH_SLOT,
+)
 def metric_history(
     run_id: RunId,
     key: Annotated[str, Path(max_length=250)],
     svc: Tracking,
     principal: CurrentPrincipal,
+    page_bytes: PageBytes,
     max_results: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
     page_token: Annotated[str | None, Query(max_length=200)] = None,
-) -> Listing[MetricPoint]:
-    page = svc.metric_history(principal, run_id, key, page_token, max_results)
-    return Listing(
-        items=[MetricPoint.of(m) for m in page.items], next_page_token=page.next_page_token
+) -> Response:
+    return bounded_listing(
+        lambda limit, token: svc.metric_history(principal, run_id, key, token, limit),
+        lambda m: model_json(MetricPoint.of(m)),
+        max_results=max_results,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=encode_history_token,
     )
 
 
