@@ -146,15 +146,15 @@ def _port(preferred: int) -> int:
         return port
 
 
-def _start_model_server(client: ShamalClient, http_port: int, grpc_port: int) -> None:
-    """`shamal serve` for the champion, a child of this server that ends with it."""
+def _start_model_server(client: ShamalClient, http_port: int, grpc_port: int, caller: str) -> None:
+    """`shamal serve` for the deployment, a child of this server that ends with it."""
     argv = [
         sys.executable,
         "-m",
         "shamal",
         "serve",
-        "--model",
-        f"{SERVED_AS}=models:/quickstart-wine@champion",
+        "--deployment",
+        SERVED_AS,
         "--http-port",
         str(http_port),
         "--grpc-port",
@@ -171,16 +171,16 @@ def _start_model_server(client: ShamalClient, http_port: int, grpc_port: int) ->
         if child.poll() is not None:
             raise ServiceUnavailable(f"`shamal serve` exited; its log is {log_path}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(ready, headers=_bearer(client), timeout=2.0).status_code == 200:
+            if httpx.get(ready, headers=_bearer(caller), timeout=2.0).status_code == 200:
                 return
         time.sleep(0.2)  # readiness poll, bounded by the deadline
     stop_model_servers()
     raise ServiceUnavailable(f"`shamal serve` did not become ready; its log is {log_path}")
 
 
-def _bearer(client: ShamalClient) -> dict[str, str]:
+def _bearer(token: str) -> dict[str, str]:
     """The header `shamal serve` asks for when it serves from the platform."""
-    return {"Authorization": f"Bearer {client.token or ''}"}
+    return {"Authorization": f"Bearer {token}"}
 
 
 def serve_the_champion(client: ShamalClient) -> list[str]:
@@ -189,12 +189,17 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
     from sklearn.datasets import load_wine
 
     http_port, grpc_port = _port(8000), _port(8001)
-    _start_model_server(client, http_port, grpc_port)
+    client.deploy(SERVED_AS, {"primary": [{"model": "models:/quickstart-wine@champion"}]})
+    # What the deployment's callers hold: a token that may call its models and nothing else.
+    caller = client.create_deployment_token(SERVED_AS, "quickstart-callers")["secret"]
+    _start_model_server(client, http_port, grpc_port, caller)
     x, y = load_wine(return_X_y=True)
     row = x[:1].astype(np.float32)
     steps = [
-        f"serving [bold]models:/quickstart-wine@champion[/] as [bold]{SERVED_AS}[/] over the "
-        f"Open Inference Protocol: REST 127.0.0.1:{http_port}, gRPC 127.0.0.1:{grpc_port}"
+        f"deployed [bold]models:/quickstart-wine@champion[/] as [bold]{SERVED_AS}[/], served over "
+        f"the Open Inference Protocol: REST 127.0.0.1:{http_port}, gRPC 127.0.0.1:{grpc_port}",
+        f"a token for its callers, which may call deployment {SERVED_AS} and nothing else "
+        f"(`shamal deployments token {SERVED_AS}` makes more):\n    {caller}",
     ]
     try:
         import tritonclient.http as triton_http
@@ -204,7 +209,7 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         triton = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
         tensor = triton_http.InferInput("input", list(row.shape), "FP32")
         tensor.set_data_from_numpy(row)
-        label = triton.infer(SERVED_AS, [tensor], headers=_bearer(client)).as_numpy("label")
+        label = triton.infer(SERVED_AS, [tensor], headers=_bearer(caller)).as_numpy("label")
         triton.close()
         steps.append(
             f"tritonclient: wine sample 0 -> class {int(np.asarray(label).reshape(-1)[0])} "
@@ -219,12 +224,11 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         }
     )
     url = f"http://127.0.0.1:{http_port}/v2/models/{SERVED_AS}/infer"
-    # The served model asks for a Shamal token (the one in SHAMAL_TOKEN or SHAMAL_HOME/token);
-    # the line shown names it and never prints it.
+    # The served model asks for a token: the callers' one above.
     curl = ["curl", "-s", url, "-H", "Content-Type: application/json", "-d", body]
-    shown = shlex.join(curl[:3]) + ' -H "Authorization: Bearer $SHAMAL_TOKEN" '
+    shown = shlex.join(curl[:3]) + ' -H "Authorization: Bearer $TOKEN" '
     shown += shlex.join(curl[3:])
-    auth = f"Authorization: Bearer {client.token or ''}"
+    auth = f"Authorization: Bearer {caller}"
     if shutil.which("curl"):
         # The token goes through a config on stdin, never on a command line others can read.
         config = f'header = "{auth}"\n'
@@ -238,7 +242,7 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         )
         answer = done.stdout.strip()
     else:
-        answer = httpx.post(url, content=body, headers=_bearer(client), timeout=30).text
+        answer = httpx.post(url, content=body, headers=_bearer(caller), timeout=30).text
     steps.append(f"curl: {shown}\n    -> {answer}")
     return steps
 

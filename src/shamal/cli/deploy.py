@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+from shamal.cli._common import JsonOption, client, console, escape, handle_errors, print_table
 from shamal.cli.job import parse_duration_s, require_finite
 from shamal.errors import InvalidParameter
 
@@ -234,6 +234,31 @@ def rollback(
         console.print_json(data=done)
         return
     console.print(f"rolled back: {name} is at revision {done['revision']}")
+
+
+@deployments.command("token")
+@handle_errors
+def token(
+    name: Annotated[str, typer.Argument(help="The deployment whose models the token may call.")],
+    label: Annotated[str, typer.Option("--name", help="What the token is for.")] = "caller",
+    expires: Annotated[
+        str, typer.Option("--expires", help="Lifetime: 30m, 12h, 90d, or never.")
+    ] = "90d",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the secret.")] = False,
+) -> None:
+    """Issue a token that may call NAME's models through `shamal serve --deployment NAME`
+    and nothing else: what to hand the deployment's callers. Printed once."""
+    seconds = None if expires == "never" else int(parse_duration_s(expires, "--expires"))
+    issued = client().create_deployment_token(name, label, expires_in_s=seconds)
+    if quiet:
+        typer.echo(issued["secret"])
+        return
+    console.print(
+        f"[green]token {escape(issued['name'])}[/] may call deployment {escape(name)} only "
+        f"(expires {issued['expires_at'] or 'never'})"
+    )
+    console.print(f"[bold]{issued['secret']}[/]")
+    console.print("[dim]This is the only time the secret is shown.[/]")
 
 
 @deployments.command("delete")

@@ -38,6 +38,15 @@ class DeploymentCalls(ClientCalls):
     def delete_deployment(self, name: str) -> None:
         self.request("DELETE", _path(name))
 
+    def create_deployment_token(
+        self, name: str, token_name: str, *, expires_in_s: int | None = None
+    ) -> dict[str, Any]:
+        """A token of yours that may call deployment ``name``'s models and nothing else;
+        its ``secret`` is in the answer, once."""
+        body = {"name": token_name, "expires_in_s": expires_in_s}
+        result: dict[str, Any] = self.request("POST", f"{_path(name)}/tokens", json=body)
+        return result
+
     def set_canary(
         self,
         name: str,

@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -44,7 +45,15 @@ from shamal.deployments._entities import (
 )
 from shamal.errors import AlreadyExists, Conflict, InvalidParameter
 from shamal.registry import RegistryService
-from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
+from shamal.security import (
+    AuditContext,
+    AuditLog,
+    IssuedToken,
+    Principal,
+    Role,
+    SecurityService,
+    utc_now,
+)
 from shamal.security._audit import Clock
 
 logger = logging.getLogger(__name__)
@@ -409,6 +418,20 @@ class DeploymentService:
 
         self._db.run(work)
         logger.info("deployment %r deleted by %s", name, principal.name)
+
+    def issue_token(
+        self, ctx: AuditContext, name: str, token_name: str, expires_in: timedelta | None
+    ) -> IssuedToken:
+        """A token of the caller's that may call the models of deployment ``name`` and
+        nothing else (give it to the deployment's callers; ``shamal serve --deployment``
+        accepts it). The caller must be able to read the deployment.
+
+        Raises:
+            NotFound: no deployment ``name`` the caller can see.
+        """
+        principal = ctx.require_principal()
+        self.get(principal, name)
+        return self._security.issue_deployment_token(ctx, name, token_name, expires_in)
 
     # ------------------------------------------------------------------ reads
     def get(self, principal: Principal, name: str) -> Deployment:

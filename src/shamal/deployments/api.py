@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
@@ -52,8 +52,14 @@ from shamal.mlflow_dialect import (
     keyset_page,
     model_json,
 )
-from shamal.security import AuditContext, Principal
-from shamal.security.api import CurrentPrincipal, audited, data_plane_write
+from shamal.security import NAME_PATTERN, AuditContext, Principal
+from shamal.security.api import (
+    CurrentPrincipal,
+    IssuedTokenOut,
+    TokenOut,
+    audited,
+    data_plane_write,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -444,6 +450,29 @@ def deploy(
 @router.get("/{name}", summary="One deployment")
 def get_deployment(name: Name, svc: Deployments, principal: CurrentPrincipal) -> DeploymentOut:
     return DeploymentOut.of(svc.get(principal, name))
+
+
+class DeploymentTokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=64, description="A label for the token")
+    expires_in_s: int | None = Field(default=None, ge=1, le=366 * 86400)
+
+
+@router.post(
+    "/{name}/tokens",
+    status_code=status.HTTP_201_CREATED,
+    summary="A token that may call this deployment's models and nothing else (shown once)",
+)
+def create_deployment_token(
+    name: Name,
+    body: DeploymentTokenIn,
+    svc: Deployments,
+    ctx: Annotated[AuditContext, Depends(audited("token.create"))],
+) -> IssuedTokenOut:
+    expires = None if body.expires_in_s is None else timedelta(seconds=body.expires_in_s)
+    issued = svc.issue_token(ctx, name, body.name, expires)
+    return IssuedTokenOut(**TokenOut.of(issued.token).model_dump(), secret=issued.secret)
 
 
 @router.delete(

@@ -6,14 +6,19 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from shamal.errors import NotFound, PermissionDenied
 
-TokenScope = Literal["full", "job"]
+TokenScope = str
 """``full``: an account's own token. ``job``: issued by the scheduler to one job attempt;
 it reads and writes as the submitter but takes no admin action, cannot manage tokens,
-accounts or teams, and is revoked when the attempt ends."""
+accounts or teams, and is revoked when the attempt ends. ``deployment:<name>``: it may call
+the models of that one deployment (read it, which is what ``shamal serve`` asks the control
+plane) and nothing else."""
+
+DEPLOYMENT_SCOPE = "deployment:"
+"""The prefix of a deployment token's scope; the deployment's name follows."""
 
 
 class Role(enum.IntEnum):
@@ -117,6 +122,13 @@ class Principal:
     @property
     def name(self) -> str:
         return self.user.name
+
+    @property
+    def deployment(self) -> str | None:
+        """The one deployment a deployment token may call; ``None`` for other tokens."""
+        if self.scope.startswith(DEPLOYMENT_SCOPE):
+            return self.scope.removeprefix(DEPLOYMENT_SCOPE)
+        return None
 
     def require_own_token(self, what: str) -> None:
         """Raises PermissionDenied for a job's token (scope ``job``): ``what`` (managing

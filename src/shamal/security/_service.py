@@ -17,6 +17,7 @@ from shamal.errors import InvalidParameter, NotFound, Unauthenticated
 from shamal.security import _store
 from shamal.security._audit import AuditContext, AuditLog, Clock, utc_now
 from shamal.security._entities import (
+    DEPLOYMENT_SCOPE,
     AccountKind,
     ApiToken,
     Invitation,
@@ -403,6 +404,22 @@ class SecurityService:
         check_name("token", name)
         ctx = AuditContext(action="token.create", actor="scheduler")
         return self._issue_token(ctx, user, name, expires_in, scope="job")
+
+    def issue_deployment_token(
+        self, ctx: AuditContext, deployment: str, name: str, expires_in: timedelta | None
+    ) -> IssuedToken:
+        """A token of the caller's that may call the models of ``deployment`` and nothing
+        else (scope ``deployment:<name>``): what a deployment's callers hold.
+
+        The caller must be allowed to read the deployment; the deployments service checks
+        that before it asks for the token.
+        """
+        principal = ctx.require_principal()
+        principal.require_own_token("create tokens")
+        check_name("token", name)
+        return self._issue_token(
+            ctx, principal.name, name, expires_in, scope=f"{DEPLOYMENT_SCOPE}{deployment}"
+        )
 
     def revoke_job_tokens(self, user: str, name: str) -> int:
         """Revoke the job tokens ``name`` of ``user`` (an attempt ended); how many were active.

@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -249,7 +249,7 @@ def _token(row: ApiTokenRow, user_name: str) -> ApiToken:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
-        scope=cast("TokenScope", row.scope),
+        scope=row.scope,
     )
 
 

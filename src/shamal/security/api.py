@@ -19,7 +19,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from shamal._api import ERROR_RESPONSES
-from shamal.errors import InvalidParameter, ShamalError, Unauthenticated
+from shamal.errors import InvalidParameter, PermissionDenied, ShamalError, Unauthenticated
 from shamal.mlflow_dialect import (
     ListPage,
     PageBytes,
@@ -84,8 +84,31 @@ async def require_principal(
         principal = get_security(request).cached_principal(credentials.credentials)
     if principal is None:
         principal = await run_in_threadpool(_authenticate, request, credentials)
+    if principal.deployment is not None:
+        _within_deployment(request, principal.deployment)
     request.state.principal = principal
     return principal
+
+
+_DEPLOYMENT_READ = "/api/v1/deployments/{name}"
+
+
+def _within_deployment(request: Request, deployment: str) -> None:
+    """A deployment token reads its own deployment (what ``shamal serve`` asks the control
+    plane before it lets the caller in) and says whose it is; nothing else.
+
+    Raises:
+        PermissionDenied: any other call.
+    """
+    route = getattr(request.scope.get("route"), "path", "")
+    if request.method in _SAFE_METHODS and (
+        route == "/api/v1/whoami"
+        or (route == _DEPLOYMENT_READ and request.path_params.get("name") == deployment)
+    ):
+        return
+    raise PermissionDenied(
+        f"this token may only call the models of deployment {deployment!r}; use your own token"
+    )
 
 
 def _authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
@@ -309,7 +332,9 @@ class TokenOut(_Model):
     revoked_at: datetime | None
     last_used_at: datetime | None
     scope: str = Field(
-        default="full", description="full: an account's own; job: issued to one job attempt"
+        default="full",
+        description="full: an account's own; job: issued to one job attempt; "
+        "deployment:<name>: may call that deployment's models and nothing else",
     )
 
 

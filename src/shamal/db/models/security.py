@@ -59,8 +59,9 @@ class ApiTokenRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # "full": a person's or service's own token; "job": one the scheduler issued to a job
-    # attempt (no admin action, no token, account or team management; revoked when it ends).
-    scope: Mapped[str] = mapped_column(String(16), server_default="full")
+    # attempt (no admin action, no token, account or team management; revoked when it ends);
+    # "deployment:<name>": it may call that deployment's models and nothing else.
+    scope: Mapped[str] = mapped_column(String(96), server_default="full")
 
 
 class TeamInvitationRow(Base):
