@@ -42,7 +42,7 @@ from shamal.db.models import (
     RegisteredModelRow,
     RegisteredModelTagRow,
 )
-from shamal.errors import AlreadyExists, NotFound
+from shamal.errors import AlreadyExists, InvalidParameter, NotFound
 from shamal.registry import _search
 from shamal.registry._entities import (
     TEAM_TAG,
@@ -79,6 +79,24 @@ def version_not_found(name: str, version: int) -> NotFound:
 def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+#: How many tags one registered model, and one version, may hold (their sizes: see
+#: ``_rules``). MLflow sets no count; this bounds what one object costs each search page.
+MAX_TAGS_PER_MODEL = 1_000
+MAX_TAGS_PER_VERSION = 1_000
+
+
+def _refuse_over(count: int, limit: int, owner: str) -> None:
+    """Raise InvalidParameter (the transaction then rolls back) past ``limit`` tags."""
+    if count > limit:
+        raise InvalidParameter(
+            f"A {owner} may have at most {limit} tags; this request would make it {count}."
+        )
+
+
+def _count_tags(s: Session, table: Any, where: ColumnElement[bool], limit: int, owner: str) -> None:
+    _refuse_over(s.scalar(select(func.count()).select_from(table).where(where)) or 0, limit, owner)
 
 
 def _team_tagged(model_id: SQLColumnExpression[str]) -> ColumnElement[bool]:
@@ -188,6 +206,7 @@ def insert_model(
         )
     )
     s.flush()
+    _refuse_over(len(tags), MAX_TAGS_PER_MODEL, "registered model")
     for key, value in tags.items():
         s.add(RegisteredModelTagRow(model_id=model_id, key=key, value=value))
     s.flush()
@@ -240,11 +259,25 @@ def delete_model(s: Session, ref: ModelRef) -> None:
 
 
 def set_model_tag(s: Session, ref: ModelRef, key: str, value: str) -> None:
+    """Set a tag; one past ``MAX_TAGS_PER_MODEL`` is refused. Writers take the model's row
+    first (FOR NO KEY UPDATE on PostgreSQL), so two at the limit count one after the other."""
+    s.execute(
+        select(RegisteredModelRow.id)
+        .where(RegisteredModelRow.id == ref.id)
+        .with_for_update(key_share=True)
+    )
     _upsert(
         s,
         RegisteredModelTagRow,
         {"model_id": ref.id, "key": key, "value": value},
         ("model_id", "key"),
+    )
+    _count_tags(
+        s,
+        RegisteredModelTagRow,
+        RegisteredModelTagRow.model_id == ref.id,
+        MAX_TAGS_PER_MODEL,
+        "registered model",
     )
 
 
@@ -396,6 +429,7 @@ def insert_version(s: Session, ref: ModelRef, version: ModelVersion) -> None:
         )
     )
     s.flush()
+    _refuse_over(len(version.tags), MAX_TAGS_PER_VERSION, "model version")
     for key, value in version.tags.items():
         s.add(ModelVersionTagRow(model_id=ref.id, version=version.version, key=key, value=value))
     s.flush()
@@ -486,12 +520,23 @@ def delete_version(s: Session, ref: ModelRef, version: int) -> None:
 
 
 def set_version_tag(s: Session, ref: ModelRef, version: int, key: str, value: str) -> None:
+    """Set a tag; one past ``MAX_TAGS_PER_VERSION`` is refused. Writers take the version's
+    row first (FOR NO KEY UPDATE on PostgreSQL), so two at the limit count one after the
+    other."""
+    # "share" renders FOR NO KEY UPDATE on PostgreSQL: tag writers take turns on it.
     _version_row(s, ref, version, lock="share")
     _upsert(
         s,
         ModelVersionTagRow,
         {"model_id": ref.id, "version": version, "key": key, "value": value},
         ("model_id", "version", "key"),
+    )
+    _count_tags(
+        s,
+        ModelVersionTagRow,
+        (ModelVersionTagRow.model_id == ref.id) & (ModelVersionTagRow.version == version),
+        MAX_TAGS_PER_VERSION,
+        "model version",
     )
 
 

@@ -55,7 +55,7 @@ ARTIFACT_SCHEME = "mlflow-artifacts:/"
 #: How many params and tags one object may hold (their sizes: see ``_service``). MLflow sets
 #: no such counts; these leave room for every real use we know of (a sweep's config
 #: flattened into params, a CI's tags) and bound what one run costs each search page. Writers
-#: racing at the limit may pass it by what their last calls added.
+#: take the object's row before they count (:func:`_lock_counted`), so none passes a limit.
 MAX_PARAMS_PER_RUN = 2_000
 MAX_TAGS_PER_RUN = 1_000
 MAX_TAGS_PER_EXPERIMENT = 1_000
@@ -69,6 +69,14 @@ def _check_count(
     _refuse_over(
         s.scalar(select(func.count()).select_from(table).where(where)) or 0, limit, what, owner
     )
+
+
+def _lock_counted(s: Session, key: Any, value: str | int) -> None:
+    """Take the row of the object whose rows a write adds and counts (``key == value``), so
+    that writers at its limit count one after another and none passes it: FOR NO KEY UPDATE
+    on PostgreSQL (rows that point at the object may still be added meanwhile), nothing on
+    SQLite, where writers take turns already."""
+    s.execute(select(key).where(key == value).with_for_update(key_share=True))
 
 
 def _refuse_over(count: int, limit: int, what: str, owner: str) -> None:
@@ -231,6 +239,7 @@ def set_experiment_tag(s: Session, experiment_id: str, key: str, value: str | No
         NotFound: no such experiment; deleting a tag the experiment does not have.
     """
     row = _experiment_row(s, experiment_id)
+    _lock_counted(s, ExperimentRow.experiment_id, row.experiment_id)
     result = s.execute(
         delete(ExperimentTagRow).where(
             ExperimentTagRow.experiment_id == row.experiment_id, ExperimentTagRow.key == key
@@ -419,6 +428,7 @@ def log_params(s: Session, run_id: str, params: Sequence[tuple[str, str]]) -> No
     for key, value in params:
         if wanted.setdefault(key, value) != value:
             raise InvalidParameter(f"Duplicate parameter key '{key}' with different values.")
+    _lock_counted(s, RunRow.run_id, run_id)
     query = select(ParamRow.key, ParamRow.value).where(
         ParamRow.run_id == run_id, ParamRow.key.in_(list(wanted))
     )
@@ -443,6 +453,7 @@ def set_tags(s: Session, run_id: str, tags: Sequence[tuple[str, str]]) -> None:
     latest = dict(tags)
     if not latest:
         return
+    _lock_counted(s, RunRow.run_id, run_id)
     stmt = _insert(s, RunTagRow)
     stmt = stmt.on_conflict_do_update(
         index_elements=["run_id", "key"], set_={"value": stmt.excluded.value}
