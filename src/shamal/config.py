@@ -200,6 +200,12 @@ class SchedulerSettings(BaseModel):
     job_pids_max: int = Field(
         default=4096, ge=16, le=4_194_304, description="processes and threads per worker"
     )
+    job_disk_mib: int = Field(
+        default=20480,
+        ge=0,
+        description="the most a local job's working folder may hold (0: no limit); a job past "
+        "it fails with 'disk limit exceeded'",
+    )
     job_tmp_mib: int = Field(
         default=1024,
         ge=1,

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from shamal.executors import (
+    DISK_LIMIT,
     OUT_OF_MEMORY,
     Executor,
     ExitReason,
@@ -472,3 +473,22 @@ def test_a_job_can_open_only_the_gpus_it_was_given(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['nvidia0', '', '']"
+
+
+def test_a_job_that_fills_its_folder_is_stopped_at_its_disk_limit(tmp_path: Path) -> None:
+    """Its /tmp is bounded by its tmpfs; its working folder, on the host's disk, by the
+    supervisor's measure of it: past the limit the job is stopped and fails."""
+    sandbox = Sandbox(hide=make_sandbox(tmp_path).hide, disk_mib=8, network="none", pids_max=64)
+    tenants = Tenants(get_executor("local", sandbox=sandbox), tmp_path, sandbox)
+    code = """
+import time
+with open("fill", "wb") as fh:
+    for _ in range(64):
+        fh.write(os.urandom(1024 * 1024))
+        fh.flush()
+print("wrote 64 MiB", flush=True)
+time.sleep(600)
+"""
+    status, log = tenants.run(tenants.spec("red", code))
+    assert (status.reason, status.detail) == (ExitReason.FAILED, DISK_LIMIT), log
+    assert "past its limit of 8 MiB" in log

@@ -21,6 +21,7 @@ from shamal.executors._isolation import (
     self_test,
 )
 from shamal.executors._protocol import (
+    DISK_LIMIT,
     OUT_OF_MEMORY,
     REQUEUE_EXIT_CODE,
     Executor,
@@ -32,6 +33,7 @@ from shamal.executors._protocol import (
 )
 
 __all__ = [
+    "DISK_LIMIT",
     "EXECUTORS",
     "OUT_OF_MEMORY",
     "REQUEUE_EXIT_CODE",

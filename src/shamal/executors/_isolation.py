@@ -74,6 +74,8 @@ class Sandbox:
         expose: folders a job may read besides its own (the interpreter that runs the
             platform, its packages: :func:`interpreter_paths`).
         shared: folders every job may read and write (a shared scratch folder).
+        disk_mib: the most a job's working folder may hold (0: no limit); a job past it
+            is stopped (local executor).
         own_users: run each job as its tenant's OS user (needs root); otherwise as the
             executor's own user, in namespaces.
         pids_max: the most processes (and threads) one worker may have at once.
@@ -92,6 +94,7 @@ class Sandbox:
     pids_max: int = 4096
     tmp_size_mib: int = 1024
     network: str = "platform"
+    disk_mib: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +109,7 @@ class Sandbox:
             pids_max=int(data.get("pids_max", 4096)),
             tmp_size_mib=int(data.get("tmp_size_mib", 1024)),
             network=str(data.get("network", "platform")),
+            disk_mib=int(data.get("disk_mib", 0)),
         )
 
 

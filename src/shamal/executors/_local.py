@@ -238,6 +238,7 @@ class LocalExecutor:
             "job_id": spec.job_id,
             "attempt": spec.attempt,
             "workdir": str(spec.workdir),
+            "disk_limit_bytes": self._sandbox.disk_mib * _MIB if self._sandbox else 0,
             "log_path": str(spec.log_path),
             "time_limit_s": spec.time_limit_s,
             "grace_s": spec.grace_s,

@@ -59,6 +59,7 @@ from shamal.errors import InvalidParameter, ServiceUnavailable
 from shamal.scheduler._resources import Placement
 
 __all__ = [
+    "DISK_LIMIT",
     "OUT_OF_MEMORY",
     "REQUEUE_EXIT_CODE",
     "ExitReason",
@@ -77,6 +78,11 @@ checkpoint after SIGTERM; run me again". An attempt ending with it has ``requeue
 OUT_OF_MEMORY = "out of memory"
 """The :attr:`ExitStatus.detail` of an attempt that failed because the kernel killed a
 worker over its memory limit (where the executor can tell: a cgroup)."""
+
+
+DISK_LIMIT = "disk limit exceeded"
+"""The :attr:`ExitStatus.detail` of an attempt stopped because its working folder grew past
+its executor's disk limit."""
 
 
 class LaunchFailed(ServiceUnavailable):

@@ -40,12 +40,34 @@ from shamal.executors._isolation import confine
 from shamal.executors._logs import LineFramer
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import ProcessIdentity, atomic_write_json, kill_group, read_json
-from shamal.executors._protocol import OUT_OF_MEMORY, ExitReason, ExitStatus
+from shamal.executors._protocol import DISK_LIMIT, OUT_OF_MEMORY, ExitReason, ExitStatus
 
 __all__ = ["main"]
 
 _TICK_S = 1.0  # longest sleep of the loop: deadlines are checked at least this often
 _DRAIN_S = 2.0  # how long to read leftover output after the last worker exited
+_DISK_CHECK_S = 2.0  # the shortest pause between two measures of a job's folder
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes a folder's files take on disk (allocated blocks: a sparse file counts what it
+    uses), without following links; what vanishes meanwhile counts nothing."""
+    total = 0
+    pending = [folder]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+    return total
 
 
 class _Worker:
@@ -94,6 +116,9 @@ class Supervisor:
         self.kill_at: float | None = None
         limit = plan.get("time_limit_s")
         self.limit_at = None if limit is None else time.monotonic() + float(limit)
+        self.disk_limit = int(plan.get("disk_limit_bytes") or 0)
+        self.disk_check_at = time.monotonic() + _DISK_CHECK_S
+        self.disk_exceeded = False
 
     # ------------------------------------------------------------------ plumbing
     def note(self, text: str) -> None:
@@ -231,8 +256,25 @@ class Supervisor:
                 self.note(f"rank {worker.rank} exited with {worker.code}: stopping the gang")
             self._stop(StopCause.GANG, self.grace_s)
 
+    def _check_disk(self, now: float) -> None:
+        """Stop the job when its working folder holds more than its disk limit (checked
+        every few seconds, more rarely when the walk itself takes long)."""
+        if not self.disk_limit or self.cause is not None or now < self.disk_check_at:
+            return
+        used = folder_bytes(Path(self.plan["workdir"]))
+        self.disk_check_at = time.monotonic() + max(_DISK_CHECK_S, 20 * (time.monotonic() - now))
+        if used > self.disk_limit:
+            mib = 1024 * 1024
+            self.disk_exceeded = True
+            self.note(
+                f"the job's folder holds {used // mib} MiB, past its limit of "
+                f"{self.disk_limit // mib} MiB: stopping it"
+            )
+            self._stop(StopCause.GANG, self.grace_s)
+
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        self._check_disk(now)
         if self.limit_at is not None and now >= self.limit_at:
             self.limit_at = None
             self.note("time limit reached")
@@ -270,6 +312,8 @@ class Supervisor:
         status = decide_outcome([w.code for w in self.workers], self.cause, self.culprit)
         if any(w.out_of_memory for w in self.workers) and status.reason is ExitReason.FAILED:
             status = dataclasses.replace(status, detail=OUT_OF_MEMORY)
+        if self.disk_exceeded and status.reason in (ExitReason.FAILED, ExitReason.SUCCEEDED):
+            status = ExitStatus(ExitReason.FAILED, status.exit_codes, False, None, DISK_LIMIT)
         self._write_status(status)
 
     def _drain(self) -> None:

@@ -44,7 +44,14 @@ from typing import Any, Protocol
 from shamal import snapshot
 from shamal.artifacts import ArtifactService
 from shamal.config import SchedulerSettings
-from shamal.executors import OUT_OF_MEMORY, Executor, ExitStatus, Handle, LaunchSpec
+from shamal.executors import (
+    DISK_LIMIT,
+    OUT_OF_MEMORY,
+    Executor,
+    ExitStatus,
+    Handle,
+    LaunchSpec,
+)
 from shamal.jobs._convert import (
     placement_from_json,
     placement_to_json,
@@ -555,8 +562,8 @@ def _failure(status: ExitStatus) -> str:
     code 3', 'exited with code 127 (command not found)'."""
     code = status.exit_code
     gang = len(status.exit_codes) > 1 and status.culprit_rank is not None
-    if status.detail == OUT_OF_MEMORY:
-        return f"{OUT_OF_MEMORY} (rank {status.culprit_rank})" if gang else OUT_OF_MEMORY
+    if status.detail in (OUT_OF_MEMORY, DISK_LIMIT):
+        return f"{status.detail} (rank {status.culprit_rank})" if gang else status.detail
     if code is not None and code < 0:
         try:
             what = f"killed by {signal.Signals(-code).name}"

@@ -144,6 +144,7 @@ def job_sandbox(settings: Settings, *, euid: int | None = None) -> Sandbox | Non
         pids_max=scheduler.job_pids_max,
         tmp_size_mib=scheduler.job_tmp_mib,
         network=scheduler.job_network,
+        disk_mib=scheduler.job_disk_mib,
     )
     problem = self_test(sys.executable, sandbox, job_folders(settings))
     if problem is not None:
