@@ -195,8 +195,13 @@ time.sleep(600)
     home = tmp_path / "home"
     token = home / "token"
     code = f"""
-import pwd, signal, socket
+import ctypes, pwd, signal, socket
 token, home = {str(token)!r}, {str(home)!r}
+libc = ctypes.CDLL(None, use_errno=True)
+def attach(pid):
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return "attached"
 audit_key, database = {str(home / "keys" / "audit.key")!r}, {str(home / "shamal.db")!r}
 victim_dir, victim_log = {str(victim_workdir)!r}, {str(victim_spec.log_path)!r}
 pid, server = {victim_pid}, {os.getpid()}
@@ -217,6 +222,7 @@ seen = {{
     "server_environ": probe(lambda: open(f"/proc/{{server}}/environ").read()),
     "signal_victim": probe(lambda: os.kill(pid, signal.SIGKILL)),
     "stop_victim": probe(lambda: os.kill(pid, signal.SIGSTOP)),
+    "trace_victim": probe(lambda: attach(pid)),
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "own_secret": probe(lambda: open("secret.txt").read()),
     "write_own_folder": probe(lambda: open("out.txt", "w").write("mine")),
@@ -242,6 +248,7 @@ print("REPORT " + json.dumps(seen), flush=True)
         "server_environ",
         "signal_victim",
         "stop_victim",
+        "trace_victim",
     ):
         assert seen[probe]["outcome"] in DENIED, (probe, seen[probe])
     # No network: not another job's port, not the database's (without an API to relay to).
