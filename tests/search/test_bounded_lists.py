@@ -217,3 +217,25 @@ def test_experiment_run_and_history_listings_are_bounded(
 
 
 TAG = "t" * 8000
+
+
+def test_trial_pages_stop_at_their_byte_bound_and_resume_exactly(api: TestClient) -> None:
+    """A trial carries what its code reported (here, eight attributes of 1,000 characters),
+    so a study's trial list stops past the byte bound too."""
+    made = api.post("/api/v1/tune/studies", json={"name": "fat-trials"})
+    assert made.status_code < 300, made.text
+    team = made.json()["team"] or "-"
+    path = f"/api/v1/tune/studies/{team}/fat-trials/trials"
+    numbers = []
+    for _ in range(24):
+        trial = api.post(path).raise_for_status().json()
+        for key in "abcdefgh":
+            attrs = api.post(
+                f"/api/v1/tune/trials/{trial['id']}/attrs",
+                json={"key": key, "value": FAT[:1000]},
+            )
+            assert attrs.status_code == 204, attrs.text
+        numbers.append(trial["number"])
+    listed, pages = _walk(api, path)
+    assert [t["number"] for t in listed] == numbers
+    assert pages >= 3

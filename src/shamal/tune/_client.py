@@ -159,10 +159,8 @@ class TuneClient:
         return result
 
     def list_trials(self, team: str, name: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._client.request(
-            "GET", self._study_path(team, name) + "/trials"
-        )
-        return result
+        """Every trial of the study, following its pages."""
+        return self._client.list_pages(self._study_path(team, name) + "/trials")
 
     def ask(self, team: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self._client.request(

@@ -11,11 +11,21 @@ import logging
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal._api import ERROR_RESPONSES
 from shamal.errors import NotImplementedFeature
+from shamal.mlflow_dialect import (
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write
 from shamal.tune._entities import (
@@ -31,6 +41,9 @@ from shamal.tune._entities import (
 from shamal.tune._service import NEEDS_EXTRA, TuneService
 
 logger = logging.getLogger(__name__)
+
+MAX_TRIALS_PAGE = 1000
+"""The most trials one page of a study's list holds."""
 
 
 def get_tune(request: Request) -> TuneService:
@@ -192,11 +205,41 @@ def get_study(team: TeamPath, name: StudyPath, svc: Tune, principal: CurrentPrin
     return StudyOut.of(svc.get_study(principal, team, name))
 
 
-@router.get("/studies/{team}/{name}/trials")
+@router.get(
+    "/studies/{team}/{name}/trials",
+    response_model=list[TrialOut],
+    summary="The study's trials by number (a page stops early past max_page_bytes)",
+)
 def list_trials(
-    team: TeamPath, name: StudyPath, svc: Tune, principal: CurrentPrincipal
-) -> list[TrialOut]:
-    return [TrialOut.of(t) for t in svc.list_trials(principal, team, name)]
+    team: TeamPath,
+    name: StudyPath,
+    svc: Tune,
+    principal: CurrentPrincipal,
+    page_bytes: PageBytes,
+    limit: Annotated[int, Query(ge=1, le=MAX_TRIALS_PAGE)] = MAX_TRIALS_PAGE,
+    page_token: PageToken = None,
+) -> Response:
+    """A trial holds what its code reported (parameters, intermediate values, attributes),
+    so a page stops past the byte bound as well as at ``limit``; the next page's token is in
+    the ``X-Shamal-Next-Page-Token`` header."""
+    trials = [TrialOut.of(t) for t in svc.list_trials(principal, team, name)]
+
+    def cursor(trial: TrialOut) -> str:
+        return encode_cursor(trial.number)
+
+    def fetch(count: int, token: str | None) -> ListPage[TrialOut]:
+        after = decode_cursor(token, int)
+        rest = [t for t in trials if after is None or t.number > after[0]]
+        return keyset_page(rest[:count], count, cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=cursor,
+    )
 
 
 @router.post("/studies/{team}/{name}/trials")
