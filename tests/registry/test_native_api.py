@@ -97,7 +97,7 @@ def test_native_routes_conform_to_their_schema(
         for result in schema.get_all_operations()
         if result.ok().path.startswith("/api/v1/models")
     ]
-    assert len(operations) == 3  # list, one model, one version
+    assert len(operations) == 4  # list, one model, its versions, one version
     secret = people.secrets["otto"]
     for operation in operations:
 

@@ -239,3 +239,24 @@ def test_trial_pages_stop_at_their_byte_bound_and_resume_exactly(api: TestClient
     listed, pages = _walk(api, path)
     assert [t["number"] for t in listed] == numbers
     assert pages >= 3
+
+
+def test_a_models_versions_page_through_its_own_list(api: TestClient, sdk: ShamalClient) -> None:
+    """A model's own answer holds its newest 100 versions; all of them page through its
+    ``/versions`` list, bounded in bytes; the SDK puts them all back together."""
+    api.post("/api/2.0/mlflow/registered-models/create", json={"name": "many"}).raise_for_status()
+    experiment = api.post(
+        "/api/2.0/mlflow/experiments/create", json={"name": "many-training"}
+    ).json()["experiment_id"]
+    run = api.post("/api/2.0/mlflow/runs/create", json={"experiment_id": experiment}).json()
+    run_id = run["run"]["info"]["run_id"]
+    for _ in range(110):
+        body = {"name": "many", "source": f"runs:/{run_id}/model", "description": FAT[:1000]}
+        api.post("/api/2.0/mlflow/model-versions/create", json=body).raise_for_status()
+    detail = api.get("/api/v1/models/many").json()
+    assert [v["version"] for v in detail["versions"]] == list(range(110, 10, -1))
+    assert detail["more_versions"] is True
+    listed, pages = _walk(api, "/api/v1/models/many/versions", {"limit": 1000})
+    assert [v["version"] for v in listed] == list(range(110, 0, -1))
+    assert pages >= 2  # 110 versions of about 1.2 KB against a 64 KiB page
+    assert [v["version"] for v in sdk.get_model("many")["versions"]] == list(range(110, 0, -1))

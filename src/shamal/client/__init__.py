@@ -247,7 +247,12 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
         return self.list_pages("/api/v1/models", params, limit=limit)
 
     def get_model(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", f"/api/v1/models/{quote(name, safe='')}")
+        """A registered model with every version, newest first (the server's answer holds
+        the newest; older ones are paged in from its ``/versions`` list)."""
+        path = f"/api/v1/models/{quote(name, safe='')}"
+        result: dict[str, Any] = self.request("GET", path)
+        if result.pop("more_versions", False):
+            result["versions"] = self.list_pages(f"{path}/versions")
         return result
 
     def model_version_detail(self, name: str, version: int) -> dict[str, Any]:

@@ -683,10 +683,19 @@ class RegistryService:
         with self._reading() as s:
             return _store.get_version(s, self._access(s, principal, name, Role.VIEWER), version)
 
-    def list_model_versions(self, principal: Principal, name: str) -> list[ModelVersion]:
-        """Every version of a model, newest first (viewer)."""
+    def list_model_versions(
+        self,
+        principal: Principal,
+        name: str,
+        *,
+        limit: int | None = None,
+        before: int | None = None,
+    ) -> list[ModelVersion]:
+        """A model's versions, newest first (viewer): every one, or ``limit`` of those
+        older than version ``before``."""
         with self._reading() as s:
-            return _store.list_versions(s, self._access(s, principal, name, Role.VIEWER))
+            ref = self._access(s, principal, name, Role.VIEWER)
+            return _store.list_versions(s, ref, limit=limit, before=before)
 
     def get_model_version_download_uri(self, principal: Principal, name: str, version: int) -> str:
         """Where the version's files are, as the source resolver found them (viewer)."""

@@ -653,16 +653,18 @@ def _version(
     )
 
 
-def list_versions(s: Session, ref: ModelRef) -> list[ModelVersion]:
-    """Every version of the model, newest first."""
-    rows = list(
-        s.scalars(
-            select(ModelVersionRow)
-            .where(ModelVersionRow.model_id == ref.id)
-            .order_by(ModelVersionRow.version.desc())
-        )
-    )
-    return _versions(s, rows, {ref.id: ref.name})
+def list_versions(
+    s: Session, ref: ModelRef, *, limit: int | None = None, before: int | None = None
+) -> list[ModelVersion]:
+    """The model's versions, newest first: all of them, or ``limit`` of those older than
+    version ``before``."""
+    query = select(ModelVersionRow).where(ModelVersionRow.model_id == ref.id)
+    if before is not None:
+        query = query.where(ModelVersionRow.version < before)
+    query = query.order_by(ModelVersionRow.version.desc())
+    if limit is not None:
+        query = query.limit(limit)
+    return _versions(s, list(s.scalars(query)), {ref.id: ref.name})
 
 
 def search_versions(

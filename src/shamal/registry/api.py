@@ -178,9 +178,15 @@ class VersionDetailOut(VersionOut):
 
 
 class ModelDetailOut(ModelOut):
-    """A registered model with every version, newest first."""
+    """A registered model with its newest versions (at most :data:`EMBEDDED_VERSIONS`),
+    newest first; ``more_versions`` says that older ones follow at ``/versions``."""
 
     versions: list[VersionOut]
+    more_versions: bool = False
+
+
+EMBEDDED_VERSIONS = 100
+"""The most versions a model's own answer holds; its ``/versions`` list pages through all."""
 
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"], responses=ERROR_RESPONSES)
@@ -229,12 +235,54 @@ def list_models(
     )
 
 
-@router.get("/{name}", summary="A registered model with its versions and aliases (viewer)")
+@router.get(
+    "/{name}",
+    summary="A registered model with its aliases and newest versions (viewer); every version "
+    "is at /versions",
+)
 def get_model(name: ModelName, svc: Registry, principal: CurrentPrincipal) -> ModelDetailOut:
     model = svc.get_registered_model(principal, name)
-    versions = svc.list_model_versions(principal, name)
+    versions = svc.list_model_versions(principal, name, limit=EMBEDDED_VERSIONS + 1)
     return ModelDetailOut.model_validate(
-        {**ModelOut.fields_of(model), "versions": [VersionOut.of(v) for v in versions]}
+        {
+            **ModelOut.fields_of(model),
+            "versions": [VersionOut.of(v) for v in versions[:EMBEDDED_VERSIONS]],
+            "more_versions": len(versions) > EMBEDDED_VERSIONS,
+        }
+    )
+
+
+def _version_cursor(version: VersionOut) -> str:
+    return encode_cursor(int(version.version))
+
+
+@router.get(
+    "/{name}/versions",
+    summary="A model's versions, newest first (viewer; a page stops early past max_page_bytes)",
+    response_model=list[VersionOut],
+)
+def list_versions(
+    name: ModelName,
+    svc: Registry,
+    principal: CurrentPrincipal,
+    page_bytes: PageBytes,
+    limit: Annotated[int, Query(ge=1, le=MODELS_PAGE_MAX)] = 100,
+    page_token: PageToken = None,
+) -> Response:
+    def fetch(count: int, token: str | None) -> ListPage[VersionOut]:
+        before = decode_cursor(token, int)
+        found = svc.list_model_versions(
+            principal, name, limit=count, before=None if before is None else before[0]
+        )
+        return keyset_page([VersionOut.of(v) for v in found], count, _version_cursor)
+
+    return bounded_list(
+        fetch,
+        model_json,
+        max_results=limit,
+        page_token=page_token,
+        max_bytes=page_bytes,
+        cursor_of=_version_cursor,
     )
 
 
