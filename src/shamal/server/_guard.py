@@ -60,6 +60,12 @@ async def _send_error(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _holds_nul(scope: Scope) -> bool:
+    """A NUL in the path or the query string, raw or percent-encoded."""
+    query: bytes = scope.get("query_string", b"")
+    return "\x00" in scope.get("path", "") or b"\x00" in query or b"%00" in query
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -129,6 +135,12 @@ class RequestGuard:
             return
         if not self._host_allowed(scope):
             await _send_error(send, 400, "INVALID_PARAMETER_VALUE", "host not allowed")
+            return
+        if _holds_nul(scope):
+            # No name, filter or path holds one, and PostgreSQL text cannot (a 500 there).
+            await _send_error(
+                send, 400, "INVALID_PARAMETER_VALUE", "a URL must not hold a NUL character"
+            )
             return
         limit = self._limit_for(scope.get("path", ""))
         declared = _header(scope, b"content-length")
