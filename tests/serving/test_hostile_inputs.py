@@ -311,7 +311,7 @@ def test_oversized_content_length_is_413_before_the_body(oip_server: ServerProce
     started = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(
-            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: 10737418240\r\n\r\n{"
         )
         reply = b""

@@ -199,6 +199,18 @@ def search_registered_models(
     svc: Registry, principal: CurrentPrincipal, fields: SearchQuery, page_bytes: PageBytes
 ) -> Response:
     filter_string, order_by = fields.text("filter"), _strings(fields, "order_by")
+    requested = _max_results(fields, MODELS_PAGE_DEFAULT)
+    if requested <= 0:
+        # A stock server takes it here (not for versions): an empty page, no next token,
+        # once the filter, the order and the token are valid.
+        page = svc.search_registered_models(
+            principal,
+            filter_string=filter_string,
+            order_by=order_by,
+            max_results=requested,
+            page_token=fields.text("page_token"),
+        )
+        return proto_json({"registered_models": list(page.items), "next_page_token": None})
     return bounded_page(
         "registered_models",
         lambda limit, token: svc.search_registered_models(
@@ -209,7 +221,7 @@ def search_registered_models(
             page_token=token,
         ),
         registered_model_json,
-        max_results=_check_max_results(_max_results(fields, MODELS_PAGE_DEFAULT), MODELS_PAGE_MAX),
+        max_results=_check_max_results(requested, MODELS_PAGE_MAX),
         page_token=fields.text("page_token"),
         max_bytes=page_bytes,
         resume_at=resume_token,
