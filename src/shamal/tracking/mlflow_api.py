@@ -25,7 +25,10 @@ from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
 from shamal.tracking import _proto
 from shamal.tracking._entities import LoggedModelSpec
-from shamal.tracking._model_service import DEFAULT_LOGGED_MODEL_RESULTS
+from shamal.tracking._model_service import (
+    DEFAULT_LOGGED_MODEL_RESULTS,
+    MAX_LOGGED_MODEL_RESULTS,
+)
 from shamal.tracking._paging import check_page_size, resume_token
 from shamal.tracking._service import MAX_SEARCH, LoggedData, TrackingService, view_type
 from shamal.tracking.mlflow_artifacts_api import artifacts_router
@@ -392,24 +395,31 @@ def delete_logged_model(
     return proto_json()
 
 
-@mlflow.post("/logged-models/search")
-def search_logged_models(f: F, svc: Tracking, p: Searcher) -> ProtoJSONResponse:
-    page = svc.models.search(
-        p,
-        experiment_ids=[str(e) for e in f.many("experiment_ids")],
-        filter_string=f.text("filter"),
-        order_by=f.many("order_by"),
-        # As on a stock server, 0 is "not given".
-        max_results=f.integer("max_results") or DEFAULT_LOGGED_MODEL_RESULTS,
-        page_token=f.text("page_token"),
-        datasets=f.raw("datasets"),
-        unknown_experiments="skip",
+@mlflow.post("/logged-models/search", dependencies=SEARCH_SLOT)
+def search_logged_models(f: F, svc: Tracking, p: Searcher, page_bytes: PageBytes) -> Response:
+    # As on a stock server, 0 is "not given".
+    max_results = check_page_size(
+        f.integer("max_results") or DEFAULT_LOGGED_MODEL_RESULTS, MAX_LOGGED_MODEL_RESULTS
     )
-    return proto_json(
-        {
-            "models": [_proto.logged_model_json(m) for m in page.items],
-            "next_page_token": page.next_page_token,
-        }
+    experiment_ids = [str(e) for e in f.many("experiment_ids")]
+    filter_string, order_by, datasets = f.text("filter"), f.many("order_by"), f.raw("datasets")
+    return bounded_page(
+        "models",
+        lambda limit, token: svc.models.search(
+            p,
+            experiment_ids=experiment_ids,
+            filter_string=filter_string,
+            order_by=order_by,
+            max_results=limit,
+            page_token=token,
+            datasets=datasets,
+            unknown_experiments="skip",
+        ),
+        _proto.logged_model_json,
+        max_results=max_results,
+        page_token=f.text("page_token"),
+        max_bytes=page_bytes,
+        resume_at=resume_token,
     )
 
 
