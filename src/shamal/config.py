@@ -268,6 +268,11 @@ class Settings(BaseSettings):
     max_searches_per_principal: int = Field(
         default=4, ge=1, description="searches and list pages one account may run at once (429)"
     )
+    max_downloads_per_principal: int = Field(
+        default=8,
+        ge=1,
+        description="downloads and job-log reads one account may stream at once (429 beyond)",
+    )
     upload_spool_dir: Path | None = Field(
         default=None,
         description="where upload bodies gather before they go to the store; default the "

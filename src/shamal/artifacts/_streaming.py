@@ -34,6 +34,7 @@ __all__ = [
     "PrincipalSlots",
     "consume_body",
     "download_headers",
+    "download_slot",
     "principal_key",
     "search_slot",
     "sweep_spool",
@@ -117,6 +118,39 @@ async def search_slot(request: Request, principal: CurrentPrincipal) -> AsyncIte
     slots: PrincipalSlots = request.app.state.search_slots
     with slots.hold(f"user:{principal.user.id}"):
         yield
+
+
+async def download_slot(request: Request, principal: CurrentPrincipal) -> AsyncIterator[None]:
+    """A dependency: hold one of the caller's download slots
+    (``max_downloads_per_principal``) until the answer is sent in full.
+
+    Give it ``scope="request"``: its exit then runs once the response has been sent, so a
+    streamed file holds the slot until its last byte is out (or the client goes away), not
+    only while the endpoint opens it. Downloads and job-log reads count here.
+
+    Raises:
+        TooManyRequests: the account streams as many downloads as it may already.
+    """
+    slots = _download_slots(request)
+    with slots.hold(f"user:{principal.user.id}"):
+        yield
+
+
+_LAZY_SLOTS = threading.Lock()
+
+
+def _download_slots(request: Request) -> PrincipalSlots:
+    """The app's download slots, made on first use (the app may have made them already)."""
+    state = request.app.state
+    slots: PrincipalSlots | None = getattr(state, "download_slots", None)
+    if slots is None:
+        with _LAZY_SLOTS:
+            slots = getattr(state, "download_slots", None)
+            if slots is None:
+                limit = int(request.app.state.settings.max_downloads_per_principal)
+                slots = PrincipalSlots("downloads", limit)
+                state.download_slots = slots
+    return slots
 
 
 class _Spool:

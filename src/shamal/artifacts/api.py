@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shamal._api import ERROR_RESPONSES
 from shamal.artifacts._service import ArtifactService
-from shamal.artifacts._streaming import consume_body, download_headers
+from shamal.artifacts._streaming import consume_body, download_headers, download_slot
 from shamal.mlflow_dialect import (
     ListPage,
     PageBytes,
@@ -46,6 +46,10 @@ class ArtifactOut(BaseModel):
     created_at: datetime
     created_by: str
 
+
+#: A download holds one of the caller's ``max_downloads_per_principal`` slots until its
+#: last byte is sent (429 beyond).
+DOWNLOAD_SLOT = [Depends(download_slot, scope="request")]
 
 router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=ERROR_RESPONSES)
 
@@ -112,6 +116,7 @@ async def put_artifact(
     summary="Download a file (viewer); verified against its sha256 as it streams",
     response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {}}}},
+    dependencies=DOWNLOAD_SLOT,
 )
 def get_artifact(
     team: Team,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field
 
 from shamal._api import ERROR_RESPONSES
-from shamal.artifacts._streaming import consume_body
+from shamal.artifacts._streaming import consume_body, download_slot
 from shamal.errors import InvalidParameter
 from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
 from shamal.jobs._schemas import JobIn
@@ -292,6 +292,8 @@ def job_events(job_id: JobId, svc: Jobs, principal: CurrentPrincipal) -> list[Ev
     summary="A job's log from a byte offset (headers say where the next read starts)",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}}},
+    # A log read is a download of up to 1 MiB: it holds one of the caller's download slots.
+    dependencies=[Depends(download_slot, scope="request")],
 )
 def job_logs(
     job_id: JobId,

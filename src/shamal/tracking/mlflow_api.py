@@ -318,7 +318,8 @@ def search_runs(f: F, svc: Tracking, p: Searcher, page_bytes: PageBytes) -> Resp
     )
 
 
-@mlflow.get("/metrics/get-history")
+# A history page is a search's worth of work (25,000 points): it holds a search slot.
+@mlflow.get("/metrics/get-history", dependencies=SEARCH_SLOT)
 def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> Response:
     key = f.required("metric_key")
     page = svc.metric_history(p, _run_id(f), key, f.text("page_token"), f.integer("max_results"))
@@ -327,7 +328,7 @@ def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> Response:
     return proto_json_encoded(_proto.history_page_json(key, page.items, page.next_page_token))
 
 
-@mlflow.get("/metrics/get-history-bulk-interval")
+@mlflow.get("/metrics/get-history-bulk-interval", dependencies=SEARCH_SLOT)
 def get_metric_history_bulk(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSONResponse:
     metrics = svc.metric_history_bulk(
         p,

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from shamal.artifacts import consume_body, download_headers
+from shamal.artifacts import consume_body, download_headers, download_slot
 from shamal.errors import NotImplementedFeature
 from shamal.mlflow_dialect import ProtoJSONResponse, proto_json
 from shamal.security import AuditContext
@@ -24,6 +24,9 @@ def _tracking(request: Request) -> TrackingService:
 
 Tracking = Annotated[TrackingService, Depends(_tracking)]
 artifacts_router = APIRouter(prefix=PREFIX, include_in_schema=False)
+#: A download holds one of the caller's ``max_downloads_per_principal`` slots until its
+#: last byte is sent (429 beyond).
+DOWNLOAD_SLOT = [Depends(download_slot, scope="request")]
 
 
 @artifacts_router.get("/artifacts")
@@ -34,7 +37,7 @@ def list_artifacts(svc: Tracking, p: CurrentPrincipal, path: str = "") -> ProtoJ
     )
 
 
-@artifacts_router.get("/artifacts/{path:path}")
+@artifacts_router.get("/artifacts/{path:path}", dependencies=DOWNLOAD_SLOT)
 def download_artifact(
     path: str,
     svc: Tracking,
