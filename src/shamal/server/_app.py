@@ -107,6 +107,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     # Per account: bodies streaming in, and searches or list pages being built.
     app.state.upload_slots = PrincipalSlots("uploads", settings.max_uploads_per_principal)
     app.state.search_slots = PrincipalSlots("searches", settings.max_searches_per_principal)
+    app.state.download_slots = PrincipalSlots("downloads", settings.max_downloads_per_principal)
     install_error_handlers(app)
     # Inside the guard (added later, so it runs first): bodies reach it already capped.
     app.add_middleware(RejectLoneSurrogates, skip_prefixes=(*UPLOAD_PREFIXES, SNAPSHOT_PREFIX))
