@@ -302,7 +302,7 @@ def test_job_tokens_act_as_their_user_without_admin_or_account_power(
 
 def test_admin_cannot_lock_themselves_out(api: TestClient) -> None:
     r = api.post("/api/v1/users/admin/disable")
-    assert r.status_code == 400
+    assert (r.status_code, r.json()["error_code"]) == (409, "INVALID_STATE")
     assert api.get("/api/v1/whoami").status_code == 200
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from shamal.db import Database
-from shamal.errors import InvalidParameter, NotFound, Unauthenticated
+from shamal.errors import Conflict, InvalidParameter, NotFound, Unauthenticated
 from shamal.security import _store
 from shamal.security._audit import AuditContext, AuditLog, Clock, utc_now
 from shamal.security._entities import (
@@ -189,7 +189,8 @@ class SecurityService:
         principal.require_admin()
         ctx.target = f"user:{name}"
         if disabled and name == principal.name:
-            raise InvalidParameter("you cannot disable your own account")
+            # A state of the request, not a malformed one: 409, as any refusal of its kind.
+            raise Conflict("you cannot disable your own account; another platform admin can")
 
         def work(s: Session) -> User:
             user = _store.set_user_disabled(s, name, disabled)

@@ -193,10 +193,12 @@ def create_study(
 def list_studies(
     svc: Tune,
     principal: CurrentPrincipal,
-    team: Annotated[str | None, Query(max_length=64)] = None,
+    team: Annotated[
+        str, Query(max_length=64, description="only this team's (`-`: no team; empty: all)")
+    ] = "",
 ) -> list[StudyOut]:
     """Studies the caller may see, by team and name (without trial counts)."""
-    return [StudyOut.of(s) for s in svc.list_studies(principal, team)]
+    return [StudyOut.of(s) for s in svc.list_studies(principal, team or None)]
 
 
 @router.get("/studies/{team}/{name}")
