@@ -23,6 +23,15 @@ def module(name: str) -> ModuleType:
     return pytest.importorskip(name, reason=f"{name} is not installed (pip install -e '.[dev]')")
 
 
+def root(why: str) -> None:
+    """Fail (CI, which runs as root) or skip (elsewhere) unless this process is root."""
+    if os.geteuid() == 0:
+        return
+    if IN_CI:
+        pytest.fail(f"{why}: CI runs as root, and this test must run there")
+    pytest.skip(f"{why}: run the suite as root")
+
+
 def path(required: Path, what: str) -> None:
     """Fail (CI) or skip (elsewhere) when ``required`` does not exist."""
     if required.exists():

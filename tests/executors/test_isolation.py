@@ -43,10 +43,15 @@ from shamal.executors._isolation import (
     tenant_account,
 )
 from shamal.scheduler._resources import Placement, Slot
+from tests import needs
 from tests.live import job_command_pid
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs of other users need root")
+
+@pytest.fixture(autouse=True)
+def _as_root() -> None:
+    needs.root("jobs of other users need root")
+
 
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError", "NotADirectoryError"}
 

@@ -23,14 +23,18 @@ from shamal.client import ShamalClient
 from shamal.config import Settings
 from shamal.errors import InvalidParameter
 from shamal.server._scheduler import job_sandbox
+from tests import needs
 from tests.jobs.test_scheduling import FAST, state_is, stop_all_jobs
 from tests.live import LiveServer, exchange_folder, job_command_pid
 from tests.polling import wait_for
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a user per team needs root"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _as_root() -> None:
+    needs.root("a user per team needs root")
+
 
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError", "NotADirectoryError"}
 
