@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
 from shamal.config import Settings
+
+if TYPE_CHECKING:
+    from shamal.security import WitnessFile
 
 app = typer.Typer(
     help="The audit log: who changed what, when, with what outcome.", no_args_is_help=True
@@ -46,25 +48,10 @@ def _witness_file() -> Path:
     return Path(os.environ.get("SHAMAL_HOME") or Path.home() / ".shamal") / "audit-witness.json"
 
 
-def _load_witnesses() -> dict[str, Any]:
-    try:
-        data = json.loads(_witness_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _witnesses() -> WitnessFile:
+    from shamal.security import WitnessFile  # the CLI starts without the server's imports
 
-
-def _save_witness(name: str, report: dict[str, Any]) -> None:
-    """Keep the verified head outside the database, for the next verification."""
-    witnesses = _load_witnesses()
-    witnesses[name] = {"seq": report["head_seq"], "hash": report["head_hash"]}
-    path = _witness_file()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(witnesses, handle)
-    os.replace(tmp, path)
+    return WitnessFile(_witness_file())
 
 
 def _verify_locally(witness: tuple[int, str] | None) -> dict[str, Any]:
@@ -110,12 +97,11 @@ def verify(
     the database: the next run also fails if that entry was removed or changed since.
     """
     name = _witness_name(local)
-    entry = None if fresh else _load_witnesses().get(name)
-    witness = (int(entry["seq"]), str(entry["hash"])) if entry and entry.get("seq") else None
+    witness = None if fresh else _witnesses().witness(name)
     with console.status("verifying the audit chain..."):
         report = _verify_locally(witness) if local else _verify_remotely(witness)
-    if report["ok"]:
-        _save_witness(name, report)
+    if report["ok"]:  # the verified head: the witness of the next run
+        _witnesses().keep(name, {"seq": report["head_seq"], "hash": report["head_hash"]})
     if as_json:
         console.print_json(data=report)
     elif report["ok"]:

@@ -57,12 +57,17 @@ class WitnessFile:
     def record(self, name: str, report: ChainReport, **extra: Any) -> None:
         """Keep ``report`` under ``name``: its head becomes the witness when it is intact;
         a broken one leaves the last good witness in place."""
-        data = self.read()
-        previous = data.get(name) if isinstance(data.get(name), dict) else {}
-        entry = {**(previous or {}), **extra, "ok": report.ok, "report": dataclasses.asdict(report)}
+        entry = {**extra, "ok": report.ok, "report": dataclasses.asdict(report)}
         if report.ok:
             entry.update(seq=report.head_seq, hash=report.head_hash)
-        data[name] = entry
+        self.keep(name, entry)
+
+    def keep(self, name: str, entry: dict[str, Any]) -> None:
+        """Merge ``entry`` into what is kept under ``name`` (``seq`` and ``hash``: the
+        witness), atomically, mode 0600."""
+        data = self.read()
+        previous = data.get(name)
+        data[name] = {**(previous if isinstance(previous, dict) else {}), **entry}
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
