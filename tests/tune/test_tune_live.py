@@ -103,7 +103,14 @@ def test_tune_runs_trials_as_jobs_and_prunes_the_bad_one(
     with ShamalClient(server.url, server.token) as client:
         trials = TuneClient(client).list_trials("", "e2e")
         study = TuneClient(client).get_study("", "e2e")
-        jobs = {j["id"]: j for j in client.list_jobs(limit=100)}
+
+        def ended() -> dict[str, Any] | None:
+            # A trial is complete once its code says so; its job ends just after.
+            found = {j["id"]: j for j in client.list_jobs(limit=100)}
+            running = any(found[t["job_id"]]["state"] == "running" for t in trials)
+            return None if running else found
+
+        jobs = wait_for(ended, "the trials' jobs to end")
     assert [t["state"] for t in trials] == ["complete", "complete", "complete", "pruned"]
     assert (marks / "trial-3").read_text().split() == ["0"]  # stopped at its first report
     assert (marks / "trial-0").read_text().split() == ["0", "1", "2", "3"]
