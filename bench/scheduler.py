@@ -1,6 +1,6 @@
 """Scheduler benchmark: the platform's policies on real traces, in the trace simulator.
 
-Everything runs in-process through :mod:`shamal.scheduler.sim`, which replays the trace
+Everything runs in-process through :mod:`shamal.scheduler.core.sim`, which replays the trace
 through the same policy, admission and placement code the live scheduler uses. One
 run prints every figure and the ratios the targets are about:
 
@@ -22,7 +22,7 @@ run prints every figure and the ratios the targets are about:
    delay worse with borrowing; cluster average JCT >= 1.5x better.
 4. **Alibaba GPU sharing**: packing rows added by :func:`alibaba_packing_rows`.
 
-Modelling (see :mod:`shamal.scheduler.sim._simulator`): every job runs its
+Modelling (see :mod:`shamal.scheduler.core.sim._simulator`): every job runs its
 ``duration_s`` (failed and cancelled ones included); each preemption costs
 ``--preemption-cost`` seconds of restore (default 60); queueing delay = JCT - time
 running, so time spent preempted counts as waiting.
@@ -53,11 +53,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shamal.scheduler import DEFAULT_POLICY, Cluster, policy_names, simulation_policy
-from shamal.scheduler._pack import run_pack_experiment
-from shamal.scheduler._policies import DEFAULT_LAS_THRESHOLDS
-from shamal.scheduler._strategies import DEFAULT_STRATEGY, STRATEGIES
-from shamal.scheduler.sim import (
+from shamal.scheduler.core import DEFAULT_POLICY, Cluster, policy_names, simulation_policy
+from shamal.scheduler.core._pack import run_pack_experiment
+from shamal.scheduler.core._policies import DEFAULT_LAS_THRESHOLDS
+from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, STRATEGIES
+from shamal.scheduler.core.sim import (
     DEFAULT_PREEMPTION_COST_S,
     TraceError,
     TraceJob,

@@ -11,7 +11,7 @@ HEAVY = (
     "shamal.server",
     "shamal.db",
     "shamal.jobs._service",
-    "shamal.jobs._lifecycle",
+    "shamal.scheduler.live._lifecycle",
     "shamal.jobs.api",
     "shamal.optimize",
     "fastapi",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shamal.cli._curves import BLOCKS, Curve, plot_curves, sparkline, summarize
-from shamal.plotfile import plot_path
+from shamal.cli._plotfile import plot_path
 
 
 def test_a_rising_curve_climbs_from_the_lowest_block_to_the_highest() -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from shamal.executors import LaunchSpec, get_executor
-from shamal.scheduler._resources import Placement, Slot
+from shamal.scheduler.core._resources import Placement, Slot
 
 
 def main() -> None:

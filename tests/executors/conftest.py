@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec, get_executor
-from shamal.scheduler._resources import Placement, Slot
+from shamal.scheduler.core._resources import Placement, Slot
 from tests import needs
 from tests.polling import wait_for
 

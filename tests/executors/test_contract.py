@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shamal.executors import REQUEUE_EXIT_CODE, Executor, ExitReason, Handle
-from shamal.scheduler._resources import Slot
+from shamal.scheduler.core._resources import Slot
 from tests import needs
 from tests.executors.conftest import Jobs, cpu_slot, python
 from tests.polling import wait_until

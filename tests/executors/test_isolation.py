@@ -42,7 +42,7 @@ from shamal.executors._isolation import (
     prepare_workdir,
     tenant_account,
 )
-from shamal.scheduler._resources import Placement, Slot
+from shamal.scheduler.core._resources import Placement, Slot
 from tests import needs
 from tests.live import job_command_pid
 from tests.polling import wait_for

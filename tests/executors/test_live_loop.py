@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from shamal import snapshot
 from shamal.executors import Executor
-from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
-from shamal.jobs._loop import SchedulerLoop, SchedulerParts
-from shamal.scheduler import get_policy
+from shamal.jobs import JobSpec, JobState, snapshot
+from shamal.scheduler.core import get_policy
+from shamal.scheduler.live import JobLifecycle, SchedulerLoop, SchedulerParts, effective_settings
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
 

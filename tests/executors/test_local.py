@@ -19,7 +19,7 @@ from shamal.errors import InvalidParameter
 from shamal.executors import ExitReason, Handle, LaunchFailed, get_executor
 from shamal.executors._local import LocalExecutor
 from shamal.executors._procfs import ProcessIdentity
-from shamal.scheduler._resources import Slot
+from shamal.scheduler.core._resources import Slot
 from tests.executors.conftest import Jobs, cpu_slot, python
 from tests.executors.test_contract import REPORT_ENV, reported_env
 from tests.polling import wait_until

@@ -44,7 +44,7 @@ from shamal.executors._procfs import (
     read_json,
 )
 from shamal.executors._ray import bundle_for, strategy_for
-from shamal.scheduler._resources import Placement, Slot
+from shamal.scheduler.core._resources import Placement, Slot
 from tests.executors.conftest import python
 
 # ---------------------------------------------------------------- outcomes

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from shamal import snapshot
+from shamal.clock import utc_now
 from shamal.errors import Conflict
-from shamal.jobs import JobLifecycle, JobState, effective_settings
+from shamal.jobs import JobState, snapshot
 from shamal.jobs._entities import Job
 from shamal.jobs._service import JobService
-from shamal.security import AuditContext, utc_now
+from shamal.scheduler.live import JobLifecycle, effective_settings
+from shamal.security import AuditContext
 from shamal.server import create_app
 from shamal.server._platform import Platform
 from tests.jobs.test_lifecycle import _run, _submit
@@ -275,7 +276,7 @@ def test_a_preempt_racing_the_schedulers_requeue_never_cancels_the_job(
         platform.security,
         platform.artifacts,
         effective_settings(scheduler),
-        platform.cluster.pools.values(),
+        platform.cluster,
         clock,
     )
     admin = platform.security.authenticate(platform.admin_secret or "")

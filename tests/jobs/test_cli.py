@@ -13,7 +13,7 @@ from shamal.cli.job import parse_duration_s, parse_memory_mib
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
 from shamal.jobs._rules import duration_text
-from shamal.scheduler import (
+from shamal.scheduler.core import (
     DEFAULT_POLICY,
     get_policy,
     policy_defaults,

@@ -15,8 +15,8 @@ from shamal.config import (
     SchedulerSettings,
 )
 from shamal.errors import InvalidParameter
-from shamal.jobs import build_cluster, effective_settings
-from shamal.scheduler._resources import Gpu
+from shamal.scheduler.core._resources import Gpu
+from shamal.scheduler.live import build_cluster, effective_settings
 
 
 def no_gpus() -> list[Gpu]:

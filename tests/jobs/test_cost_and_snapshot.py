@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from shamal import snapshot
 from shamal.errors import InvalidParameter
+from shamal.jobs import snapshot
 from shamal.jobs._cost import report
 from shamal.jobs._store import Attempt
-from shamal.scheduler._resources import Pool
+from shamal.scheduler.core._resources import Pool
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 POOLS = {

@@ -17,7 +17,7 @@ from shamal.config import (
     SchedulerSettings,
     Settings,
 )
-from shamal.jobs import JobLifecycle
+from shamal.scheduler.live import JobLifecycle
 from shamal.server import Platform, create_app, start_platform
 from tests.jobs.test_api import _team_member
 

@@ -22,7 +22,7 @@ import pytest
 from shamal.client import ShamalClient
 from shamal.config import Settings
 from shamal.errors import InvalidParameter
-from shamal.server._scheduler import job_sandbox
+from shamal.scheduler.live._thread import job_sandbox
 from tests import needs
 from tests.jobs.test_scheduling import FAST, state_is, stop_all_jobs
 from tests.live import LiveServer, exchange_folder, job_command_pid

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
-from shamal.jobs._loop import SchedulerLoop
+from shamal.jobs import JobSpec, JobState
+from shamal.scheduler.live import JobLifecycle, SchedulerLoop, effective_settings
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
 from tests.jobs.test_lifecycle import PLACEMENT, _run, _submit, local_loop

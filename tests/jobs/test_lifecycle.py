@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from shamal.executors import get_executor
-from shamal.jobs import JobLifecycle, JobSpec, JobState, effective_settings
+from shamal.jobs import JobSpec, JobState
 from shamal.jobs._entities import Job
-from shamal.jobs._loop import SchedulerLoop, SchedulerParts
 from shamal.jobs._store import Attempt
-from shamal.scheduler import get_policy
-from shamal.scheduler._admission import decayed_usage
+from shamal.scheduler.core import get_policy
+from shamal.scheduler.core._admission import decayed_usage
+from shamal.scheduler.live import JobLifecycle, SchedulerLoop, SchedulerParts, effective_settings
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
 

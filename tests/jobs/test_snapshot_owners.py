@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from shamal import snapshot
 from shamal.db import open_database
 from shamal.db import upgrade as migrate
+from shamal.jobs import snapshot
 from tests.jobs.test_api import JOB, _team_member
 
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from shamal.registry.mlflow_api import PREFIXES
+from shamal.mlflow.registry_api import PREFIXES
 from shamal.server import Platform
 from tests.registry.conftest import People
 from tests.test_server import api_routes, route_inventory_problems

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from shamal.scheduler import (
+from shamal.scheduler.core import (
     Cluster,
     Decision,
     Gpu,

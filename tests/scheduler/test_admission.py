@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from shamal.scheduler import (
+from shamal.scheduler.core import (
     GPU_MILLI,
     Admission,
     QuotaBook,

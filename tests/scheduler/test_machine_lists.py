@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shamal.scheduler.sim import TraceError, load_machines, load_trace, simulate
-from shamal.scheduler.sim._trace import TraceJob
+from shamal.scheduler.core.sim import TraceError, load_machines, load_trace, simulate
+from shamal.scheduler.core.sim._trace import TraceJob
 
 PHILLY_HEADER = "machineId, number of GPUs, single GPU mem"
 

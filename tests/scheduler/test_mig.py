@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from shamal.scheduler._mig import free_starts, profile_mask, profiles_for, table_for
-from shamal.scheduler._resources import Gpu
+from shamal.scheduler.core._mig import free_starts, profile_mask, profiles_for, table_for
+from shamal.scheduler.core._resources import Gpu
 
 
 def gpu(memory_mib: int, slices: int = 7, used: int = 0) -> Gpu:

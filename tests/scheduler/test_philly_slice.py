@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shamal.scheduler.sim import load_machines, load_trace, simulate
+from shamal.scheduler.core.sim import load_machines, load_trace, simulate
 from tests import needs
 
 TRACES = Path(

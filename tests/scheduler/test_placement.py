@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shamal.scheduler._fragmentation import FragModel
-from shamal.scheduler._placement import STRATEGIES, allocate, place, release
-from shamal.scheduler._resources import (
+from shamal.scheduler.core._fragmentation import FragModel
+from shamal.scheduler.core._placement import STRATEGIES, allocate, place, release
+from shamal.scheduler.core._resources import (
     GPU_MILLI,
     Cluster,
     Gpu,
@@ -22,7 +22,7 @@ from shamal.scheduler._resources import (
     Slot,
     free_whole_gpus,
 )
-from shamal.scheduler._strategies import strategy_named
+from shamal.scheduler.core._strategies import strategy_named
 
 
 def node(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shamal.scheduler import (
+from shamal.scheduler.core import (
     DEFAULT_POLICY,
     SIMULATION_ONLY,
     PriorityClass,
@@ -237,7 +237,7 @@ def test_a_started_job_is_not_preempted_again_in_the_next_round() -> None:
     decisions = las.decide(state(cluster, [new], [old]), 500)
     assert preempts(decisions) == ["old"]
     # Apply: old back to the queue, new running.
-    from shamal.scheduler import JobPhase, allocate, release
+    from shamal.scheduler.core import JobPhase, allocate, release
 
     assert old.placement is not None
     release(cluster, old.placement)
@@ -323,7 +323,7 @@ def test_fair_share_favours_the_team_with_less_usage_and_alternates() -> None:
 
 
 def test_preemption_stays_within_the_job_pool() -> None:
-    from shamal.scheduler import Cluster, Pool
+    from shamal.scheduler.core import Cluster, Pool
     from tests.scheduler.helpers import make_node
 
     cluster = Cluster.of([Pool("a"), Pool("b")], [make_node("na", 1, "a"), make_node("nb", 1, "b")])

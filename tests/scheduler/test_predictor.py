@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from shamal.scheduler import JobRecord, RuntimePredictor, error_report
+from shamal.scheduler.core import JobRecord, RuntimePredictor, error_report
 from tests.scheduler.helpers import make_job
 
 

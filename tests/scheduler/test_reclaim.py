@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shamal.scheduler import (
+from shamal.scheduler.core import (
     GPU_MILLI,
     Cluster,
     Decision,

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from shamal.scheduler import GPU_MILLI, Cluster, get_policy, policy_names
-from shamal.scheduler.sim import (
+from shamal.scheduler.core import GPU_MILLI, Cluster, get_policy, policy_names
+from shamal.scheduler.core.sim import (
     Simulator,
     TraceJob,
     assign_teams,

@@ -11,9 +11,9 @@ from shamal.artifacts import _store
 from shamal.artifacts._blobs import BlobStore
 from shamal.artifacts._entities import ArtifactFile
 from shamal.artifacts._paths import safe_relpath
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
-from shamal.security._audit import Clock
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request, status
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from shamal._api import ERROR_RESPONSES
-from shamal.artifacts._service import ArtifactService
-from shamal.artifacts._streaming import consume_body, download_headers, download_slot
-from shamal.mlflow_dialect import (
+from shamal.api import (
+    ERROR_RESPONSES,
     ListPage,
     PageBytes,
     PageToken,
@@ -22,6 +20,8 @@ from shamal.mlflow_dialect import (
     keyset_page,
     model_json,
 )
+from shamal.artifacts._service import ArtifactService
+from shamal.artifacts._streaming import consume_body, download_headers, download_slot
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, ReadAudit, audited, audited_read
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shamal.plotfile import pyplot, save_figure
+from shamal.cli._plotfile import pyplot, save_figure
 
 __all__ = ["BLOCKS", "Curve", "Summary", "plot_curves", "sparkline", "summarize"]
 
@@ -113,7 +113,7 @@ def _label(text: str) -> str:
 
 def plot_curves(curves: Sequence[Curve], path: Path, *, x: str = "step", title: str = "") -> Path:
     """One panel per metric (in the order first seen), one line per run, written to
-    ``path`` (already checked by :func:`shamal.plotfile.plot_path`).
+    ``path`` (already checked by :func:`shamal.cli._plotfile.plot_path`).
 
     Args:
         x: ``step``, or ``time`` for minutes since the line's first point.

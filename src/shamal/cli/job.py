@@ -31,9 +31,7 @@ from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter, PayloadTooLarge
 
 # What the server checks a job with, loaded without its services or the database layer.
-from shamal.jobs._entities import JobState
-from shamal.jobs._rules import check_env, check_mig_profile, duration_text
-from shamal.jobs._schemas import JobIn
+from shamal.jobs import JobIn, JobState, check_env, check_mig_profile, duration_text
 
 app = typer.Typer(
     help="Jobs: submit a command with its code to the scheduler, list, show, follow logs, "

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from shamal.cli._common import JsonOption, client, console, escape, handle_errors
 from shamal.config import Settings
-from shamal.scheduler import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
+from shamal.scheduler.core import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
 
 app = typer.Typer(
     help="The scheduler: `shamal server` runs one; run more (on PostgreSQL) with `run`.",
@@ -45,13 +45,12 @@ def run(
     own jobs when restarted under the same name. Jobs run with this install's `python`
     first on PATH.
     """
-    from shamal.server._platform import start_platform
-    from shamal.server._scheduler import build_loop
+    from shamal.server import start_platform
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings()
     platform = start_platform(settings)
-    loop = build_loop(platform, name=name, api_url=api_url)
+    loop = platform.scheduler_loop(name=name, api_url=api_url)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

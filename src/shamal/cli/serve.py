@@ -103,11 +103,16 @@ def serve(
     ] = 30.0,
 ) -> None:
     """Serve models over the Open Inference Protocol (KServe V2), REST and gRPC."""
-    from shamal.serving._backends import BackendOptions
-    from shamal.serving._core import CoreOptions, InferenceCore
-    from shamal.serving._repository import load_repository, parse_model_option
-    from shamal.serving._routing import LatestVersionRouter
-    from shamal.serving._server import ServerOptions, run_server
+    from shamal.serving import (
+        BackendOptions,
+        CoreOptions,
+        InferenceCore,
+        LatestVersionRouter,
+        ServerOptions,
+        load_repository,
+        parse_model_option,
+        run_server,
+    )
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -180,7 +185,7 @@ def _is_loopback(host: str) -> bool:
 def _allowed_hosts(host: str, given: list[str]) -> frozenset[str] | None:
     """The Host allow-list: as the control plane's (loopback names plus the bound host; any
     name on a wildcard bind, where the names cannot be known)."""
-    from shamal.serving._access import loopback_hosts
+    from shamal.serving import loopback_hosts
 
     if given:
         return frozenset(name.strip().lower() for name in given)
@@ -198,7 +203,7 @@ def _access(
     Raises:
         InvalidParameter: local files on a non-loopback address with neither flag given.
     """
-    from shamal.serving._access import (
+    from shamal.serving import (
         OpenAccess,
         PlatformAccess,
         StaticToken,
@@ -306,12 +311,8 @@ def _factories(options: list[str]) -> dict[str, str]:
 
 def _deployment_router(name: str, interval_s: float) -> Any:
     """The deployment's router, with its spec fetched (not started yet)."""
-    if importlib.util.find_spec("shamal.serving._deployment") is None:
-        raise InvalidParameter(
-            "This build of Shamal cannot serve deployments yet; serve the versions with --model."
-        )
     from shamal.client import ShamalClient
-    from shamal.serving._deployment import DeploymentRouter  # type: ignore[import-not-found,unused-ignore]
+    from shamal.serving import DeploymentRouter
 
     router = DeploymentRouter(ShamalClient(), name, interval_s=interval_s)
     if not router.refresh():
@@ -334,7 +335,7 @@ def _follow_deployment(
     Raises:
         InvalidParameter: no primary version could be loaded.
     """
-    from shamal.serving._repository import VersionLoader, discard_download, load_version
+    from shamal.serving import VersionLoader, discard_download, load_version
 
     work = Path(tempfile.mkdtemp(prefix="shamal-serve-"))
     allowed = set(trusted)

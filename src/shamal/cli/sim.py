@@ -1,7 +1,7 @@
 """`shamal sim`: replay a job trace through the scheduler's policies, offline.
 
 The simulator runs the same policy, admission and placement code as the live
-scheduler (see :mod:`shamal.scheduler.sim`); nothing talks to a server.
+scheduler (see :mod:`shamal.scheduler.core.sim`); nothing talks to a server.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shamal.cli._common import JsonOption, console, err_console, escape
+from shamal.cli._plotfile import plot_path
 from shamal.cli.sim_pack import pack
-from shamal.plotfile import plot_path
-from shamal.scheduler import DEFAULT_POLICY, Cluster, TeamQuota, policy_names
-from shamal.scheduler._state import DEFAULT_PREEMPTION_COST_S
+from shamal.scheduler.core import (
+    DEFAULT_POLICY,
+    DEFAULT_PREEMPTION_COST_S,
+    Cluster,
+    TeamQuota,
+    policy_names,
+)
 
 if TYPE_CHECKING:  # the simulator brings numpy: imported by the commands that run it
-    from shamal.scheduler.sim import SimResult, TraceJob
+    from shamal.scheduler.core.sim import SimResult, TraceJob
 
 app = typer.Typer(
     help="Simulate the scheduler on a job trace: `shamal sim --trace jobs.csv --machines "
@@ -234,7 +239,7 @@ def _checked_plot(plot: Path | None) -> Path | None:
 def _draw(result: SimResult, plot: Path, metrics: dict[str, Any]) -> str | None:
     """Draw the plot and record its path in ``metrics``; the error, if it failed (the
     metrics are printed all the same)."""
-    from shamal.scheduler.sim import plot_timeline
+    from shamal.scheduler.core.sim import plot_timeline
 
     try:
         metrics["plot"] = str(plot_timeline(result, plot))
@@ -272,7 +277,7 @@ def _load(
     gpus_per_node: int,
 ) -> tuple[list[TraceJob], Cluster, dict[tuple[str, str], TeamQuota] | None]:
     """The jobs, the cluster and the quotas (``None``: no team mode) of a run."""
-    from shamal.scheduler.sim import (
+    from shamal.scheduler.core.sim import (
         DEFAULT_POOL,
         TraceError,
         assign_teams,
@@ -310,7 +315,7 @@ def _run(
     quotas: Any,
     as_json: bool,
 ) -> SimResult:
-    from shamal.scheduler.sim import Simulator
+    from shamal.scheduler.core.sim import Simulator
 
     show = not as_json and err_console.is_terminal and len(jobs) >= _PROGRESS_MIN_JOBS
     try:

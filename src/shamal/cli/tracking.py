@@ -28,9 +28,9 @@ from shamal.cli._common import (
     print_table,
 )
 from shamal.cli._curves import Curve, plot_curves, summarize
+from shamal.cli._plotfile import plot_path
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter, NotFound
-from shamal.plotfile import plot_path
 
 #: Characters of a run id the tables show (the quickstart prints as many).
 SHORT_ID: Final = 12

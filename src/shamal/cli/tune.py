@@ -16,7 +16,7 @@ from rich.table import Table
 from shamal.cli._common import client, console, err_console, escape, handle_errors
 from shamal.cli.job import parse_duration_s, parse_memory_mib, require_finite
 from shamal.errors import InvalidParameter
-from shamal.tune._driver import TuneDriver, TuneOptions, register_best
+from shamal.tune import TuneDriver, TuneOptions, register_best
 
 CONTEXT = {"allow_interspersed_args": False}
 

@@ -20,12 +20,12 @@ from urllib.parse import quote
 
 import httpx
 
-from shamal import snapshot
 from shamal.client._calls import CHUNK, NEXT_PAGE_HEADER, raise_for
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
 from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
+from shamal.jobs import snapshot
 
 __all__ = [
     "DEFAULT_URL",

@@ -2,13 +2,16 @@
 
 The public, pure parts live here: the entities and the rules (:func:`choose_route`, the
 rollout controller :func:`decide_rollout`, validation). Importing this package pulls in no
-database or web framework, so the data plane (:mod:`shamal.serving`) uses it freely. The
-control plane imports :mod:`shamal.deployments._service` (``DeploymentService``) and
-:mod:`shamal.deployments.api` (the router under ``/api/v1/deployments``) explicitly.
+database or web framework, so the data plane (:mod:`shamal.serving`) uses it freely.
+:class:`DeploymentService`, the control plane's rules over the database, loads on first use;
+the router under ``/api/v1/deployments`` is :mod:`shamal.deployments.api`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from shamal import lazy
 from shamal.deployments._entities import (
     DEFAULT_INTERVAL_S,
     DEFAULT_SAMPLE_RATE,
@@ -45,7 +48,13 @@ from shamal.deployments._rules import (
     parse_model_uri,
 )
 
+if TYPE_CHECKING:
+    from shamal.deployments._service import DeploymentService
+
+_WHERE: dict[str, tuple[str, str | None]] = {"DeploymentService": ("_service", "DeploymentService")}
+
 __all__ = [
+    "DeploymentService",
     "DEFAULT_INTERVAL_S",
     "DEFAULT_STEPS",
     "DEFAULT_SAMPLE_RATE",
@@ -78,3 +87,7 @@ __all__ = [
     "p99_ms",
     "parse_model_uri",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    return lazy.attribute(__name__, _WHERE, name, globals())

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from shamal.clock import Clock, utc_now
 from shamal.db import Database, RetryableConflict
 from shamal.deployments import _rules, _store
 from shamal.deployments._entities import (
@@ -52,9 +53,7 @@ from shamal.security import (
     Principal,
     Role,
     SecurityService,
-    utc_now,
 )
-from shamal.security._audit import Clock
 
 logger = logging.getLogger(__name__)
 

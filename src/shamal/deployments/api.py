@@ -16,7 +16,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from shamal._api import ERROR_RESPONSES
+from shamal.api import (
+    ERROR_RESPONSES,
+    ListPage,
+    PageBytes,
+    PageToken,
+    bounded_list,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    model_json,
+)
 from shamal.deployments import _rules
 from shamal.deployments._entities import (
     DEFAULT_INTERVAL_S,
@@ -41,16 +51,6 @@ from shamal.deployments._service import (
     MAX_EVENTS,
     MAX_LIST,
     DeploymentService,
-)
-from shamal.mlflow_dialect import (
-    ListPage,
-    PageBytes,
-    PageToken,
-    bounded_list,
-    decode_cursor,
-    encode_cursor,
-    keyset_page,
-    model_json,
 )
 from shamal.security import NAME_PATTERN, AuditContext, Principal
 from shamal.security.api import (

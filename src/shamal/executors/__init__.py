@@ -20,6 +20,7 @@ from shamal.executors._isolation import (
     network_of,
     self_test,
 )
+from shamal.executors._nvml import detect_local_gpus
 from shamal.executors._protocol import (
     DISK_LIMIT,
     OUT_OF_MEMORY,
@@ -49,6 +50,7 @@ __all__ = [
     "Handle",
     "LaunchFailed",
     "LaunchSpec",
+    "detect_local_gpus",
     "get_executor",
 ]
 

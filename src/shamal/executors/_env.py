@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from shamal.executors._protocol import LaunchFailed
-from shamal.scheduler._resources import GPU_MILLI, Slot
+from shamal.scheduler.core import GPU_MILLI, Slot
 
 __all__ = [
     "DEFAULT_PASSTHROUGH",

@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any
 
-from shamal.scheduler._resources import Gpu
+from shamal.scheduler.core import Gpu
 
 __all__ = ["describe_gpus", "detect_local_gpus", "mig_device_uuid"]
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shamal.errors import InvalidParameter, ServiceUnavailable
-from shamal.scheduler._resources import Placement
+from shamal.scheduler.core import Placement
 
 __all__ = [
     "DISK_LIMIT",

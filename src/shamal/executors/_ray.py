@@ -56,7 +56,7 @@ from shamal.executors._protocol import (
     LaunchSpec,
     poll_until,
 )
-from shamal.scheduler._resources import GPU_MILLI, Placement, Slot, mig_share_milli
+from shamal.scheduler.core import GPU_MILLI, Placement, Slot, mig_share_milli
 
 __all__ = ["RayExecutor", "bundle_for", "strategy_for"]
 

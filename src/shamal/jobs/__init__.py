@@ -1,54 +1,97 @@
-"""Jobs: what users submit to the scheduler, and everything that happens to them.
+"""Jobs: what users submit to the scheduler, and what they see of it.
 
-The names below load on first use (PEP 562): ``shamal.jobs._rules`` and
-``shamal.jobs._schemas``, which the CLI checks a job with, then load without the database
-layer and the services.
+:class:`JobService` takes requests from people (submit, list, show, cancel, preempt, logs,
+cost) under the platform's rules; the live scheduler (:mod:`shamal.scheduler.live`) moves
+jobs through their states in the same table (:data:`store`) and is handed to the service
+only as a :class:`Capacity`. :mod:`shamal.jobs.snapshot` packs a job's code folder.
+
+The names below load on first use (PEP 562): the job spec's checks (``check_env``,
+``JobIn``...), which the CLI checks a job with, then load without the database layer and the
+services.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from shamal.jobs._cluster import build_cluster, effective_settings
-    from shamal.jobs._entities import ACTIVE_STATES, CostLine, Job, JobEvent, JobSpec, JobState
-    from shamal.jobs._lifecycle import JobLifecycle
-    from shamal.jobs._service import JobService, LogChunk
+from shamal import lazy
 
-_WHERE = {
-    "ACTIVE_STATES": "_entities",
-    "CostLine": "_entities",
-    "Job": "_entities",
-    "JobEvent": "_entities",
-    "JobLifecycle": "_lifecycle",
-    "JobService": "_service",
-    "JobSpec": "_entities",
-    "JobState": "_entities",
-    "LogChunk": "_service",
-    "build_cluster": "_cluster",
-    "effective_settings": "_cluster",
+if TYPE_CHECKING:
+    from shamal.jobs import _store as store
+    from shamal.jobs._convert import placement_from_json, placement_to_json, record_of, request_of
+    from shamal.jobs._entities import (
+        ACTIVE_STATES,
+        FINAL_STATES,
+        Amount,
+        CostLine,
+        Job,
+        JobEvent,
+        JobSpec,
+        JobState,
+        QuotaUse,
+    )
+    from shamal.jobs._rules import check_env, check_mig_profile, duration_text
+    from shamal.jobs._schemas import JobIn
+    from shamal.jobs._service import NAMESPACE, Capacity, JobService, LogChunk, log_prefix
+    from shamal.jobs._store import Attempt, job_statuses
+
+#: Where each name lives: (module, attribute); attribute None: the module itself.
+_WHERE: dict[str, tuple[str, str | None]] = {
+    "ACTIVE_STATES": ("_entities", "ACTIVE_STATES"),
+    "Amount": ("_entities", "Amount"),
+    "Attempt": ("_store", "Attempt"),
+    "Capacity": ("_service", "Capacity"),
+    "CostLine": ("_entities", "CostLine"),
+    "FINAL_STATES": ("_entities", "FINAL_STATES"),
+    "Job": ("_entities", "Job"),
+    "JobEvent": ("_entities", "JobEvent"),
+    "JobIn": ("_schemas", "JobIn"),
+    "JobService": ("_service", "JobService"),
+    "JobSpec": ("_entities", "JobSpec"),
+    "JobState": ("_entities", "JobState"),
+    "LogChunk": ("_service", "LogChunk"),
+    "NAMESPACE": ("_service", "NAMESPACE"),
+    "QuotaUse": ("_entities", "QuotaUse"),
+    "check_env": ("_rules", "check_env"),
+    "check_mig_profile": ("_rules", "check_mig_profile"),
+    "duration_text": ("_rules", "duration_text"),
+    "job_statuses": ("_store", "job_statuses"),
+    "log_prefix": ("_service", "log_prefix"),
+    "placement_from_json": ("_convert", "placement_from_json"),
+    "placement_to_json": ("_convert", "placement_to_json"),
+    "record_of": ("_convert", "record_of"),
+    "request_of": ("_convert", "request_of"),
+    "store": ("_store", None),
 }
 
 __all__ = [
     "ACTIVE_STATES",
+    "FINAL_STATES",
+    "NAMESPACE",
+    "Amount",
+    "Attempt",
+    "Capacity",
     "CostLine",
     "Job",
     "JobEvent",
-    "JobLifecycle",
+    "JobIn",
     "JobService",
     "JobSpec",
     "JobState",
     "LogChunk",
-    "build_cluster",
-    "effective_settings",
+    "QuotaUse",
+    "check_env",
+    "check_mig_profile",
+    "duration_text",
+    "job_statuses",
+    "log_prefix",
+    "placement_from_json",
+    "placement_to_json",
+    "record_of",
+    "request_of",
+    "store",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # once loaded, an ordinary attribute
-    return value
+    return lazy.attribute(__name__, _WHERE, name, globals())

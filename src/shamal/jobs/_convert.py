@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shamal.jobs._entities import Job
-from shamal.scheduler._predictor import JobRecord
-from shamal.scheduler._resources import Placement, Request, Slot
+from shamal.scheduler.core import JobRecord, Placement, Request, Slot
 
 
 def placement_to_json(placement: Placement) -> dict[str, Any]:

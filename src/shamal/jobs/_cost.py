@@ -15,7 +15,7 @@ from datetime import datetime
 from shamal.errors import InvalidParameter
 from shamal.jobs._entities import CostLine
 from shamal.jobs._store import Attempt
-from shamal.scheduler._resources import GPU_MILLI, Pool
+from shamal.scheduler.core import GPU_MILLI, Pool
 
 GROUPINGS = ("team", "pool", "user", "job")
 

@@ -5,8 +5,9 @@ viewers see them and their logs; another team's job answers 404. Priorities abov
 the default class need the team's maintainer role; ``preempt`` is for platform
 admins. Platform admins see and do everything; an admin may run jobs without a team.
 
-The scheduler loop drives jobs through their states with the methods of
-:class:`JobLifecycle`; this class only takes requests from people.
+The live scheduler (:mod:`shamal.scheduler.live`) drives jobs through their states; this
+class only takes requests from people, and asks the live scheduler's model of the cluster
+(a :class:`Capacity`, handed in) whether a job could ever start and why it waits.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from shamal import snapshot
 from shamal.artifacts import ArtifactService
+from shamal.clock import Clock, utc_now
 from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import AlreadyExists, Conflict, InvalidParameter, NotFound, PermissionDenied
-from shamal.jobs import _cost, _rules, _store
+from shamal.jobs import _cost, _rules, _store, snapshot
 from shamal.jobs._convert import placement_from_json, record_of, request_of
 from shamal.jobs._entities import (
     ACTIVE_STATES,
@@ -40,12 +42,8 @@ from shamal.jobs._entities import (
     JobState,
     QuotaUse,
 )
-from shamal.jobs._fit import ClusterCapacity, quotas_of
-from shamal.scheduler import DEFAULT_POLICY, get_policy
-from shamal.scheduler._predictor import RuntimePredictor
-from shamal.scheduler._resources import GPU_MILLI, Node, Pool, Resources
-from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
-from shamal.security._audit import Clock
+from shamal.scheduler.core import GPU_MILLI, Cluster, Request, Resources, RuntimePredictor
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +76,25 @@ class LogChunk:
     complete: bool
 
 
-def _protection_of(settings: SchedulerSettings) -> float:
-    """How long the configured policy protects a started job from preemption."""
-    try:
-        return get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options).min_run_s
-    except ValueError:  # the scheduler refuses these settings when it starts, saying why
-        return 0.0
-
-
 def _amount(resources: Resources) -> Amount:
     return Amount(
         cpus=resources.cpu_milli / 1000,
         memory_mib=resources.memory_mib,
         gpus=resources.gpu_milli / GPU_MILLI,
     )
+
+
+class Capacity(Protocol):
+    """The cluster as the live scheduler models it, asked about jobs people submit and list."""
+
+    def refusal(self, request: Request, pool: str | None, team: str) -> str | None:
+        """Why a job of this shape could never start for ``team`` (None: it could)."""
+
+    def pools_for(self, request: Request, team: str) -> list[str]:
+        """The pools where a job of this shape could start for ``team``."""
+
+    def waiting(self, queued: Sequence[Job], active: Sequence[Job]) -> dict[str, str]:
+        """Why each queued job waits, by job id, given the jobs holding resources."""
 
 
 class JobService:
@@ -108,31 +111,22 @@ class JobService:
         security: SecurityService,
         artifacts: ArtifactService,
         settings: SchedulerSettings,
-        pools: Iterable[Pool],
+        cluster: Cluster,
         clock: Clock = utc_now,
         *,
-        nodes: Iterable[Node] = (),
+        capacity: Capacity | None = None,
     ) -> None:
-        """``pools`` and ``nodes`` are the configured cluster; with ``nodes``, jobs that
-        could never start on it are refused at submission (without: not checked)."""
+        """``cluster`` is the configured cluster; with ``capacity`` (the live scheduler's
+        model of it), jobs that could never start on it are refused at submission and
+        waiting ones are told why (without: not checked)."""
         self._db = db
         self._audit = audit
         self._security = security
         self._artifacts = artifacts
         self._settings = settings
-        self._pools = {pool.name: pool for pool in pools}
-        nodes = list(nodes)
-        self._node_pools = {node.name: node.pool for node in nodes}
-        self._capacity = (
-            ClusterCapacity(
-                self._pools.values(),
-                nodes,
-                quotas_of(settings),
-                protected_s=_protection_of(settings),
-            )
-            if nodes
-            else None
-        )
+        self._pools = dict(cluster.pools)
+        self._node_pools = {node.name: node.pool for node in cluster.nodes.values()}
+        self._capacity = capacity
         self._classes = {c.name: c for c in settings.priority_classes}
         self._clock = clock
 

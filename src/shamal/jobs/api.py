@@ -10,14 +10,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field
 
-from shamal._api import ERROR_RESPONSES
-from shamal.artifacts._streaming import consume_body, download_slot
-from shamal.errors import InvalidParameter
-from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
-from shamal.jobs._schemas import JobIn
-from shamal.jobs._schemas import Model as _Model
-from shamal.jobs._service import MAX_LIST, JobService
-from shamal.mlflow_dialect import (
+from shamal.api import (
+    ERROR_RESPONSES,
     ListPage,
     PageBytes,
     PageToken,
@@ -27,6 +21,12 @@ from shamal.mlflow_dialect import (
     keyset_page,
     model_json,
 )
+from shamal.artifacts import consume_body, download_slot
+from shamal.errors import InvalidParameter
+from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
+from shamal.jobs._schemas import JobIn
+from shamal.jobs._schemas import Model as _Model
+from shamal.jobs._service import MAX_LIST, JobService
 from shamal.security import AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 

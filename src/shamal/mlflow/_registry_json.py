@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shamal.errors import InvalidParameter
-from shamal.mlflow_dialect import Fields
-from shamal.registry._entities import ModelVersion, RegisteredModel
+from shamal.mlflow._fields import Fields
+from shamal.registry import ModelVersion, RegisteredModel
 
 
 def _tags(tags: Mapping[str, str]) -> list[dict[str, str]]:

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from shamal.errors import InvalidParameter
-from shamal.mlflow_dialect import INT64_MAX, INT64_MIN, Fields, parse_double
-from shamal.tracking._entities import (
+from shamal.mlflow._fields import INT64_MAX, INT64_MIN, Fields, parse_double
+from shamal.tracking import (
     Dataset,
     DatasetInput,
     Experiment,

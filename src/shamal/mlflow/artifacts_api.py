@@ -9,10 +9,10 @@ from fastapi.responses import StreamingResponse
 
 from shamal.artifacts import consume_body, download_headers, download_slot
 from shamal.errors import NotImplementedFeature
-from shamal.mlflow_dialect import ProtoJSONResponse, proto_json
+from shamal.mlflow._fields import ProtoJSONResponse, proto_json
 from shamal.security import AuditContext
 from shamal.security.api import CurrentPrincipal, ReadAudit, audited, audited_read
-from shamal.tracking._service import TrackingService
+from shamal.tracking import TrackingService
 
 PREFIX = "/api/2.0/mlflow-artifacts"
 

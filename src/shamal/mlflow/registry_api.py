@@ -21,16 +21,17 @@ from fastapi.responses import JSONResponse, Response
 
 from shamal.artifacts import search_slot
 from shamal.errors import InvalidParameter
-from shamal.mlflow_dialect import Fields, bounded_page, proto_json, read_fields
-from shamal.registry._mlflow_json import model_version_json, registered_model_json, tags_of
-from shamal.registry._rules import parse_stage, parse_version
-from shamal.registry._service import (
+from shamal.mlflow._fields import Fields, bounded_page, proto_json, read_fields
+from shamal.mlflow._registry_json import model_version_json, registered_model_json, tags_of
+from shamal.registry import (
     MODELS_PAGE_DEFAULT,
     MODELS_PAGE_MAX,
     VERSIONS_PAGE_DEFAULT,
     VERSIONS_PAGE_MAX,
     RegistryService,
-    _check_max_results,
+    check_max_results,
+    parse_stage,
+    parse_version,
 )
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, read_only_post
@@ -221,7 +222,7 @@ def search_registered_models(
             page_token=token,
         ),
         registered_model_json,
-        max_results=_check_max_results(requested, MODELS_PAGE_MAX),
+        max_results=check_max_results(requested, MODELS_PAGE_MAX),
         page_token=fields.text("page_token"),
         max_bytes=page_bytes,
         resume_at=resume_token,
@@ -355,7 +356,7 @@ def search_model_versions(
             page_token=token,
         ),
         model_version_json,
-        max_results=_check_max_results(
+        max_results=check_max_results(
             _max_results(fields, VERSIONS_PAGE_DEFAULT), VERSIONS_PAGE_MAX
         ),
         page_token=fields.text("page_token"),

@@ -13,7 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from shamal.artifacts import search_slot
-from shamal.mlflow_dialect import (
+from shamal.mlflow import _tracking_json as _proto
+from shamal.mlflow._fields import (
     Fields,
     ProtoJSONResponse,
     bounded_page,
@@ -21,17 +22,20 @@ from shamal.mlflow_dialect import (
     proto_json_encoded,
     read_fields,
 )
+from shamal.mlflow.artifacts_api import artifacts_router
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
-from shamal.tracking import _proto
-from shamal.tracking._entities import LoggedModelSpec
-from shamal.tracking._model_service import (
+from shamal.tracking import (
     DEFAULT_LOGGED_MODEL_RESULTS,
     MAX_LOGGED_MODEL_RESULTS,
+    MAX_SEARCH,
+    LoggedData,
+    LoggedModelSpec,
+    TrackingService,
+    check_page_size,
+    resume_token,
+    view_type,
 )
-from shamal.tracking._paging import check_page_size, resume_token
-from shamal.tracking._service import MAX_SEARCH, LoggedData, TrackingService, view_type
-from shamal.tracking.mlflow_artifacts_api import artifacts_router
 
 
 async def _fields(request: Request) -> Fields:

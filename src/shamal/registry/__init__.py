@@ -6,7 +6,7 @@
   (the tracking service implements it): only URIs Shamal minted pass.
 * The entities it returns are frozen: :class:`RegisteredModel`,
   :class:`ModelVersion`, :class:`ModelAlias`, one :class:`Page` of a search.
-* ``shamal.registry.mlflow_api.router`` serves it in the MLflow REST dialect;
+* ``shamal.mlflow.registry_api.router`` serves it in the MLflow REST dialect;
   ``shamal.registry.api.router`` is the native read API under ``/api/v1/models``.
 """
 
@@ -21,10 +21,23 @@ from shamal.registry._entities import (
     Stage,
     VersionStatus,
 )
-from shamal.registry._service import ModelSources, RegistryService
+from shamal.registry._rules import parse_stage, parse_version
+from shamal.registry._service import (
+    MODELS_PAGE_DEFAULT,
+    MODELS_PAGE_MAX,
+    VERSIONS_PAGE_DEFAULT,
+    VERSIONS_PAGE_MAX,
+    ModelSources,
+    RegistryService,
+    check_max_results,
+)
 
 __all__ = [
+    "MODELS_PAGE_DEFAULT",
+    "MODELS_PAGE_MAX",
     "TEAM_TAG",
+    "VERSIONS_PAGE_DEFAULT",
+    "VERSIONS_PAGE_MAX",
     "ModelAlias",
     "ModelSources",
     "ModelVersion",
@@ -33,4 +46,7 @@ __all__ = [
     "RegistryService",
     "Stage",
     "VersionStatus",
+    "check_max_results",
+    "parse_stage",
+    "parse_version",
 ]

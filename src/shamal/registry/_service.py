@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter, NotFound
 from shamal.registry import _rules, _store
@@ -32,8 +33,7 @@ from shamal.registry._entities import (
     Stage,
     VersionStatus,
 )
-from shamal.security import AuditContext, AuditLog, Principal, Role, check_name, utc_now
-from shamal.security._audit import Clock
+from shamal.security import AuditContext, AuditLog, Principal, Role, check_name
 from shamal.tracking import (
     MAX_PAGE_OFFSET,
     MODEL_VERSIONS,
@@ -162,7 +162,7 @@ def _next_token(offset: int, limit: int, more: bool) -> str | None:
     return encode_page_token(offset + limit)
 
 
-def _check_max_results(value: int, cap: int) -> int:
+def check_max_results(value: int, cap: int) -> int:
     if not 1 <= value <= cap:
         raise InvalidParameter(f"max_results must be between 1 and {cap}.")
     return value
@@ -384,7 +384,7 @@ class RegistryService:
         order = parse_order_by(list(order_by), REGISTERED_MODELS)
         if max_results <= 0:
             return Page(())
-        limit = _check_max_results(max_results, MODELS_PAGE_MAX)
+        limit = check_max_results(max_results, MODELS_PAGE_MAX)
         with self._reading() as s:
             models, more = _store.search_models(
                 s, filters, order, _visibility(principal), offset, limit, prompts=prompts
@@ -812,7 +812,7 @@ class RegistryService:
             InvalidParameter: a malformed filter, order_by or page token, or
                 ``max_results`` outside 1..200,000.
         """
-        limit = _check_max_results(max_results, VERSIONS_PAGE_MAX)
+        limit = check_max_results(max_results, VERSIONS_PAGE_MAX)
         offset = decode_page_token(page_token)
         filters, prompts = _rules.split_prompt_clauses(parse_filter(filter_string, MODEL_VERSIONS))
         order = parse_order_by(list(order_by), MODEL_VERSIONS)

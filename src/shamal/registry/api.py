@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from shamal._api import ERROR_RESPONSES
-from shamal.mlflow_dialect import (
+from shamal.api import (
+    ERROR_RESPONSES,
     ListPage,
     PageBytes,
     PageToken,

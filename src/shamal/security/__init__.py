@@ -6,7 +6,7 @@ private modules.
 
 from __future__ import annotations
 
-from shamal.security._audit import AuditContext, AuditLog, load_or_create_key, utc_now
+from shamal.security._audit import AuditContext, AuditLog, load_or_create_key
 from shamal.security._entities import (
     AccountKind,
     ApiToken,
@@ -44,5 +44,4 @@ __all__ = [
     "WitnessFile",
     "check_name",
     "load_or_create_key",
-    "utc_now",
 ]

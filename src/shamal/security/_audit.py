@@ -6,14 +6,15 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter
 from shamal.security import _store
@@ -21,12 +22,6 @@ from shamal.security._chain import entry_hash, verify_chain
 from shamal.security._entities import AuditEntry, ChainReport, Principal
 
 logger = logging.getLogger(__name__)
-
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass

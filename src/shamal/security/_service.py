@@ -12,10 +12,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, Unauthenticated
 from shamal.security import _store
-from shamal.security._audit import AuditContext, AuditLog, Clock, utc_now
+from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
     DEPLOYMENT_SCOPE,
     AccountKind,

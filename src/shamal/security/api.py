@@ -18,9 +18,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from shamal._api import ERROR_RESPONSES
-from shamal.errors import InvalidParameter, PermissionDenied, ShamalError, Unauthenticated
-from shamal.mlflow_dialect import (
+from shamal.api import (
+    ERROR_RESPONSES,
     ListPage,
     PageBytes,
     PageToken,
@@ -30,6 +29,7 @@ from shamal.mlflow_dialect import (
     keyset_page,
     model_json,
 )
+from shamal.errors import InvalidParameter, PermissionDenied, ShamalError, Unauthenticated
 from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
     AccountKind,

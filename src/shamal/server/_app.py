@@ -12,22 +12,21 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 
 import shamal
-from shamal import snapshot
 from shamal.artifacts import PrincipalSlots, sweep_spool
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
 from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
 from shamal.jobs import api as jobs_api
+from shamal.jobs import snapshot
+from shamal.mlflow import registry_router, tracking_router
 from shamal.registry import api as registry_api
-from shamal.registry import mlflow_api as registry_mlflow
 from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
 from shamal.server._strict import RejectLoneSurrogates, reject_unknown_query
 from shamal.tracking import api as tracking_api
-from shamal.tracking import mlflow_api as tracking_mlflow
 from shamal.tune import api as tune_api
 
 logger = logging.getLogger(__name__)
@@ -123,8 +122,8 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     _add_probes(app)
     # Routing tries routes in order: the MLflow dialect carries the volume (a logger sends
     # thousands of requests), so it comes first. No path is served by two routers.
-    app.include_router(tracking_mlflow.router)
-    app.include_router(registry_mlflow.router)
+    app.include_router(tracking_router)
+    app.include_router(registry_router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)

@@ -17,7 +17,7 @@ from shamal.errors import (
     ShamalError,
     Unauthenticated,
 )
-from shamal.mlflow_dialect import is_mlflow_path, mlflow_status
+from shamal.mlflow import is_mlflow_path, mlflow_status
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,18 @@ from pathlib import Path
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
 from shamal.db import Database, open_database, server_warnings, upgrade
-from shamal.deployments._service import DeploymentService
-from shamal.executors._nvml import detect_local_gpus
-from shamal.jobs import JobService, build_cluster, effective_settings
+from shamal.deployments import DeploymentService
+from shamal.executors import detect_local_gpus
+from shamal.jobs import JobService
 from shamal.registry import RegistryService
-from shamal.scheduler._resources import Cluster
+from shamal.scheduler.core import Cluster
+from shamal.scheduler.live import (
+    SchedulerLoop,
+    build_cluster,
+    build_loop,
+    cluster_capacity,
+    effective_settings,
+)
 from shamal.security import (
     AuditLog,
     AuditWatch,
@@ -24,7 +31,7 @@ from shamal.security import (
     load_or_create_key,
 )
 from shamal.tracking import TrackingService
-from shamal.tune._service import TuneService
+from shamal.tune import TuneService
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,17 @@ class Platform:
         self.tune.close()
         self.db.dispose()
 
+    def scheduler_loop(
+        self, *, name: str | None = None, api_url: str | None = None
+    ) -> SchedulerLoop:
+        """The live scheduler's loop over this platform, with the platform's periodic work:
+        trials whose jobs died fail, and a canary whose traffic stopped still moves on (or
+        back) after its interval."""
+        loop = build_loop(self, name=name, api_url=api_url)
+        loop.periodic.append((10.0, self.tune.fail_stale_trials))
+        loop.periodic.append((10.0, self.deployments.check_rollouts))
+        return loop
+
 
 def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     """Open the database (migrating it to head), the audit chain and the services."""
@@ -83,8 +101,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         security,
         artifacts,
         scheduler_settings,
-        cluster.pools.values(),
-        nodes=cluster.nodes.values(),
+        cluster,
+        capacity=cluster_capacity(scheduler_settings, cluster),
     )
     tune = TuneService(db, audit, settings.resolved_database_url)
     # Keyed by a digest of the database's URL: no password lands in the file.

@@ -16,10 +16,10 @@ from fastapi import FastAPI
 
 from shamal.config import Settings, is_loopback_host
 from shamal.errors import InvalidParameter
+from shamal.scheduler.live import SchedulerThread
 from shamal.server._app import create_app
 from shamal.server._platform import Platform, start_platform
 from shamal.server._redact import access_log_config
-from shamal.server._scheduler import SchedulerThread, build_loop
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def serve(
     }
     scheduler = None
     if settings.scheduler.enabled:
-        scheduler = SchedulerThread(build_loop(platform, api_url=base_url))
+        scheduler = SchedulerThread(platform.scheduler_loop(api_url=base_url))
     if on_ready is not None:
         on_ready(platform, base_url)
     watching = threading.Event()

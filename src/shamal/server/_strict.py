@@ -13,7 +13,7 @@ from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shamal.errors import InvalidParameter
-from shamal.mlflow_dialect import is_mlflow_path
+from shamal.mlflow import is_mlflow_path
 from shamal.server._errors import error_response
 
 

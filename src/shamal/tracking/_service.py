@@ -18,10 +18,10 @@ from typing import Literal
 from sqlalchemy.orm import Session
 
 from shamal.artifacts import ArtifactService, safe_relpath
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter, ShamalError
-from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService, utc_now
-from shamal.security._audit import Clock
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 from shamal.tracking import _store
 from shamal.tracking._artifact_service import RunArtifacts
 from shamal.tracking._entities import (

@@ -8,14 +8,12 @@ from typing import Annotated, Generic, TypeVar
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from shamal._api import ERROR_RESPONSES
+from shamal.api import ERROR_RESPONSES, PageBytes, bounded_listing, model_json, special_value
 from shamal.artifacts import search_slot
-from shamal.mlflow_dialect import PageBytes, bounded_listing, model_json
 from shamal.security import Principal
 from shamal.security.api import CurrentPrincipal
 from shamal.tracking._entities import Experiment, HistoryRow, Run
 from shamal.tracking._paging import encode_history_token, resume_token
-from shamal.tracking._proto import special_value
 from shamal.tracking._service import MAX_SEARCH, TrackingService, view_type
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound
-from shamal.jobs._store import job_statuses
+from shamal.jobs import job_statuses
 from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.tune import _entities as rules
 from shamal.tune._entities import (

@@ -14,9 +14,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from shamal._api import ERROR_RESPONSES
-from shamal.errors import NotImplementedFeature
-from shamal.mlflow_dialect import (
+from shamal.api import (
+    ERROR_RESPONSES,
     ListPage,
     PageBytes,
     PageToken,
@@ -26,6 +25,7 @@ from shamal.mlflow_dialect import (
     keyset_page,
     model_json,
 )
+from shamal.errors import NotImplementedFeature
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write
 from shamal.tune._entities import (

@@ -1,15 +1,18 @@
 """The scheduler core: pure policies, admission and placement over a resource model.
 
 Nothing here touches the database or the executors: the live scheduler
-(:mod:`shamal.jobs`) builds a :class:`SchedulerState` from its job table, asks a
+(:mod:`shamal.scheduler.live`) builds a :class:`SchedulerState` from its job table, asks a
 :class:`Policy` for :class:`Start` / :class:`Preempt` decisions and applies them; the
-trace simulator (:mod:`shamal.scheduler.sim`) does the same over a trace.
+trace simulator (:mod:`shamal.scheduler.core.sim`) does the same over a trace.
 """
 
-from shamal.scheduler._admission import Admission, QuotaBook, decay_all, decayed_usage
-from shamal.scheduler._engine import BasePolicy, schedule
-from shamal.scheduler._placement import allocate, place, release
-from shamal.scheduler._policies import (
+from shamal.scheduler.core._admission import Admission, QuotaBook, decay_all, decayed_usage
+from shamal.scheduler.core._engine import BasePolicy, schedule
+from shamal.scheduler.core._mig import profiles_for
+from shamal.scheduler.core._pack import TraceError as PackTraceError
+from shamal.scheduler.core._pack import run_pack_experiment
+from shamal.scheduler.core._placement import allocate, place, release
+from shamal.scheduler.core._policies import (
     DEFAULT_POLICY,
     SIMULATION_ONLY,
     get_policy,
@@ -19,8 +22,8 @@ from shamal.scheduler._policies import (
     policy_summary,
     simulation_policy,
 )
-from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor, error_report
-from shamal.scheduler._resources import (
+from shamal.scheduler.core._predictor import ErrorTracker, JobRecord, RuntimePredictor, error_report
+from shamal.scheduler.core._resources import (
     GPU_MILLI,
     Cluster,
     Gpu,
@@ -30,8 +33,10 @@ from shamal.scheduler._resources import (
     Request,
     Resources,
     Slot,
+    mig_share_milli,
 )
-from shamal.scheduler._state import (
+from shamal.scheduler.core._state import (
+    DEFAULT_PREEMPTION_COST_S,
     Decision,
     JobPhase,
     Policy,
@@ -44,11 +49,15 @@ from shamal.scheduler._state import (
     job_pool,
     job_shape,
 )
+from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, STRATEGIES
 
 __all__ = [
     "DEFAULT_POLICY",
+    "DEFAULT_PREEMPTION_COST_S",
+    "DEFAULT_STRATEGY",
     "GPU_MILLI",
     "SIMULATION_ONLY",
+    "STRATEGIES",
     "Admission",
     "BasePolicy",
     "Cluster",
@@ -58,6 +67,7 @@ __all__ = [
     "JobPhase",
     "JobRecord",
     "Node",
+    "PackTraceError",
     "Placement",
     "Policy",
     "Pool",
@@ -79,12 +89,15 @@ __all__ = [
     "get_policy",
     "job_pool",
     "job_shape",
+    "mig_share_milli",
     "place",
     "policy_defaults",
     "policy_names",
     "policy_options",
     "policy_summary",
+    "profiles_for",
     "release",
+    "run_pack_experiment",
     "schedule",
     "simulation_policy",
 ]

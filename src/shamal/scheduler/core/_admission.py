@@ -1,11 +1,11 @@
 """Admission: team quotas per pool, borrowing idle quota, reclaim, and fair-share usage.
 
-A team's :class:`~shamal.scheduler._state.TeamQuota` in a pool guarantees it
+A team's :class:`~shamal.scheduler.core._state.TeamQuota` in a pool guarantees it
 ``guaranteed`` resources. Beyond that it may *borrow* the idle guaranteed quota of the
 other teams of its cohort, up to ``borrow_limit`` more; what it runs beyond its
 guarantee is reclaimable: when a team within its guarantee cannot start a job, the
 scheduler preempts jobs of teams running over their own guarantee (see
-:mod:`shamal.scheduler._engine`, which also lets every job within its guarantee go
+:mod:`shamal.scheduler.core._engine`, which also lets every job within its guarantee go
 before any job that would borrow, and keeps a team that capacity is being reclaimed
 from from borrowing more there meanwhile: :attr:`QuotaBook.no_borrow`).
 
@@ -29,8 +29,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shamal.scheduler._resources import Resources
-from shamal.scheduler._state import SchedJob, TeamQuota
+from shamal.scheduler.core._resources import Resources
+from shamal.scheduler.core._state import SchedJob, TeamQuota
 
 __all__ = [
     "Admission",

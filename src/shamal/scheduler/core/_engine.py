@@ -1,22 +1,22 @@
 """The machinery every policy shares: order -> admit -> place -> preempt.
 
-A policy (:mod:`shamal.scheduler._policies`) only says how jobs are ordered and when
+A policy (:mod:`shamal.scheduler.core._policies`) only says how jobs are ordered and when
 one may preempt another; :func:`schedule` does the rest, the same way for the live
 scheduler and the simulator:
 
 1. **Order.** The queue is walked in the policy's order. Jobs are grouped by
-   :func:`~shamal.scheduler._state.job_shape` (same request, pool and team); within a
+   :func:`~shamal.scheduler.core._state.job_shape` (same request, pool and team); within a
    group the order is the policy's static ``order_key``, and the groups are merged by
    ``merge_key`` (which may change within a round, e.g. fair share). When the first
    waiting job of a group cannot start, no later job of that group can either (same
    request, same quota, no higher priority), so the whole group is skipped: a round
    costs O(groups + starts), not O(queue).
-2. **Admit.** Team quotas (:mod:`shamal.scheduler._admission`): within the guarantee,
+2. **Admit.** Team quotas (:mod:`shamal.scheduler.core._admission`): within the guarantee,
    by borrowing idle cohort quota, or wait. With quotas a round walks the queue twice:
    first every job that starts within its team's guarantee (a job that would borrow is
    put off), then the jobs put off, on what is left. So a lender's waiting job always
    gets its guaranteed capacity before another team borrows it (again).
-3. **Place.** :func:`shamal.scheduler._placement.place`; a gang is all or nothing.
+3. **Place.** :func:`shamal.scheduler.core._placement.place`; a gang is all or nothing.
 4. **Preempt.** If the job does not fit, running jobs it outranks are released
    tentatively, lowest first, until it fits (for whole GPUs: only victims on nodes
    that would then hold a worker). A job within its team's guarantee first reclaims
@@ -42,7 +42,7 @@ starts, and the failed preemption searches of a round are bounded
 Reclaim never loops either: jobs within their guarantee go before jobs that would
 borrow (the two passes), and a team that capacity is reclaimed from borrows nothing
 more in that pool in the same round nor while its preempted jobs are still stopping
-(:attr:`~shamal.scheduler._admission.QuotaBook.no_borrow`), so a job preempted to give
+(:attr:`~shamal.scheduler.core._admission.QuotaBook.no_borrow`), so a job preempted to give
 quota back is not re-admitted on borrowed quota ahead of the lender, only to be
 preempted again. Reclaim victims are chosen in a fixed order (borrowed first, then
 lower classes, then the youngest), so repeated rounds while a victim stops pick it
@@ -60,9 +60,9 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from dataclasses import dataclass
 from typing import Any
 
-from shamal.scheduler._admission import Admission, QuotaBook
-from shamal.scheduler._placement import allocate, place, release
-from shamal.scheduler._resources import (
+from shamal.scheduler.core._admission import Admission, QuotaBook
+from shamal.scheduler.core._placement import allocate, place, release
+from shamal.scheduler.core._resources import (
     GPU_MILLI,
     Cluster,
     Node,
@@ -70,7 +70,7 @@ from shamal.scheduler._resources import (
     Request,
     free_whole_gpus,
 )
-from shamal.scheduler._state import (
+from shamal.scheduler.core._state import (
     Decision,
     Preempt,
     SchedJob,

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from shamal.scheduler._resources import Gpu
+from shamal.scheduler.core._resources import Gpu
 
 __all__ = [
     "MigProfile",

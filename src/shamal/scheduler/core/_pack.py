@@ -34,9 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shamal.scheduler._placement import allocate, place
-from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Pool, Request, RequestMix
-from shamal.scheduler._strategies import DEFAULT_STRATEGY, strategy_named
+from shamal.scheduler.core._placement import allocate, place
+from shamal.scheduler.core._resources import (
+    GPU_MILLI,
+    Cluster,
+    Gpu,
+    Node,
+    Pool,
+    Request,
+    RequestMix,
+)
+from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, strategy_named
 
 __all__ = [
     "TraceError",

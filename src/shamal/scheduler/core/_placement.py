@@ -7,7 +7,7 @@ for whole GPUs only looks at nodes with enough free whole GPUs and gives up at o
 when the pool's running total of free GPUs is too small.
 
 How a node and a GPU are chosen among those that fit is a *strategy*, chosen by name
-(see :mod:`shamal.scheduler._strategies`); the default, ``fgd-pack``, is
+(see :mod:`shamal.scheduler.core._strategies`); the default, ``fgd-pack``, is
 fragmentation-aware (FGD). Nodes in the same state are scored once per request
 (the index groups them), so placement costs per distinct node state, not per node.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 
-from shamal.scheduler import _mig
-from shamal.scheduler._resources import (
+from shamal.scheduler.core import _mig
+from shamal.scheduler.core._resources import (
     GPU_MILLI,
     Cluster,
     FreeIndex,
@@ -30,7 +30,7 @@ from shamal.scheduler._resources import (
     Slot,
     mig_share_milli,
 )
-from shamal.scheduler._strategies import (
+from shamal.scheduler.core._strategies import (
     DEFAULT_STRATEGY,
     STRATEGIES,
     Option,

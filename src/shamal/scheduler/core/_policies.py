@@ -1,6 +1,6 @@
 """Scheduling policies, chosen by name.
 
-Each policy is a small class on top of :class:`~shamal.scheduler._engine.BasePolicy`:
+Each policy is a small class on top of :class:`~shamal.scheduler.core._engine.BasePolicy`:
 it says how the queue is ordered, when one job may preempt another and (for the
 simulator's speed) how running jobs are ordered as victims. ``decide(state, now)`` is a
 pure function of the state and the clock; the live scheduler and the simulator call the
@@ -49,8 +49,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from shamal.scheduler._engine import BasePolicy, Key, Round
-from shamal.scheduler._state import SchedJob
+from shamal.scheduler.core._engine import BasePolicy, Key, Round
+from shamal.scheduler.core._state import SchedJob
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -356,14 +356,14 @@ class Backfill(BasePolicy):
 # ----------------------------------------------------------------- registry
 
 _REGISTRY: dict[str, str] = {
-    "fifo": "shamal.scheduler._policies:Fifo",
-    "priority": "shamal.scheduler._policies:PriorityFifo",
-    "fair": "shamal.scheduler._policies:FairShare",
-    "sjf-oracle": "shamal.scheduler._policies:SjfOracle",
-    "srtf-oracle": "shamal.scheduler._policies:SrtfOracle",
-    "predicted-sjf": "shamal.scheduler._policies:PredictedSjf",
-    "las": "shamal.scheduler._policies:LeastAttainedService",
-    "backfill": "shamal.scheduler._policies:Backfill",
+    "fifo": "shamal.scheduler.core._policies:Fifo",
+    "priority": "shamal.scheduler.core._policies:PriorityFifo",
+    "fair": "shamal.scheduler.core._policies:FairShare",
+    "sjf-oracle": "shamal.scheduler.core._policies:SjfOracle",
+    "srtf-oracle": "shamal.scheduler.core._policies:SrtfOracle",
+    "predicted-sjf": "shamal.scheduler.core._policies:PredictedSjf",
+    "las": "shamal.scheduler.core._policies:LeastAttainedService",
+    "backfill": "shamal.scheduler.core._policies:Backfill",
 }
 """Policy name -> ``"module:attribute"`` of its class, imported on first use."""
 

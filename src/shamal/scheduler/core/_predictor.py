@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shamal.scheduler._state import SchedJob
+from shamal.scheduler.core._state import SchedJob
 
 __all__ = [
     "ErrorTracker",

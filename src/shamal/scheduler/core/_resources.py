@@ -3,7 +3,7 @@
 Pure data and bookkeeping, no I/O: the live scheduler builds a :class:`Cluster` from
 configuration (and GPU detection) plus the placements of running jobs; the trace
 simulator builds one from a machine list. Both then ask the same placement code
-(:mod:`shamal.scheduler._placement`) where a request fits.
+(:mod:`shamal.scheduler.core._placement`) where a request fits.
 
 Units are integers so that bookkeeping never drifts: CPU in milli-cores, memory in MiB,
 GPU capacity in milli-GPUs (1000 = one whole GPU).

@@ -14,7 +14,7 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shamal.scheduler._resources import GPU_MILLI, Cluster, Placement, Request, Resources
+from shamal.scheduler.core._resources import GPU_MILLI, Cluster, Placement, Request, Resources
 
 __all__ = [
     "DEFAULT_PREEMPTION_COST_S",

@@ -6,7 +6,7 @@ placement code takes the best. Strategies, by name:
 ``fgd-pack`` (default)
     FGD (below) measuring fragmentation half by the paper's rule and half by what a
     typical request could not fill even packed as many times as the node's GPUs and
-    CPU allow (see :class:`~shamal.scheduler._fragmentation.FragModel`).
+    CPU allow (see :class:`~shamal.scheduler.core._fragmentation.FragModel`).
 ``fgd``
     Fragmentation Gradient Descent (Weng et al., "Beware of Fragmentation: Scheduling
     GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23): the
@@ -38,9 +38,9 @@ import random
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from shamal.scheduler import _mig
-from shamal.scheduler._fragmentation import DEFAULT_MIX, FragModel, frag_model
-from shamal.scheduler._resources import GPU_MILLI, Cluster, FreeIndex, Gpu, Node, Request
+from shamal.scheduler.core import _mig
+from shamal.scheduler.core._fragmentation import DEFAULT_MIX, FragModel, frag_model
+from shamal.scheduler.core._resources import GPU_MILLI, Cluster, FreeIndex, Gpu, Node, Request
 
 __all__ = [
     "DEFAULT_MIX",

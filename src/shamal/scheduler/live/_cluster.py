@@ -26,7 +26,7 @@ from shamal.config import (
     SchedulerSettings,
 )
 from shamal.errors import InvalidParameter
-from shamal.scheduler._resources import Cluster, Gpu, Node, Pool
+from shamal.scheduler.core import Cluster, Gpu, Node, Pool
 
 logger = logging.getLogger(__name__)
 

@@ -23,25 +23,29 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from shamal.config import SchedulerSettings
-from shamal.jobs._convert import placement_from_json, request_of
-from shamal.jobs._entities import Job
-from shamal.jobs._rules import duration_text
-from shamal.scheduler._admission import Admission, QuotaBook
-from shamal.scheduler._mig import profiles_for
-from shamal.scheduler._placement import allocate, place
-from shamal.scheduler._resources import (
+from shamal.jobs import Job, duration_text, placement_from_json, request_of
+from shamal.scheduler.core import (
+    DEFAULT_POLICY,
     GPU_MILLI,
+    Admission,
     Cluster,
     Gpu,
     Node,
     Pool,
+    PriorityClass,
+    QuotaBook,
     Request,
     Resources,
+    SchedJob,
+    TeamQuota,
+    allocate,
+    get_policy,
     mig_share_milli,
+    place,
+    profiles_for,
 )
-from shamal.scheduler._state import PriorityClass, SchedJob, TeamQuota
 
-__all__ = ["ClusterCapacity", "quotas_of"]
+__all__ = ["ClusterCapacity", "cluster_capacity", "quotas_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -376,4 +380,26 @@ def _sched(request: Request, team: str, pool: str | None) -> SchedJob:
         submitted_at=0.0,
         priority=PriorityClass("", 0),
         pool=pool,
+    )
+
+
+def _protection_of(settings: SchedulerSettings) -> float:
+    """How long the configured policy protects a started job from preemption."""
+    try:
+        return get_policy(settings.policy or DEFAULT_POLICY, **settings.policy_options).min_run_s
+    except ValueError:  # the scheduler refuses these settings when it starts, saying why
+        return 0.0
+
+
+def cluster_capacity(settings: SchedulerSettings, cluster: Cluster) -> ClusterCapacity | None:
+    """What jobs people submit could ever get on ``cluster`` under ``settings`` (quotas, the
+    policy's protection of started jobs); None for a cluster without nodes, where nothing is
+    checked."""
+    if not cluster.nodes:
+        return None
+    return ClusterCapacity(
+        cluster.pools.values(),
+        cluster.nodes.values(),
+        quotas_of(settings),
+        protected_s=_protection_of(settings),
     )

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from shamal.db.models import JobRow, SchedulerRow
-from shamal.jobs._entities import ACTIVE_STATES
+from shamal.jobs import ACTIVE_STATES
 
 __all__ = ["adopt", "beat", "silent_claimers"]
 

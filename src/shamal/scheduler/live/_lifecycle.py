@@ -18,11 +18,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.jobs import _leases, _store
-from shamal.jobs._entities import ACTIVE_STATES, Job, JobState
-from shamal.security import AuditLog, utc_now
-from shamal.security._audit import Clock
+from shamal.jobs import ACTIVE_STATES, Job, JobState
+from shamal.jobs import store as _store
+from shamal.scheduler.live import _leases
+from shamal.security import AuditLog
 
 logger = logging.getLogger(__name__)
 

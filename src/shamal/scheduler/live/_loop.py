@@ -41,7 +41,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from shamal import snapshot
 from shamal.artifacts import ArtifactService
 from shamal.config import SchedulerSettings
 from shamal.executors import (
@@ -52,30 +51,36 @@ from shamal.executors import (
     Handle,
     LaunchSpec,
 )
-from shamal.jobs._convert import (
+from shamal.jobs import (
+    NAMESPACE,
+    Attempt,
+    Job,
+    JobService,
+    JobState,
+    log_prefix,
     placement_from_json,
     placement_to_json,
     record_of,
     request_of,
+    snapshot,
 )
-from shamal.jobs._entities import Job, JobState
-from shamal.jobs._fit import quotas_of
-from shamal.jobs._lifecycle import JobLifecycle
-from shamal.jobs._service import NAMESPACE, JobService, log_prefix
-from shamal.jobs._store import Attempt
-from shamal.scheduler._admission import decay_all, decayed_usage
-from shamal.scheduler._placement import allocate
-from shamal.scheduler._predictor import RuntimePredictor
-from shamal.scheduler._resources import Cluster, Placement
-from shamal.scheduler._state import (
+from shamal.scheduler.core import (
+    Cluster,
     JobPhase,
+    Placement,
     Policy,
     Preempt,
     PriorityClass,
+    RuntimePredictor,
     SchedJob,
     SchedulerState,
     Start,
+    allocate,
+    decay_all,
+    decayed_usage,
 )
+from shamal.scheduler.live._fit import quotas_of
+from shamal.scheduler.live._lifecycle import JobLifecycle
 
 logger = logging.getLogger(__name__)
 

@@ -9,26 +9,43 @@ import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from shamal.artifacts import ArtifactService
 from shamal.config import LocalArtifactSettings, Settings
+from shamal.db import Database
 from shamal.errors import InvalidParameter
 from shamal.executors import Sandbox, describe, get_executor, network_of, self_test
-from shamal.jobs import Job, JobLifecycle, effective_settings
-from shamal.jobs._loop import SchedulerLoop, SchedulerParts
-from shamal.scheduler import DEFAULT_POLICY, get_policy
-from shamal.server._platform import Platform
+from shamal.jobs import Job, JobService
+from shamal.scheduler.core import DEFAULT_POLICY, Cluster, get_policy
+from shamal.scheduler.live._cluster import effective_settings
+from shamal.scheduler.live._lifecycle import JobLifecycle
+from shamal.scheduler.live._loop import SchedulerLoop, SchedulerParts
+from shamal.security import AuditLog, SecurityService
 
 logger = logging.getLogger(__name__)
 
 
-def scheduler_name(platform: Platform) -> str:
+class Services(Protocol):
+    """What the live scheduler takes from the platform it runs in (the server's
+    :class:`~shamal.server.Platform` is one)."""
+
+    settings: Settings
+    db: Database
+    audit: AuditLog
+    security: SecurityService
+    artifacts: ArtifactService
+    jobs: JobService
+    cluster: Cluster
+
+
+def scheduler_name(platform: Services) -> str:
     """This process's scheduler name: configured, else the host name."""
     return platform.settings.scheduler.name or socket.gethostname() or "scheduler"
 
 
 def build_loop(
-    platform: Platform, *, name: str | None = None, api_url: str | None = None
+    platform: Services, *, name: str | None = None, api_url: str | None = None
 ) -> SchedulerLoop:
     """A scheduler loop over the platform's database, artifact store and cluster.
 
@@ -63,11 +80,7 @@ def build_loop(
     except ValueError as exc:
         raise InvalidParameter(str(exc)) from None
     credentials = JobCredentials(platform, url) if url else None
-    loop = SchedulerLoop(parts, policy, credentials=credentials)
-    loop.periodic.append((10.0, platform.tune.fail_stale_trials))
-    # A canary whose traffic stopped still moves on (or back) after its interval.
-    loop.periodic.append((10.0, platform.deployments.check_rollouts))
-    return loop
+    return SchedulerLoop(parts, policy, credentials=credentials)
 
 
 def job_folders(settings: Settings) -> Path:
@@ -174,7 +187,7 @@ class JobCredentials:
         api_url: the URL jobs reach the API at.
     """
 
-    def __init__(self, platform: Platform, api_url: str) -> None:
+    def __init__(self, platform: Services, api_url: str) -> None:
         self._security = platform.security
         self._api_url = api_url
 

@@ -1,8 +1,8 @@
 """The trace-driven simulator: replays job traces through the live scheduler's policies,
-admission and placement code (see :mod:`shamal.scheduler.sim._simulator`)."""
+admission and placement code (see :mod:`shamal.scheduler.core.sim._simulator`)."""
 
-from shamal.scheduler.sim._plot import PLOT_FORMATS, plot_path, plot_timeline
-from shamal.scheduler.sim._simulator import (
+from shamal.scheduler.core.sim._plot import PLOT_FORMATS, plot_path, plot_timeline
+from shamal.scheduler.core.sim._simulator import (
     DEFAULT_PREEMPTION_COST_S,
     NORMAL,
     SimOptions,
@@ -10,7 +10,7 @@ from shamal.scheduler.sim._simulator import (
     Simulator,
     simulate,
 )
-from shamal.scheduler.sim._trace import (
+from shamal.scheduler.core.sim._trace import (
     DEFAULT_POOL,
     TraceError,
     TraceJob,

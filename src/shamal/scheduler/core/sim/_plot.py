@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shamal.plotfile import PLOT_FORMATS, plot_path, pyplot, save_figure
-from shamal.scheduler.sim._simulator import SimResult
+from shamal.cli._plotfile import PLOT_FORMATS, plot_path, pyplot, save_figure
+from shamal.scheduler.core.sim._simulator import SimResult
 
 __all__ = ["PLOT_FORMATS", "plot_path", "plot_timeline"]
 

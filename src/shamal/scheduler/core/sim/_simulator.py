@@ -2,8 +2,8 @@
 placement, replayed over a trace.
 
 Each decision comes from the same ``policy.decide(state, now)`` the live scheduler
-calls, with the same admission (:mod:`shamal.scheduler._admission`) and placement
-(:mod:`shamal.scheduler._placement`) code; the simulator only plays the part of the
+calls, with the same admission (:mod:`shamal.scheduler.core._admission`) and placement
+(:mod:`shamal.scheduler.core._placement`) code; the simulator only plays the part of the
 database and the executors: it applies the decisions, advances the clock to the next
 event and keeps the books.
 
@@ -44,13 +44,21 @@ from typing import Any
 
 import numpy as np
 
-from shamal.scheduler._admission import Admission, QuotaBook, decayed_usage
-from shamal.scheduler._engine import BasePolicy
-from shamal.scheduler._placement import allocate, place, release
-from shamal.scheduler._policies import DEFAULT_POLICY, simulation_policy
-from shamal.scheduler._predictor import ErrorTracker, JobRecord, RuntimePredictor
-from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Placement, Request, Resources
-from shamal.scheduler._state import (
+from shamal.scheduler.core._admission import Admission, QuotaBook, decayed_usage
+from shamal.scheduler.core._engine import BasePolicy
+from shamal.scheduler.core._placement import allocate, place, release
+from shamal.scheduler.core._policies import DEFAULT_POLICY, simulation_policy
+from shamal.scheduler.core._predictor import ErrorTracker, JobRecord, RuntimePredictor
+from shamal.scheduler.core._resources import (
+    GPU_MILLI,
+    Cluster,
+    Gpu,
+    Node,
+    Placement,
+    Request,
+    Resources,
+)
+from shamal.scheduler.core._state import (
     DEFAULT_PREEMPTION_COST_S,
     Decision,
     JobPhase,
@@ -63,7 +71,7 @@ from shamal.scheduler._state import (
     job_pool,
     job_shape,
 )
-from shamal.scheduler.sim._trace import TraceJob, gang_request
+from shamal.scheduler.core.sim._trace import TraceJob, gang_request
 
 __all__ = [
     "DEFAULT_PREEMPTION_COST_S",

@@ -46,8 +46,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from shamal.scheduler._resources import GPU_MILLI, Cluster, Gpu, Node, Pool, Request, Resources
-from shamal.scheduler._state import TeamQuota
+from shamal.scheduler.core._resources import GPU_MILLI, Cluster, Gpu, Node, Pool, Request, Resources
+from shamal.scheduler.core._state import TeamQuota
 
 __all__ = [
     "DEFAULT_POOL",
