@@ -54,7 +54,6 @@ from rich.console import Console
 from rich.table import Table
 
 from shamal.scheduler.core import DEFAULT_POLICY, Cluster, policy_names, simulation_policy
-from shamal.scheduler.core._pack import run_pack_experiment
 from shamal.scheduler.core._policies import DEFAULT_LAS_THRESHOLDS
 from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, STRATEGIES
 from shamal.scheduler.core.sim import (
@@ -65,6 +64,7 @@ from shamal.scheduler.core.sim import (
     load_machines,
     load_teams,
     load_trace,
+    run_pack_experiment,
     simulate,
     team_cluster,
 )

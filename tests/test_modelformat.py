@@ -2,7 +2,7 @@
 
 The model server (:func:`shamal.serving._modelfiles.read_model_files`) and the optimizer
 (:func:`shamal.optimize.read_model_folder`, :func:`shamal.optimize._torch.read_torch_manifest`)
-all go through :mod:`shamal.modelfolder`: a manifest one of them refuses, the others refuse too,
+all go through :mod:`shamal.modelformat`: a manifest one of them refuses, the others refuse too,
 and a file is told by its bytes the same way everywhere (hostile-inputs.md §4).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from shamal.errors import InvalidParameter
-from shamal.modelfolder import MANIFEST, TensorSpec, read_manifest, sniff_format
+from shamal.modelformat import MANIFEST, TensorSpec, read_manifest, sniff_format
 from shamal.optimize import read_model_folder
 from shamal.optimize._torch import read_torch_manifest, refuse_pickles
 from shamal.serving._backends import BackendOptions

@@ -21,7 +21,7 @@ from shamal.scheduler.live import JobLifecycle, effective_settings
 from shamal.security import AuditContext
 from shamal.server import create_app
 from shamal.server._platform import Platform
-from tests.jobs.test_lifecycle import _run, _submit
+from tests.scheduler.live.test_lifecycle import _run, _submit
 
 JOB = {"command": ["python", "-c", "print('hi')"], "cpus": 0.5, "memory_mib": 256}
 

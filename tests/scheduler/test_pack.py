@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from shamal.cli.sim_pack import pack
-from shamal.scheduler.core._pack import TraceError, load_nodes, load_pods, run_pack_experiment
+from shamal.scheduler.core.sim import TraceError, load_nodes, load_pods, run_pack_experiment
 from tests import needs
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba_openb"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shamal.cli._plotfile import PLOT_FORMATS, plot_path, pyplot, save_figure
-from shamal.scheduler.core.sim._simulator import SimResult
+from shamal.cli._plotfile import plot_path, pyplot, save_figure
+from shamal.scheduler.core.sim import SimResult
 
-__all__ = ["PLOT_FORMATS", "plot_path", "plot_timeline"]
+__all__ = ["plot_timeline"]
 
 _POINTS = 4000
 

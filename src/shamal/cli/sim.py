@@ -239,7 +239,7 @@ def _checked_plot(plot: Path | None) -> Path | None:
 def _draw(result: SimResult, plot: Path, metrics: dict[str, Any]) -> str | None:
     """Draw the plot and record its path in ``metrics``; the error, if it failed (the
     metrics are printed all the same)."""
-    from shamal.scheduler.core.sim import plot_timeline
+    from shamal.cli._sim_plot import plot_timeline
 
     try:
         metrics["plot"] = str(plot_timeline(result, plot))

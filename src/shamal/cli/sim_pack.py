@@ -15,8 +15,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from shamal.cli._common import JsonOption, console, err_console
-from shamal.scheduler.core import DEFAULT_STRATEGY, STRATEGIES, run_pack_experiment
-from shamal.scheduler.core import PackTraceError as TraceError
+from shamal.scheduler.core import DEFAULT_STRATEGY, STRATEGIES
+from shamal.scheduler.core.sim import TraceError, run_pack_experiment
 
 __all__ = ["pack"]
 

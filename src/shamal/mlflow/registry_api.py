@@ -19,6 +19,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from shamal.api import PageBytes
 from shamal.artifacts import search_slot
 from shamal.errors import InvalidParameter
 from shamal.mlflow._fields import Fields, bounded_page, proto_json, read_fields
@@ -112,14 +113,6 @@ VersionQuery = Annotated[Fields, Depends(_version_query)]
 AliasQuery = Annotated[Fields, Depends(_alias_query)]
 StagesQuery = Annotated[Fields, Depends(_stages_query)]
 SearchQuery = Annotated[Fields, Depends(_search_query)]
-
-
-async def _page_bytes(request: Request) -> int:
-    return int(request.app.state.settings.max_page_bytes)
-
-
-#: The most bytes of JSON a search page holds past its first item (``max_page_bytes``).
-PageBytes = Annotated[int, Depends(_page_bytes)]
 
 
 def _version(fields: Fields) -> int:

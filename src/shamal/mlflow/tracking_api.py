@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from shamal.api import PageBytes
 from shamal.artifacts import search_slot
 from shamal.mlflow import _tracking_json as _proto
 from shamal.mlflow._fields import (
@@ -54,12 +55,6 @@ Writer = Annotated[Principal, Depends(data_plane_write)]
 Searcher = Annotated[Principal, Depends(read_only_post)]
 
 
-async def _page_bytes(request: Request) -> int:
-    return int(request.app.state.settings.max_page_bytes)
-
-
-#: The most bytes of JSON a search page holds past its first item (``max_page_bytes``).
-PageBytes = Annotated[int, Depends(_page_bytes)]
 #: Searches hold one of the caller's ``max_searches_per_principal`` slots while they run.
 SEARCH_SLOT = [Depends(search_slot)]
 

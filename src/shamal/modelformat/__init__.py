@@ -7,7 +7,7 @@ graph is checked), so the optimizer and the model server share it without loadin
 
 from __future__ import annotations
 
-from shamal.modelfolder._format import (
+from shamal.modelformat._format import (
     DATATYPES,
     FORMATS,
     MANIFEST,

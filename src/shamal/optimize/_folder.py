@@ -1,7 +1,7 @@
 """The model folder as the optimizer writes it (``model.onnx`` + ``shamal-model.json``).
 
 The format, and the checks both the optimizer and the model server apply when reading one, live
-in :mod:`shamal.modelfolder`; this module adds what only the optimizer needs: the tensors of an
+in :mod:`shamal.modelformat`; this module adds what only the optimizer needs: the tensors of an
 ONNX graph, and writing a folder. What Shamal writes never uses external data (every tensor is
 inside ``model.onnx``).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shamal.errors import InvalidParameter
-from shamal.modelfolder import (
+from shamal.modelformat import (
     DATATYPES,
     MANIFEST,
     MODEL_FILE,

@@ -5,7 +5,7 @@ Model files are hostile until proven otherwise (hostile-inputs.md §4): a pickle
 file whose tensors point at external data outside its folder (``../../etc/passwd``, an absolute
 path, a symlink out) must never be loaded. Nothing here executes code from a file.
 
-The checks are :mod:`shamal.modelfolder`'s, shared with the model server; this module adds
+The checks are :mod:`shamal.modelformat`'s, shared with the model server; this module adds
 loading a checked graph's external data.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shamal.modelfolder import check_onnx_file, contained, external_locations, sniff_format
+from shamal.modelformat import check_onnx_file, contained, external_locations, sniff_format
 
 if TYPE_CHECKING:
     import onnx

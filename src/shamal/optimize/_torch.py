@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from shamal.errors import InvalidParameter
-from shamal.modelfolder import (
+from shamal.modelformat import (
     MANIFEST,
     TensorSpec,
     read_manifest,
@@ -127,7 +127,7 @@ def read_torch_manifest(folder: Path) -> TorchManifest:
     """Validate a torch folder's manifest and the weights file it names.
 
     Raises:
-        InvalidParameter: what :func:`~shamal.modelfolder.read_manifest` refuses, a format
+        InvalidParameter: what :func:`~shamal.modelformat.read_manifest` refuses, a format
             other than torch, tensors missing or of a type torch lacks, or weights that are not
             safetensors by their bytes.
     """

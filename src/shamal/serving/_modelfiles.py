@@ -8,7 +8,7 @@ Everything here treats files as hostile (hostile-inputs.md §4): formats are tol
 bytes, never by their names; pickles are refused unless the operator trusts the model; every path a
 manifest names must stay inside its folder; an ONNX graph whose tensors point at external data
 outside the folder is refused before any runtime opens it. Nothing here imports code named by a
-file. The manifest and the checks are :mod:`shamal.modelfolder`'s, shared with the optimizer.
+file. The manifest and the checks are :mod:`shamal.modelformat`'s, shared with the optimizer.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shamal.errors import InvalidParameter
-from shamal.modelfolder import (
+from shamal.modelformat import (
     MANIFEST,
     MODEL_FILE,
     check_onnx_file,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shamal.errors import ShamalError
-from shamal.modelfolder import TensorSpec as TensorSpec  # one description, shared with manifests
+from shamal.modelformat import TensorSpec as TensorSpec  # one description, shared with manifests
 
 
 class DeadlineExceeded(ShamalError):

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from shamal.artifacts import ArtifactFile, ArtifactService, safe_relpath
 from shamal.errors import InvalidParameter, NotFound
 from shamal.security import AuditContext, Principal, Role
-
-if TYPE_CHECKING:
-    from shamal.tracking._service import TrackingService
+from shamal.tracking._access import RunAccess
 
 #: The most entries one folder listing holds (a stock server lists every one; this bounds
 #: the answer of a folder of millions of files).
@@ -61,7 +58,7 @@ def children(
 class RunArtifacts:
     """The files of experiments, runs and logged models."""
 
-    def __init__(self, artifacts: ArtifactService, tracking: TrackingService) -> None:
+    def __init__(self, artifacts: ArtifactService, tracking: RunAccess) -> None:
         self._artifacts = artifacts
         self._tracking = tracking
 

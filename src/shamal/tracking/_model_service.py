@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from shamal.db import Database
 from shamal.errors import InvalidParameter
 from shamal.security import AuditContext, AuditLog, Principal, Role
-from shamal.tracking import _models_store
+from shamal.tracking import _store
+from shamal.tracking._access import RunAccess, UnknownExperiments
 from shamal.tracking._entities import LOGGED_MODEL_STATUSES, LoggedModel, LoggedModelSpec, Page
 from shamal.tracking._filters import (
     LOGGED_MODELS,
@@ -22,9 +22,6 @@ from shamal.tracking._filters import (
 from shamal.tracking._paging import check_page_size, page_of
 from shamal.tracking._search import logged_models_query
 
-if TYPE_CHECKING:
-    from shamal.tracking._service import TrackingService, UnknownExperiments
-
 #: A stock server's page size when a search names none (or 0) ...
 DEFAULT_LOGGED_MODEL_RESULTS = 100
 #: ... and it has no cap of its own: the proto field's int32 range is the only one.
@@ -34,14 +31,14 @@ MAX_LOGGED_MODEL_RESULTS = 2**31 - 1
 class LoggedModelService:
     """Logged models live in an experiment and follow its access rules."""
 
-    def __init__(self, db: Database, audit: AuditLog, tracking: TrackingService) -> None:
+    def __init__(self, db: Database, audit: AuditLog, tracking: RunAccess) -> None:
         self._db = db
         self._audit = audit
         self._tracking = tracking
 
     def get(self, principal: Principal, model_id: str, needed: Role = Role.VIEWER) -> LoggedModel:
         with self._db.unit_of_work(write=False) as s:
-            model, team_id = _models_store.logged_model_row(s, model_id)
+            model, team_id = _store.logged_model_row(s, model_id)
         principal.require_owner_role(team_id, needed, f"Logged model '{model_id}'")
         return model
 
@@ -53,7 +50,7 @@ class LoggedModelService:
         ctx.target = f"experiment:{experiment_id}/logged_model"
 
         def work(s: Session) -> LoggedModel:
-            model = _models_store.insert_logged_model(
+            model = _store.insert_logged_model(
                 s, experiment_id, spec, principal.name, self._tracking.now_ms()
             )
             self._audit.record(s, ctx, f"logged_model:{model.model_id}", name=spec.name)
@@ -87,23 +84,23 @@ class LoggedModelService:
         values["last_updated_timestamp_ms"] = self._tracking.now_ms()
 
         def work(s: Session) -> None:
-            _models_store.update_logged_model(s, model_id, values)
+            _store.update_logged_model(s, model_id, values)
             self._audit.record(s, ctx, ctx.target, **{k: str(v) for k, v in values.items()})
 
         self._db.run(work)
 
     def set_tags(self, principal: Principal, model_id: str, tags: dict[str, str]) -> LoggedModel:
         self.get(principal, model_id, Role.MEMBER)
-        self._db.run(lambda s: _models_store.set_logged_model_tags(s, model_id, tags))
+        self._db.run(lambda s: _store.set_logged_model_tags(s, model_id, tags))
         return self.get(principal, model_id)
 
     def delete_tag(self, principal: Principal, model_id: str, key: str) -> None:
         self.get(principal, model_id, Role.MEMBER)
-        self._db.run(lambda s: _models_store.delete_logged_model_tag(s, model_id, key))
+        self._db.run(lambda s: _store.delete_logged_model_tag(s, model_id, key))
 
     def log_params(self, principal: Principal, model_id: str, params: dict[str, str]) -> None:
         self.get(principal, model_id, Role.MEMBER)
-        self._db.run(lambda s: _models_store.set_logged_model_params(s, model_id, params))
+        self._db.run(lambda s: _store.set_logged_model_params(s, model_id, params))
 
     def search(
         self,
@@ -144,5 +141,5 @@ class LoggedModelService:
         )
         offset = decode_page_token(page_token)
         with self._db.unit_of_work(write=False) as s:
-            items = _models_store.page_of_logged_models(s, query, offset, max_results + 1)
+            items = _store.page_of_logged_models(s, query, offset, max_results + 1)
         return page_of(items, offset, max_results)

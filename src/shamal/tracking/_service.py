@@ -23,6 +23,7 @@ from shamal.db import Database
 from shamal.errors import InvalidParameter, ShamalError
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 from shamal.tracking import _store
+from shamal.tracking._access import UnknownExperiments
 from shamal.tracking._artifact_service import RunArtifacts
 from shamal.tracking._entities import (
     RUN_STATUSES,
@@ -67,9 +68,6 @@ MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
 MAX_SEARCH = {"runs": 50_000, "experiments": 50_000, "history": 1_000_000}
 _KEY_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,250}$")
 LifecycleView = Literal["active", "deleted", "all"]
-#: What a search does with an experiment id that does not exist (or that the caller
-#: cannot see, which is the same): "error" (NotFound) or "skip" (a stock server's way).
-UnknownExperiments = Literal["error", "skip"]
 MAX_EXPERIMENT_ID_DIGITS = 18
 VIEW_TYPES: dict[str, LifecycleView] = {
     "ACTIVE_ONLY": "active",

@@ -18,7 +18,7 @@ from shamal.jobs import JobSpec, JobState
 from shamal.scheduler.live import JobLifecycle, SchedulerLoop, effective_settings
 from shamal.security import AuditContext
 from shamal.server._platform import Platform
-from tests.jobs.test_lifecycle import PLACEMENT, _run, _submit, local_loop
+from tests.scheduler.live.test_lifecycle import PLACEMENT, _run, _submit, local_loop
 
 
 class Clock:

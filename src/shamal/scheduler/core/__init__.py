@@ -9,8 +9,6 @@ trace simulator (:mod:`shamal.scheduler.core.sim`) does the same over a trace.
 from shamal.scheduler.core._admission import Admission, QuotaBook, decay_all, decayed_usage
 from shamal.scheduler.core._engine import BasePolicy, schedule
 from shamal.scheduler.core._mig import profiles_for
-from shamal.scheduler.core._pack import TraceError as PackTraceError
-from shamal.scheduler.core._pack import run_pack_experiment
 from shamal.scheduler.core._placement import allocate, place, release
 from shamal.scheduler.core._policies import (
     DEFAULT_POLICY,
@@ -67,7 +65,6 @@ __all__ = [
     "JobPhase",
     "JobRecord",
     "Node",
-    "PackTraceError",
     "Placement",
     "Policy",
     "Pool",
@@ -97,7 +94,6 @@ __all__ = [
     "policy_summary",
     "profiles_for",
     "release",
-    "run_pack_experiment",
     "schedule",
     "simulation_policy",
 ]

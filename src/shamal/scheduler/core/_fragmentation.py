@@ -88,7 +88,7 @@ class FragModel:
     GPUs beyond what the node's free CPU lets the request use. Alone it protects
     small requests at the cost of large ones (8-GPU requests start failing at 80%
     demand on the Alibaba trace); half and half packs the trace tighter than either
-    (see :mod:`shamal.scheduler.core._pack`).
+    (see :mod:`shamal.scheduler.core.sim`).
     """
 
     def __init__(self, mix: RequestMix, *, packing: float = 0.0) -> None:

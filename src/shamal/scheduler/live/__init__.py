@@ -3,7 +3,7 @@
 * :class:`SchedulerLoop` ticks: reconcile running attempts, ask the scheduler core's policy,
   apply its starts and preemptions (:mod:`._loop`);
 * :class:`JobLifecycle` moves jobs through their states in the database, with the leases that
-  let several schedulers share one database (:mod:`._lifecycle`, :mod:`._leases`);
+  let several schedulers share one database (:mod:`._lifecycle`, :mod:`._store`);
 * :func:`build_cluster` and :func:`effective_settings` model the configured cluster
   (:mod:`._cluster`); :class:`ClusterCapacity` answers what a job could ever get on it
   (:mod:`._fit`), which :class:`shamal.jobs.JobService` asks at submission;

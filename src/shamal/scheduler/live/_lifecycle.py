@@ -22,7 +22,7 @@ from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.jobs import ACTIVE_STATES, Job, JobState
 from shamal.jobs import store as _store
-from shamal.scheduler.live import _leases
+from shamal.scheduler.live import _store as _leases
 from shamal.security import AuditLog
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """The trace-driven simulator: replays job traces through the live scheduler's policies,
-admission and placement code (see :mod:`shamal.scheduler.core.sim._simulator`)."""
+admission and placement code (see :mod:`shamal.scheduler.core.sim._simulator`), and the
+packing experiment over node and pod lists (:mod:`shamal.scheduler.core.sim._pack`)."""
 
-from shamal.scheduler.core.sim._plot import PLOT_FORMATS, plot_path, plot_timeline
+from shamal.scheduler.core.sim._pack import load_nodes, load_pods, run_pack_experiment
 from shamal.scheduler.core.sim._simulator import (
     DEFAULT_PREEMPTION_COST_S,
     NORMAL,
@@ -26,7 +27,6 @@ __all__ = [
     "DEFAULT_POOL",
     "DEFAULT_PREEMPTION_COST_S",
     "NORMAL",
-    "PLOT_FORMATS",
     "SimOptions",
     "SimResult",
     "Simulator",
@@ -37,8 +37,9 @@ __all__ = [
     "load_machines",
     "load_teams",
     "load_trace",
-    "plot_path",
-    "plot_timeline",
+    "load_nodes",
+    "load_pods",
+    "run_pack_experiment",
     "simulate",
     "team_cluster",
 ]

@@ -45,6 +45,7 @@ from shamal.scheduler.core._resources import (
     RequestMix,
 )
 from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, strategy_named
+from shamal.scheduler.core.sim._trace import TraceError
 
 __all__ = [
     "TraceError",
@@ -59,10 +60,6 @@ POOL = "openb"
 
 Progress = Callable[[float, int], None]
 """Called as ``progress(seeds_done, seeds)``; ``seeds_done`` may be fractional."""
-
-
-class TraceError(ValueError):
-    """A node or pod list that cannot be read (missing file, column, or bad value)."""
 
 
 def _rows(path: Path, columns: Sequence[str]) -> list[dict[str, str]]:
