@@ -54,7 +54,8 @@ def test_the_rules_it_states_are_contracts() -> None:
     assert orm["protected_modules"] == ["shamal.db.models"]
     assert all(i.startswith(("shamal.db", "shamal.**.")) for i in orm["allowed_importers"])
     domains = [c for c in contracts if c["type"] == "layers" and c.get("containers")]
-    assert domains and all(c.get("exhaustive") for c in domains)
+    assert domains
+    assert all(c.get("exhaustive") for c in domains)
     named = {c["containers"][0].removeprefix("shamal.") for c in domains}
     text = DOC.read_text(encoding="utf-8")
     for domain in named:
