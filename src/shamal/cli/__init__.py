@@ -26,6 +26,8 @@ from shamal.cli import tune as tune_cmd
 from shamal.cli._common import ShamalGroup
 from shamal.cli.server import server
 
+__all__ = ["app", "main"]
+
 app = typer.Typer(
     name="shamal",
     help="Shamal: a self-hostable ML platform. Start with `shamal server`; other commands "
