@@ -89,12 +89,7 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
     cursor, inclusive, batch = prefix, True, _FOLDER_PEEK
     shown_head: str | None = None  # the subfolder whose first file was shown last
     while len(found) < limit:
-        query = select(ArtifactFileRow).where(
-            ArtifactFileRow.namespace == namespace,
-            ArtifactFileRow.path >= cursor if inclusive else ArtifactFileRow.path > cursor,
-            ArtifactFileRow.path < prefix + _AFTER_ALL,
-        )
-        rows = list(s.scalars(query.order_by(ArtifactFileRow.path).limit(batch)))
+        rows = _folder_rows(s, namespace, prefix, cursor, inclusive, batch)
         # The subfolder the batch has reached (None: a file directly in the folder) and
         # how many of the batch's last rows lie in it.
         last_head: str | None = None
@@ -114,11 +109,29 @@ def folder_files(s: Session, namespace: str, folder: str, limit: int) -> list[Ar
         # Inside a subfolder: go on after the whole of it; else after the last file read.
         cursor = rows[-1].path if last_head is None else f"{prefix}{last_head}/{_AFTER_ALL}"
         inclusive = False
-        if 2 * run > len(rows):
-            batch = max(batch // 4, _FOLDER_PEEK)
-        else:
-            batch = min(batch * 4, _FOLDER_BATCH)
+        batch = _next_batch(batch, run, len(rows))
     return found
+
+
+def _folder_rows(
+    s: Session, namespace: str, prefix: str, cursor: str, inclusive: bool, batch: int
+) -> list[ArtifactFileRow]:
+    """At most ``batch`` rows under ``prefix`` from ``cursor`` on (itself included when
+    ``inclusive``), in path order."""
+    query = select(ArtifactFileRow).where(
+        ArtifactFileRow.namespace == namespace,
+        ArtifactFileRow.path >= cursor if inclusive else ArtifactFileRow.path > cursor,
+        ArtifactFileRow.path < prefix + _AFTER_ALL,
+    )
+    return list(s.scalars(query.order_by(ArtifactFileRow.path).limit(batch)))
+
+
+def _next_batch(batch: int, run: int, read: int) -> int:
+    """The size of the next batch after one of ``read`` rows whose last ``run`` lay in
+    one subfolder: smaller when that subfolder filled most of it, else larger."""
+    if 2 * run > read:
+        return max(batch // 4, _FOLDER_PEEK)
+    return min(batch * 4, _FOLDER_BATCH)
 
 
 def delete_file(s: Session, namespace: str, path: str) -> ArtifactFile:

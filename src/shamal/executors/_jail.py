@@ -140,21 +140,42 @@ def plan_view(config: dict[str, Any]) -> list[tuple[str, Path, bool]]:
     # The job's own scratch folders: each becomes a private, bounded tmpfs.
     scratch = {Path("/tmp"), Path("/dev/shm")}  # nosec B108
     covers = {Path(p) for p in config.get("hide", ()) if Path(p).is_dir()} | scratch
-    needed = [(Path(config["workdir"]), True)]
-    needed += [(Path(p), True) for p in config.get("shared", ())]
-    needed += [(Path(p), False) for p in config.get("expose", ())]
-    # A folder the job's user may not enter is of no use to it, and bound back it would
-    # block the way to what lies below it (its own working folder, say).
-    needed = [(p, w) for p, w in needed if _enterable(p, uid, gid)]
+    needed = _needed_paths(config, uid, gid)
     for path, _ in needed:
-        blocked = [a for a in reversed(path.parents) if not _enterable(a, uid, gid)]
-        if blocked:
-            covers.add(blocked[0])
+        blocked = _outermost_blocked(path, uid, gid)
+        if blocked is not None:
+            covers.add(blocked)
     binds = [
         (path, writable)
         for path, writable in needed
         if path.exists() and any(_under(path, c) and c != path for c in covers)
     ]
+    return _ordered_steps(covers, scratch, binds)
+
+
+def _needed_paths(
+    config: dict[str, Any], uid: int | None, gid: int | None
+) -> list[tuple[Path, bool]]:
+    """The paths the job needs (its working folder, ``shared``, ``expose``), each with
+    whether it may write there, less those its user may not enter."""
+    needed = [(Path(config["workdir"]), True)]
+    needed += [(Path(p), True) for p in config.get("shared", ())]
+    needed += [(Path(p), False) for p in config.get("expose", ())]
+    # A folder the job's user may not enter is of no use to it, and bound back it would
+    # block the way to what lies below it (its own working folder, say).
+    return [(p, w) for p, w in needed if _enterable(p, uid, gid)]
+
+
+def _outermost_blocked(path: Path, uid: int | None, gid: int | None) -> Path | None:
+    """The outermost parent folder of ``path`` the job's user cannot enter, if any."""
+    return next((a for a in reversed(path.parents) if not _enterable(a, uid, gid)), None)
+
+
+def _ordered_steps(
+    covers: set[Path], scratch: set[Path], binds: list[tuple[Path, bool]]
+) -> list[tuple[str, Path, bool]]:
+    """Covers and binds as mount steps: shallower paths first, at one depth covers
+    before binds, then by path."""
     steps = [(len(c.parts), 0, ("cover", c, c in scratch)) for c in covers]
     steps += [(len(p.parts), 1, ("bind", p, w)) for p, w in binds]
     return [step for _, _, step in sorted(steps, key=lambda s: (s[0], s[1], str(s[2][1])))]

@@ -172,15 +172,27 @@ def decode_raw_request(
     if batched and shape and shape[0] == -1:
         shape[0] = 1
     if spec.datatype == "BYTES":
-        if any(dim not in (1, -1) for dim in shape):
-            raise InvalidParameter(
-                f"{label}: a BYTES input of shape {list(spec.shape)} takes more than one "
-                "element; send a JSON header with binary_data_size."
-            )
-        data = np.empty(1, dtype=object)
-        data[0] = bytes(body)
-        shape = [1] * len(shape)
-        return _raw_request(spec, data.reshape(tuple(shape)), model, version, headers)
+        data = _raw_bytes_tensor(body, spec, shape, label)
+    else:
+        data = _raw_tensor(body, spec, shape, label)
+    return _raw_request(spec, data, model, version, headers)
+
+
+def _raw_bytes_tensor(body: bytes, spec: TensorSpec, shape: list[int], label: str) -> np.ndarray:
+    """A raw body for a BYTES input: one element holding the whole body."""
+    if any(dim not in (1, -1) for dim in shape):
+        raise InvalidParameter(
+            f"{label}: a BYTES input of shape {list(spec.shape)} takes more than one "
+            "element; send a JSON header with binary_data_size."
+        )
+    data = np.empty(1, dtype=object)
+    data[0] = bytes(body)
+    return data.reshape(tuple([1] * len(shape)))
+
+
+def _raw_tensor(body: bytes, spec: TensorSpec, shape: list[int], label: str) -> np.ndarray:
+    """A raw body for a numeric input of ``shape``: at most one variable dimension,
+    inferred from the byte count."""
     variable = [axis for axis, dim in enumerate(shape) if dim < 0]
     if len(variable) > 1:
         raise InvalidParameter(
@@ -197,10 +209,9 @@ def decode_raw_request(
             )
         shape[variable[0]] = len(body) // known
     try:
-        data = from_raw(body, spec.datatype, shape)
+        return from_raw(body, spec.datatype, shape)
     except InvalidParameter as exc:
         raise InvalidParameter(f"{label}: {exc.message}") from None
-    return _raw_request(spec, data, model, version, headers)
 
 
 def _raw_request(

@@ -581,18 +581,35 @@ def _list_value(
             raise scanner.error("ids are quoted decimal integers")
         return tuple(_id(scanner, str(item)) for _, item in items)
     if rule.kind == "number":
-        numbers: list[str] = []
-        for kind, item in items:
-            text = str(item).strip() if kind == "string" else ""
-            if kind == "string" and (not text.isascii() or not text.isdigit() or len(text) > 18):
-                raise scanner.error("list items must be integers for this key")
-            if kind == "number" and not float(item).is_integer():
-                raise scanner.error("list items must be integers for this key")
-            numbers.append(str(int(text)) if kind == "string" else str(int(float(item))))
-        return tuple(numbers)
+        return tuple(_integer_item(scanner, kind, item) for kind, item in items)
+    return _string_list(scanner, entity, key, items, grammar)
+
+
+def _integer_item(scanner: _Scanner, kind: str, item: float | str) -> str:
+    """One item of a list for a number key: a whole number, or a quoted decimal integer
+    of at most 18 digits, in canonical form."""
+    if kind == "string":
+        text = str(item).strip()
+        if not text.isascii() or not text.isdigit() or len(text) > 18:
+            raise scanner.error("list items must be integers for this key")
+        return str(int(text))
+    if not float(item).is_integer():
+        raise scanner.error("list items must be integers for this key")
+    return str(int(float(item)))
+
+
+def _string_list(
+    scanner: _Scanner,
+    entity: Entity,
+    key: str,
+    items: list[tuple[str, float | str]],
+    grammar: Grammar,
+) -> tuple[str, ...]:
+    """The items of a list for a string key (integer-as-text keys take numbers too)."""
+    integer_text = _is_integer_text(grammar, entity, key)
     strings: list[str] = []
     for kind, item in items:
-        if _is_integer_text(grammar, entity, key):
+        if integer_text:
             strings.append(_integer_text(scanner, item))
             continue
         if kind != "string":

@@ -458,6 +458,20 @@ class Round:
                 self._restore(victim for victim, _ in reversed(victims))
                 return False
             admission = verdict
+        self._record_start(job, pool, placement, victims, admission)
+        return True
+
+    def _record_start(
+        self,
+        job: SchedJob,
+        pool: str,
+        placement: Placement,
+        victims: list[tuple[SchedJob, str]],
+        admission: Admission,
+    ) -> None:
+        """Record the preemption of ``victims`` and the start of ``job`` (already placed)
+        and charge it to its team's quota."""
+        book = self.book
         for victim, reason in victims:
             self.preempted.add(victim.id)
             self.decisions.append(Preempt(victim.id, reason))
@@ -468,7 +482,6 @@ class Round:
         self.started.append(job)
         if book is not None and pool:
             book.charge(job, pool)
-        return True
 
     def _admission(self, job: SchedJob, pool: str) -> Admission | None:
         """What quotas say about starting ``job`` in ``pool`` now; ``None`` when it cannot
@@ -545,14 +558,16 @@ class Round:
             return ranked
         parts: list[Iterator[tuple[SchedJob, str]]] = []
         if self._stopping:
-            parts.append(
-                (victim, _STOPPING)
-                for victim in self._stopping
-                if victim.id not in self.preempted and (not pool or self.pool_of(victim) == pool)
-            )
+            parts.append(self._stopping_victims(pool))
         if reclaim and book is not None and teams:
             parts.append((victim, "reclaim") for victim in self._reclaim_victims(job, pool, book))
         return itertools.chain(*parts, ranked)
+
+    def _stopping_victims(self, pool: str) -> Iterator[tuple[SchedJob, str]]:
+        """The jobs already told to stop (in ``pool``, if given) not released yet."""
+        for victim in self._stopping:
+            if victim.id not in self.preempted and (not pool or self.pool_of(victim) == pool):
+                yield victim, _STOPPING
 
     def _outranked(
         self, job: SchedJob, pool: str, team: str | None
@@ -628,13 +643,7 @@ class Round:
         when it cannot fit even then. On success the placement is taken."""
         policy = self.policy
         book = self.book
-        reclaim = (
-            book is not None
-            and bool(pool)
-            and admission is Admission.WITHIN
-            and book.managed(pool)
-            and bool(book.borrowers(pool) - {job.team})
-        )
+        reclaim = self._may_reclaim(job, pool, admission)
         if not (policy.preemptive or (policy.class_aware and policy.class_preemption) or reclaim):
             return None
         failed = self.failed_searches.get(job.team, 0)
@@ -656,6 +665,18 @@ class Round:
             self.failed_searches[job.team] = failed + 1
             return None
         return placement, needed
+
+    def _may_reclaim(self, job: SchedJob, pool: str, admission: Admission) -> bool:
+        """Whether ``job``, admitted within its team's guarantee in the quota-managed
+        ``pool``, may take capacity back from other teams borrowing there."""
+        book = self.book
+        return (
+            book is not None
+            and bool(pool)
+            and admission is Admission.WITHIN
+            and book.managed(pool)
+            and bool(book.borrowers(pool) - {job.team})
+        )
 
     def _release_until_fits(
         self, job: SchedJob, pool: str, reclaim: bool, quota_bound: bool

@@ -87,19 +87,8 @@ def _node_slots(node: Node, request: Request, count: int, *, partial: bool = Fal
         if request.gpus:
             option = Option(tuple(whole[: request.gpus])) if len(whole) >= request.gpus else None
             whole = whole[request.gpus :]
-        elif request.gpu_milli:
-            fitting = [
-                (g.free_milli, i)
-                for i, g in enumerate(gpus)
-                if not g.mig_slices
-                and g.free_milli >= request.gpu_milli
-                and gpu_allowed(g, request)
-            ]
-            option = Option((min(fitting)[1],)) if fitting else None
-        elif request.mig_profile is not None:
-            option = mig_choice(gpus, request)
         else:
-            option = Option(())
+            option = _shared_option(gpus, request)
         if option is None:
             break
         slot = make_slot(node, request, option)
@@ -108,6 +97,22 @@ def _node_slots(node: Node, request: Request, count: int, *, partial: bool = Fal
     if len(slots) < count and not partial:
         return []
     return slots
+
+
+def _shared_option(gpus: list[Gpu], request: Request) -> Option | None:
+    """The option for one worker of ``request`` that asks for no whole GPU, on ``gpus``
+    as they are: a fraction of the unpartitioned GPU with the least free capacity that
+    holds it (then the first), a MIG slice, or no GPU at all; ``None`` when none fits."""
+    if request.gpu_milli:
+        fitting = [
+            (g.free_milli, i)
+            for i, g in enumerate(gpus)
+            if not g.mig_slices and g.free_milli >= request.gpu_milli and gpu_allowed(g, request)
+        ]
+        return Option((min(fitting)[1],)) if fitting else None
+    if request.mig_profile is not None:
+        return mig_choice(gpus, request)
+    return Option(())
 
 
 def make_slot(node: Node, request: Request, option: Option) -> Slot:

@@ -210,12 +210,34 @@ class Strategy:
         self, cluster: Cluster, index: FreeIndex, request: Request, pool: str | None
     ) -> tuple[Node, Option] | None:
         """The node and option for one worker of ``request`` in ``pool``, or ``None``."""
+        best_group = self._best_group(cluster, index, request, pool)
+        if best_group is None:
+            return None
+        node = next(iter(best_group.values()))
+        if not request.gpu_milli:  # one option per node: nothing to choose between
+            return node, next(node_options(node, request))
+        found = self.best_option(cluster, node, request)
+        assert found is not None  # noqa: S101 - the memo said it fits
+        return node, found[1]
+
+    def _scores(self, cluster: Cluster, index: FreeIndex, request: Request) -> dict[int, object]:
+        """The memo of ``request``'s best score by node state id (None: it does not fit),
+        kept in the index's cache; started afresh when it or the cache grew too large."""
         memo_key = (self.tag(cluster), request)
         memo = index.cache.get(memo_key)
         if memo is None or len(memo) > _CACHE_LIMIT:
             if len(index.cache) > _CACHE_REQUESTS:
                 index.cache.clear()
             memo = index.cache[memo_key] = {}
+        return memo
+
+    def _best_group(
+        self, cluster: Cluster, index: FreeIndex, request: Request, pool: str | None
+    ) -> dict[str, Node] | None:
+        """The group of interchangeable nodes of ``pool`` with the lowest score (the first
+        of equal ones, in bucket order), or ``None`` when none fits; with
+        :meth:`stop_early`, from the first bucket that has a fit."""
+        memo = self._scores(cluster, index, request)
         best_score: Score | None = None
         best_group: dict[str, Node] | None = None
         for bucket in index.groups(pool, request.gpus):
@@ -228,14 +250,7 @@ class Strategy:
                     best_score, best_group = score, group  # type: ignore[assignment]
             if best_group is not None and self.stop_early(request):
                 break
-        if best_group is None:
-            return None
-        node = next(iter(best_group.values()))
-        if not request.gpu_milli:  # one option per node: nothing to choose between
-            return node, next(node_options(node, request))
-        found = self.best_option(cluster, node, request)
-        assert found is not None  # noqa: S101 - the memo said it fits
-        return node, found[1]
+        return best_group
 
 
 _MISSING = object()

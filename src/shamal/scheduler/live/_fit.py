@@ -128,13 +128,26 @@ def _gpu_problem(request: Request, pool: str, nodes: Sequence[Node]) -> str | No
     if not (request.gpus or request.gpu_milli or request.mig_profile is not None):
         return None
     gpus = [g for node in nodes for g in node.gpus]
-    if not gpus:
-        return f"pool {pool!r} has no GPUs"
     allowed = [g for g in gpus if _allowed(g, request)]
     if not allowed:
-        wanted = ", ".join(sorted(request.gpu_models))
-        models = ", ".join(sorted({g.model for g in gpus}))
-        return f"pool {pool!r} has no {wanted} GPU (it has {models})"
+        return _model_problem(request, pool, gpus)
+    return _gpu_form_problem(request, pool, nodes, allowed)
+
+
+def _model_problem(request: Request, pool: str, gpus: Sequence[Gpu]) -> str:
+    """Why none of ``gpus``, the GPUs of ``pool``, is of a model the request allows."""
+    if not gpus:
+        return f"pool {pool!r} has no GPUs"
+    wanted = ", ".join(sorted(request.gpu_models))
+    models = ", ".join(sorted({g.model for g in gpus}))
+    return f"pool {pool!r} has no {wanted} GPU (it has {models})"
+
+
+def _gpu_form_problem(
+    request: Request, pool: str, nodes: Sequence[Node], allowed: Sequence[Gpu]
+) -> str | None:
+    """Why the GPUs of ``pool`` of an allowed model (``allowed``) could never serve the
+    request's form: a MIG slice, whole GPUs or a fraction (None: they could)."""
     offered = sorted({name for g in allowed for name in profiles_for(g)}, key=_profile_order)
     if request.mig_profile is not None:
         return _mig_problem(request.mig_profile, pool, offered)

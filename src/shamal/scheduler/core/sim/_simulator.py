@@ -548,33 +548,9 @@ class Simulator:
         if done.any():
             makespan = float(self._finish[done].max() - submit.min())
             busy_gpu_s = float((gpus * self._run_s).sum())
-            metrics.update(
-                avg_jct_s=float(jct.mean()),
-                p50_jct_s=float(np.percentile(jct, 50)),
-                p99_jct_s=float(np.percentile(jct, 99)),
-                avg_queue_s=float(queue.mean()),
-                p50_queue_s=float(np.percentile(queue, 50)),
-                p99_queue_s=float(np.percentile(queue, 99)),
-                gpu_utilization=(
-                    None
-                    if not total_gpus
-                    else busy_gpu_s / (total_gpus * makespan)
-                    if makespan > 0
-                    else 0.0
-                ),
-                makespan_s=makespan,
-            )
+            metrics.update(_time_metrics(jct, queue, busy_gpu_s, total_gpus, makespan))
         else:
-            metrics.update(
-                avg_jct_s=0.0,
-                p50_jct_s=0.0,
-                p99_jct_s=0.0,
-                avg_queue_s=0.0,
-                p50_queue_s=0.0,
-                p99_queue_s=0.0,
-                gpu_utilization=0.0 if total_gpus else None,
-                makespan_s=0.0,
-            )
+            metrics.update(_NO_TIME_METRICS, gpu_utilization=0.0 if total_gpus else None)
         metrics.update(
             preemptions=self.preemptions,
             preempted_jobs=int((self._preemptions > 0).sum()),
@@ -585,19 +561,8 @@ class Simulator:
         )
         teams = sorted({j.team for j in self.jobs})
         if len(teams) > 1 or (teams and teams[0]):
-            per_team: dict[str, dict[str, float]] = {}
             team_of = np.array([j.team for j in self.jobs], dtype=object)[done]
-            for team in teams:
-                mask = team_of == team
-                if not mask.any():
-                    continue
-                per_team[team] = {
-                    "jobs": int(mask.sum()),
-                    "avg_jct_s": float(jct[mask].mean()),
-                    "avg_queue_s": float(queue[mask].mean()),
-                    "p99_queue_s": float(np.percentile(queue[mask], 99)),
-                }
-            metrics["teams"] = per_team
+            metrics["teams"] = _team_metrics(teams, team_of, jct, queue)
         if self.predictor is not None:
             metrics["prediction"] = self._tracker.report()
         return SimResult(
@@ -614,6 +579,59 @@ class Simulator:
                 "preemptions": self._preemptions,
             },
         )
+
+
+_NO_TIME_METRICS: dict[str, Any] = {
+    "avg_jct_s": 0.0,
+    "p50_jct_s": 0.0,
+    "p99_jct_s": 0.0,
+    "avg_queue_s": 0.0,
+    "p50_queue_s": 0.0,
+    "p99_queue_s": 0.0,
+    "gpu_utilization": None,
+    "makespan_s": 0.0,
+}
+"""The time metrics of a run in which no job finished (utilization: 0 with GPUs)."""
+
+
+def _time_metrics(
+    jct: np.ndarray, queue: np.ndarray, busy_gpu_s: float, total_gpus: float, makespan: float
+) -> dict[str, Any]:
+    """JCT and queueing delay (mean, median, p99) of the finished jobs, GPU utilization
+    (``None`` without GPUs) and makespan."""
+    if not total_gpus:
+        utilization = None
+    else:
+        utilization = busy_gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0
+    return {
+        "avg_jct_s": float(jct.mean()),
+        "p50_jct_s": float(np.percentile(jct, 50)),
+        "p99_jct_s": float(np.percentile(jct, 99)),
+        "avg_queue_s": float(queue.mean()),
+        "p50_queue_s": float(np.percentile(queue, 50)),
+        "p99_queue_s": float(np.percentile(queue, 99)),
+        "gpu_utilization": utilization,
+        "makespan_s": makespan,
+    }
+
+
+def _team_metrics(
+    teams: Sequence[str], team_of: np.ndarray, jct: np.ndarray, queue: np.ndarray
+) -> dict[str, dict[str, float]]:
+    """Per team with finished jobs (``team_of``: the team of each): their count, average
+    JCT and queueing delay, p99 queueing delay."""
+    per_team: dict[str, dict[str, float]] = {}
+    for team in teams:
+        mask = team_of == team
+        if not mask.any():
+            continue
+        per_team[team] = {
+            "jobs": int(mask.sum()),
+            "avg_jct_s": float(jct[mask].mean()),
+            "avg_queue_s": float(queue[mask].mean()),
+            "p99_queue_s": float(np.percentile(queue[mask], 99)),
+        }
+    return per_team
 
 
 def simulate(

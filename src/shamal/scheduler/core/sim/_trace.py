@@ -127,53 +127,68 @@ def load_trace(path: str | Path, *, limit: int | None = None) -> list[TraceJob]:
         raise TraceError(f"{path}: not a text file (expected a trace CSV)") from None
 
 
+_TRACE_COLUMNS = frozenset({"job_id", "submit_time_s", "duration_s", "num_gpus"})
+
+
 def _read_trace(path: Path, handle: IO[str], limit: int | None) -> list[TraceJob]:
     jobs: list[TraceJob] = []
     with handle:
         reader = csv.DictReader(handle)
         fields = {name.strip() for name in reader.fieldnames or ()}
-        missing = {"job_id", "submit_time_s", "duration_s", "num_gpus"} - fields
+        missing = _TRACE_COLUMNS - fields
         if missing:
             raise TraceError(
                 f"{path} lacks column(s) {', '.join(sorted(missing))} of the trace schema"
             )
         for row_number, row in enumerate(reader, start=2):
-            row = {k.strip(): v for k, v in row.items() if k is not None}
-            try:
-                submit = _column(row, "submit_time_s")
-                duration = _column(row, "duration_s")
-                gpus = _column(row, "num_gpus") or 0.0
-                cpus = _column(row, "num_cpus")
-                memory = _column(row, "mem_mib")
-            except TraceError as exc:
-                raise TraceError(f"{path}:{row_number}: {exc}") from None
-            if submit is None or duration is None:
-                raise TraceError(
-                    f"{path}:{row_number}: no submit_time_s or duration_s (the simulator "
-                    "replays jobs of known duration)"
-                )
-            if duration < 0 or gpus < 0 or (cpus or 0) < 0 or (memory or 0) < 0:
-                raise TraceError(
-                    f"{path}:{row_number}: negative duration_s, num_gpus, num_cpus or mem_mib"
-                )
-            jobs.append(
-                TraceJob(
-                    id=(row.get("job_id") or str(row_number - 2)).strip(),
-                    submit_s=submit,
-                    duration_s=duration,
-                    gpus=gpus,
-                    cpus=cpus,
-                    memory_mib=None if memory is None else int(memory),
-                    user=(row.get("user") or "").strip(),
-                    team=(row.get("vc") or "").strip(),
-                    status=(row.get("status") or "").strip(),
-                    job_type=(row.get("job_type") or "").strip(),
-                )
-            )
+            jobs.append(_trace_job(path, row_number, row))
     jobs.sort(key=lambda j: j.submit_s)
     if limit is not None:
         jobs = jobs[:limit]
     return jobs
+
+
+def _trace_job(path: Path, row_number: int, raw: Mapping[str | None, str | None]) -> TraceJob:
+    """The job of one trace row (``row_number`` counts the header as row 1)."""
+    row = {k.strip(): v for k, v in raw.items() if k is not None}
+    try:
+        submit, duration, gpus, cpus, memory = _trace_numbers(row)
+    except TraceError as exc:
+        raise TraceError(f"{path}:{row_number}: {exc}") from None
+
+    def text(column: str) -> str:
+        return (row.get(column) or "").strip()
+
+    return TraceJob(
+        id=(row.get("job_id") or str(row_number - 2)).strip(),
+        submit_s=submit,
+        duration_s=duration,
+        gpus=gpus,
+        cpus=cpus,
+        memory_mib=None if memory is None else int(memory),
+        user=text("user"),
+        team=text("vc"),
+        status=text("status"),
+        job_type=text("job_type"),
+    )
+
+
+def _trace_numbers(
+    row: Mapping[str, str | None],
+) -> tuple[float, float, float, float | None, float | None]:
+    """Submit time, duration, GPUs, CPUs and memory of a trace row, checked."""
+    submit = _column(row, "submit_time_s")
+    duration = _column(row, "duration_s")
+    gpus = _column(row, "num_gpus") or 0.0
+    cpus = _column(row, "num_cpus")
+    memory = _column(row, "mem_mib")
+    if submit is None or duration is None:
+        raise TraceError(
+            "no submit_time_s or duration_s (the simulator replays jobs of known duration)"
+        )
+    if duration < 0 or gpus < 0 or (cpus or 0) < 0 or (memory or 0) < 0:
+        raise TraceError("negative duration_s, num_gpus, num_cpus or mem_mib")
+    return submit, duration, gpus, cpus, memory
 
 
 def gang_request(job: TraceJob, node_gpus: Sequence[int]) -> Request:
@@ -383,23 +398,7 @@ def load_machines(path: str | Path) -> Cluster:
         raise TraceError(f"cannot read machine list {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text file (expected a CSV or JSON machine list)") from None
-    nodes: list[Node] = []
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise TraceError(f"{path}: not JSON: {exc}") from None
-        items = data.get("nodes") if isinstance(data, dict) else data
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise TraceError(f"{path}: expected a list of machines or {{'nodes': [...]}}")
-        for number, item in enumerate(items):
-            where = f"{path}, machine {number}"
-            nodes.extend(_node(item, _columns(item, where), number, where))
-    else:
-        reader = csv.DictReader(text.splitlines())
-        columns = _columns(reader.fieldnames or (), str(path))
-        for number, row in enumerate(reader):
-            nodes.extend(_node(row, columns, number, f"{path}, row {number + 2}"))
+    nodes = _json_nodes(path, text) if path.suffix.lower() == ".json" else _csv_nodes(path, text)
     if not nodes:
         raise TraceError(f"{path}: no machines")
     seen: set[str] = set()
@@ -409,6 +408,32 @@ def load_machines(path: str | Path) -> Cluster:
         seen.add(node.name)
     pools = [Pool(name) for name in dict.fromkeys(n.pool for n in nodes)]
     return Cluster.of(pools, nodes)
+
+
+def _json_nodes(path: Path, text: str) -> list[Node]:
+    """The nodes of a JSON machine list: a list of machines or ``{"nodes": [...]}``."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise TraceError(f"{path}: not JSON: {exc}") from None
+    items = data.get("nodes") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise TraceError(f"{path}: expected a list of machines or {{'nodes': [...]}}")
+    nodes: list[Node] = []
+    for number, item in enumerate(items):
+        where = f"{path}, machine {number}"
+        nodes.extend(_node(item, _columns(item, where), number, where))
+    return nodes
+
+
+def _csv_nodes(path: Path, text: str) -> list[Node]:
+    """The nodes of a CSV machine list (header required)."""
+    reader = csv.DictReader(text.splitlines())
+    columns = _columns(reader.fieldnames or (), str(path))
+    nodes: list[Node] = []
+    for number, row in enumerate(reader):
+        nodes.extend(_node(row, columns, number, f"{path}, row {number + 2}"))
+    return nodes
 
 
 # ----------------------------------------------------------------- teams
