@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shamal.cli._common import JsonOption, client, console, escape, handle_errors, print_table
-from shamal.cli.job import parse_duration_s, require_finite
+from shamal.cli._quantities import parse_duration_s, require_finite
 from shamal.errors import InvalidParameter
 
 deployments = typer.Typer(

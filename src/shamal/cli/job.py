@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import re
 import shlex
 import sys
@@ -27,6 +26,13 @@ from shamal.cli._common import (
     fmt,
     handle_errors,
 )
+from shamal.cli._quantities import (
+    MEMORY_HELP,
+    parse_duration_s,
+    parse_memory_mib,
+    require_finite,
+    shown,
+)
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter, PayloadTooLarge
 
@@ -41,114 +47,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 cost = typer.Typer(help="Cost: GPU-, CPU- and memory-seconds per team, pool, user or job.")
-
-MAX_MEMORY_MIB = 16 * 1024 * 1024
-_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_MEMORY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt]i?)b?|b)?\s*", re.IGNORECASE)
-MEMORY_HELP = (
-    "Memory per worker: 4Gi or 4GiB (binary), 4G or 4GB (decimal, 4*10^9 bytes), "
-    "512Mi; a bare number is MiB."
-)
-
-_SECONDS_PER = {
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
-    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
-    **dict.fromkeys(("d", "day", "days"), 86400),
-    **dict.fromkeys(("w", "week", "weeks"), 7 * 86400),
-}
-_DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
-DURATION_EXAMPLES = "90s, 30min, 2h, 1h30m or 7d (a bare number is seconds)"
-MAX_DURATION_S = 100 * 365 * 86400
-"""Longer than any duration a command takes (each then checks its own limit): beyond it,
-a duration is refused here, before it overflows a float or a date."""
-
-
-def shown(text: str, limit: int = 40) -> str:
-    """A value the user typed, quoted for an error message: escapes visible, cut short."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def require_finite(numbers: dict[str, float | None]) -> None:
-    """Refuse NaN and the infinities, naming the flag: typer reads ``nan``, ``inf`` and
-    ``1e309`` as floats, and no option means any of them.
-
-    Args:
-        numbers: each flag (``--cpus``) with the value given; None (not given) passes.
-
-    Raises:
-        InvalidParameter: the first flag whose value is not a finite number.
-    """
-    for flag, value in numbers.items():
-        if value is not None and not math.isfinite(value):
-            raise InvalidParameter(f"{flag} takes a number such as 0.5 or 2, not {value!r}")
-
-
-def parse_memory_mib(text: str, option: str) -> int:
-    """A memory size -> whole MiB (rounded up): '4GiB', '4Gi', '512Mi', '4G' and '4GB'
-    (decimal), '1536' (MiB). Units are case-insensitive.
-
-    Args:
-        text: what the user typed.
-        option: the flag it came from (``--memory``), named in every error so the user
-            knows which option to correct.
-
-    Raises:
-        InvalidParameter: not a size, or less than 1 MiB.
-    """
-    match = _MEMORY.fullmatch(text)
-    if not match:
-        raise InvalidParameter(
-            f"{option} takes sizes such as 4GiB, 4Gi, 512Mi or 4G (decimal), not {shown(text)}"
-        )
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    if match.group(2) is None and not text.strip().lower().endswith("b"):
-        mib = number  # a bare number is MiB
-    elif match.group(2) is None:
-        mib = number / 2**20  # bytes
-    else:
-        mib = number * (_BINARY.get(unit) or _DECIMAL[unit]) / 2**20
-    if mib <= 0:
-        raise InvalidParameter(f"{option} must be at least 1MiB, not {shown(text)}")
-    if not mib <= MAX_MEMORY_MIB:
-        raise InvalidParameter(f"{option} may be at most 16TiB, not {shown(text)}")
-    return math.ceil(mib - 1e-9)
-
-
-def parse_duration_s(text: str, option: str) -> float:
-    """'90s', '30min', '2h', '2 H', '1h30m', '7d' or plain seconds -> seconds.
-
-    Args:
-        text: what the user typed.
-        option: the flag it came from (``--time-limit``, ``--interval``), named in every
-            error so the user knows which option to correct.
-
-    Raises:
-        InvalidParameter: anything else (the message gives examples), or more than
-            :data:`MAX_DURATION_S`.
-    """
-    cleaned = text.strip().lower()
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", cleaned):
-        return _bounded(float(cleaned), text, option)
-    total, position = 0.0, 0
-    for part in _DURATION_PART.finditer(cleaned):
-        if part.start() != position or part.group(2) not in _SECONDS_PER:
-            position = -1
-            break
-        total += float(part.group(1)) * _SECONDS_PER[part.group(2)]
-        position = part.end()
-    if 0 < position == len(cleaned):
-        return _bounded(total, text, option)
-    raise InvalidParameter(
-        f"{option} takes a duration such as {DURATION_EXAMPLES}, not {shown(text)}"
-    )
-
-
-def _bounded(seconds: float, text: str, option: str) -> float:
-    if not seconds <= MAX_DURATION_S:  # also NaN and infinity, from hundreds of digits
-        raise InvalidParameter(f"{option} takes a duration of at most 100 years, not {shown(text)}")
-    return seconds
 
 
 def _why(job: dict[str, Any]) -> str:
@@ -372,6 +270,16 @@ def _states(given: list[str]) -> list[str]:
     return list(dict.fromkeys(states))
 
 
+def _check_name_filter(flag: str, value: str | None, most: int) -> None:
+    """Refuse a --team or --user filter the API would: a name is 1 to ``most`` characters.
+
+    Raises:
+        InvalidParameter: ``value`` is given and empty or longer than ``most``.
+    """
+    if value is not None and not 0 < len(value) <= most:
+        raise InvalidParameter(f"{flag} takes a name of 1 to {most} characters, not {shown(value)}")
+
+
 @app.command("list")
 @handle_errors
 def list_jobs(
@@ -385,11 +293,8 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     states = _states(state or [])
-    for flag, value, most in (("--team", team, 64), ("--user", user, 256)):
-        if value is not None and not 0 < len(value) <= most:
-            raise InvalidParameter(
-                f"{flag} takes a name of 1 to {most} characters, not {shown(value)}"
-            )
+    _check_name_filter("--team", team, 64)
+    _check_name_filter("--user", user, 256)
     jobs = client().list_jobs(states=states, team=team, user=user, limit=limit)
     if as_json:
         console.print_json(data=jobs)
@@ -418,20 +323,7 @@ def show(
             f" ({_why(job)})",
         )
     )
-    details = {
-        "team": job["team"] or "(no team)",
-        "user": job["user"],
-        "command": shlex.join(job["command"]),
-        "resources": job["resources"],
-        "priority": job["priority"],
-        "pool": job["pool"] or "any",
-        "attempt": f"{job['attempt']} (retries used {job['retries_used']} of "
-        f"{job['max_retries']}, preempted {job['preemptions']}x)",
-        "time limit": (None if job["time_limit_s"] is None else duration_text(job["time_limit_s"])),
-        "exit code": job["exit_code"],
-        "snapshot": (job["snapshot"] or "-")[:16],
-    }
-    for key, value in details.items():
+    for key, value in _job_details(job).items():
         console.print(Text(f"  {key:<10} {fmt(value)}"))
     table = Table(title="Transitions", title_justify="left", header_style="bold")
     for column in ("at", "from", "to", "attempt", "by", "reason"):
@@ -451,6 +343,23 @@ def show(
             )
         )
     console.print(table)
+
+
+def _job_details(job: dict[str, Any]) -> dict[str, Any]:
+    """What `job show` says of a job under its name, label by label."""
+    return {
+        "team": job["team"] or "(no team)",
+        "user": job["user"],
+        "command": shlex.join(job["command"]),
+        "resources": job["resources"],
+        "priority": job["priority"],
+        "pool": job["pool"] or "any",
+        "attempt": f"{job['attempt']} (retries used {job['retries_used']} of "
+        f"{job['max_retries']}, preempted {job['preemptions']}x)",
+        "time limit": (None if job["time_limit_s"] is None else duration_text(job["time_limit_s"])),
+        "exit code": job["exit_code"],
+        "snapshot": (job["snapshot"] or "-")[:16],
+    }
 
 
 @app.command("logs")
@@ -649,14 +558,17 @@ def cost_report(
     if csv_path is not None and not no_csv:
         _check_csv_path(csv_path)
     lines = client().cost_report(by=by, since=start)
-    if csv_path is None and not as_json and not no_csv:
-        csv_path = Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
-    if csv_path is not None and not no_csv:
-        _write_csv(csv_path, lines, by)
-        err_console.print(Text(f"wrote {csv_path}"))
+    target = _csv_target(csv_path, by, no_csv=no_csv, as_json=as_json)
+    if target is not None:
+        _write_csv(target, lines, by)
+        err_console.print(Text(f"wrote {target}"))
     if as_json:
         console.print_json(data=lines)
         return
+    _print_cost(lines, by, start)
+
+
+def _print_cost(lines: list[dict[str, Any]], by: str, start: datetime) -> None:
     table = Table(
         title=f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
         title_justify="left",
@@ -675,3 +587,13 @@ def cost_report(
             f"{line['cost']:.2f}",
         )
     console.print(table if lines else f"[dim]no usage since {start:%Y-%m-%d %H:%M}[/]")
+
+
+def _csv_target(csv_path: Path | None, by: str, *, no_csv: bool, as_json: bool) -> Path | None:
+    """Where `cost report` writes its CSV: nowhere with --no-csv, else the file --csv names,
+    else (without --json) cost-by-BY-YYYYMMDD.csv in this folder."""
+    if no_csv:
+        return None
+    if csv_path is not None or as_json:
+        return csv_path
+    return Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")

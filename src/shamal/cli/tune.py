@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shamal.cli._common import client, console, err_console, escape, handle_errors
-from shamal.cli.job import parse_duration_s, parse_memory_mib, require_finite
+from shamal.cli._quantities import parse_duration_s, parse_memory_mib, require_finite
 from shamal.errors import InvalidParameter
 from shamal.tune._driver import TuneDriver, TuneOptions, register_best
 
