@@ -13,18 +13,17 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 from rich.text import Text
 
 from shamal.cli._common import (
     JsonOption,
-    add_column,
     client,
     console,
     err_console,
     escape,
     fmt,
     handle_errors,
+    print_table,
 )
 from shamal.cli._quantities import (
     MEMORY_HELP,
@@ -70,20 +69,16 @@ def _job_row(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_JOB_COLUMNS = (
+    "id", "name", "team", "state", "why", "priority", "resources", "attempt", "submitted",
+)  # fmt: skip
+_JOB_RANK = ("submitted", "why", "team", "resources", "priority", "attempt")
+"""What a narrow console shows of a job after its id, name and state, most useful first."""
+
+
 def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    columns = ["id", "name", "team", "state", "why", "priority", "resources", "attempt"]
-    columns.append("submitted")
-    rows = [{c: fmt(value) for c, value in _job_row(job).items()} for job in jobs]
-    for column in columns:
-        add_column(table, column, (row[column] for row in rows))
-    for row in rows:
-        # Names, teams and reasons are users' text: never read as markup.
-        table.add_row(*(Text(row[c]) for c in columns))
-    if not jobs:
-        console.print(f"[dim]{title}: none[/]")
-        return
-    console.print(table)
+    rows = [_job_row(job) for job in jobs]
+    print_table(title, _JOB_COLUMNS, rows, rank=_JOB_RANK)
 
 
 _FLAGS = {
@@ -325,24 +320,20 @@ def show(
     )
     for key, value in _job_details(job).items():
         console.print(Text(f"  {key:<10} {fmt(value)}"))
-    table = Table(title="Transitions", title_justify="left", header_style="bold")
-    for column in ("at", "from", "to", "attempt", "by", "reason"):
-        table.add_column(column)
-    for event in events:
-        table.add_row(
-            *(
-                Text(cell)
-                for cell in (
-                    fmt(event["at"]),
-                    fmt(event["from_state"]),
-                    event["to_state"],
-                    str(event["attempt"]),
-                    event["actor"],
-                    event["reason"][:60],
-                )
-            )
-        )
-    console.print(table)
+    transitions = [
+        {
+            "at": event["at"],
+            "from": event["from_state"],
+            "to": event["to_state"],
+            "attempt": event["attempt"],
+            "by": event["actor"],
+            "reason": event["reason"][:60],
+        }
+        for event in events
+    ]
+    print_table(
+        "Transitions", ["at", "from", "to", "attempt", "by", "reason"], transitions, rank=["to"]
+    )
 
 
 def _job_details(job: dict[str, Any]) -> dict[str, Any]:
@@ -565,28 +556,18 @@ def cost_report(
     if as_json:
         console.print_json(data=lines)
         return
-    _print_cost(lines, by, start)
-
-
-def _print_cost(lines: list[dict[str, Any]], by: str, start: datetime) -> None:
-    table = Table(
-        title=f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
-        title_justify="left",
-        header_style="bold",
+    if not lines:
+        console.print(f"[dim]no usage since {start:%Y-%m-%d %H:%M}[/]")
+        return
+    print_table(
+        f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
+        [by, *_COST_COLUMNS],
+        [_cost_row(line, by) for line in lines],
+        right=_COST_COLUMNS,
     )
-    for column in (by, "jobs", "attempts", "GPU-h", "CPU-h", "GiB-h", "cost"):
-        table.add_column(escape(column), justify="left" if column == by else "right")
-    for line in lines:
-        table.add_row(
-            Text(_key(line, by)),
-            str(line["jobs"]),
-            str(line["attempts"]),
-            f"{line['gpu_seconds'] / 3600:.2f}",
-            f"{line['cpu_seconds'] / 3600:.2f}",
-            f"{line['memory_gib_seconds'] / 3600:.2f}",
-            f"{line['cost']:.2f}",
-        )
-    console.print(table if lines else f"[dim]no usage since {start:%Y-%m-%d %H:%M}[/]")
+
+
+_COST_COLUMNS = ("jobs", "attempts", "GPU-h", "CPU-h", "GiB-h", "cost")
 
 
 def _csv_target(csv_path: Path | None, by: str, *, no_csv: bool, as_json: bool) -> Path | None:
@@ -597,3 +578,16 @@ def _csv_target(csv_path: Path | None, by: str, *, no_csv: bool, as_json: bool) 
     if csv_path is not None or as_json:
         return csv_path
     return Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
+
+
+def _cost_row(line: dict[str, Any], by: str) -> dict[str, str]:
+    """A line of the cost report as the table shows it: hours and cost to the cent."""
+    return {
+        by: _key(line, by),
+        "jobs": str(line["jobs"]),
+        "attempts": str(line["attempts"]),
+        "GPU-h": f"{line['gpu_seconds'] / 3600:.2f}",
+        "CPU-h": f"{line['cpu_seconds'] / 3600:.2f}",
+        "GiB-h": f"{line['memory_gib_seconds'] / 3600:.2f}",
+        "cost": f"{line['cost']:.2f}",
+    }

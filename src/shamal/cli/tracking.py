@@ -81,11 +81,13 @@ def list_experiments(
 ) -> None:
     """List experiments."""
     rows = client().list_experiments(filter_string=filter_, view="ALL" if all_ else "ACTIVE_ONLY")
+    if as_json:
+        console.print_json(data=[{**r, "creation_time": _ms(r["creation_time"])} for r in rows])
+        return
     print_table(
         "Experiments",
         ["experiment_id", "name", "lifecycle_stage", "creation_time"],
-        [{**r, "creation_time": _ms(r["creation_time"])} for r in rows],
-        as_json=as_json,
+        [{**r, "creation_time": _iso(r["creation_time"])} for r in rows],
     )
 
 
@@ -472,10 +474,14 @@ def _run(api: ShamalClient, id_or_prefix: str) -> dict[str, Any]:
         return api.get_run(api.resolve_run_id(id_or_prefix))
 
 
+def _iso(value: int | None) -> str | None:
+    """A time in ms since the epoch as ISO 8601 (tables show it to the second, or its age)."""
+    return None if value is None else datetime.fromtimestamp(value / 1000, UTC).isoformat()
+
+
 def _ms(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return fmt(datetime.fromtimestamp(value / 1000, UTC).isoformat())
+    """A time in ms since the epoch to the second."""
+    return fmt(_iso(value))
 
 
 def short_id_width(run_ids: Iterable[str]) -> int:
@@ -496,7 +502,7 @@ def _print_runs(rows: list[dict[str, Any]], title: str) -> None:
             "run_id": r["run_id"][:width],
             "run_name": r["run_name"],
             "status": r["status"],
-            "start_time": _ms(r["start_time"]),
+            "start_time": _iso(r["start_time"]),
             **{k: metric_text(r["metrics"].get(k)) for k in metric_keys},
         }
         for r in rows
