@@ -289,6 +289,33 @@ def test_cli_usage_errors_say_what_to_do(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--device", "tpu"], "--device takes auto, cpu or cuda."),
+        (["--report-interval", "0.01"], "--report-interval must be at least 0.05 seconds."),
+        (["--queue-size", "0"], "--queue-size must be at least 1."),
+    ],
+)
+def test_cli_refuses_bad_serving_options_before_loading_a_model(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    model = scale_model(tmp_path / "m.onnx", 2.0)
+    done = subprocess.run(
+        [sys.executable, "-m", "shamal", "serve", "--model", f"m={model}", *options],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Serving OIP" not in done.stdout
+
+
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
 def test_cli_port_in_use_is_a_clear_error(tmp_path: Path, flag: str) -> None:
     model = scale_model(tmp_path / "m.onnx", 2.0)

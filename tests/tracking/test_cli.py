@@ -7,6 +7,7 @@ import random
 import re
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from shamal.cli import app
@@ -227,6 +229,51 @@ def test_experiments_compare_matches_the_logged_runs(cli: CliRunner) -> None:
     one = cli.invoke(app, ["experiments", "compare", names[0]])
     assert one.exit_code == 2
     assert "at least two" in one.output
+
+
+def test_runs_and_experiments_lists_read_well_at_80_and_200_columns(cli: CliRunner) -> None:
+    name = f"layout-{uuid.uuid4().hex[:8]}"
+    mlflow.set_experiment(name)
+    metrics = ("acc", "f1", "loss", "precision", "recall", "val_loss")
+    runs = {}
+    for lr in ("0.1", "0.01", "0.001"):
+        with mlflow.start_run(run_name=f"resnet50-lr{lr}") as run:
+            mlflow.log_metrics({key: random.uniform(0, 1) for key in metrics})
+        runs[run.info.run_id] = MlflowClient().get_run(run.info.run_id)
+
+    def shown(width: int, *args: str) -> str:
+        result = cli.invoke(app, list(args), env={"COLUMNS": str(width)})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    def row_of(text: str, first: str) -> str:
+        (line,) = [line for line in text.splitlines() if line.startswith(f"│ {first} ")]
+        return line
+
+    narrow = shown(80, "runs", "list", name)
+    assert max(cell_len(line.rstrip()) for line in narrow.splitlines()) <= 80, narrow
+    assert "…" not in narrow, narrow
+    for run_id, run in runs.items():
+        row = row_of(narrow, run_id[:12])
+        assert run.info.run_name in row, narrow
+        assert "FINISHED" in row, narrow
+        assert " ago " in row or " now " in row, narrow
+    wide = shown(200, "runs", "list", name)
+    header = next(line for line in wide.splitlines() if "┃ run id " in line)
+    for column in ("run_id", "run_name", "status", "start_time", *metrics):
+        assert f"┃ {column.replace('_', ' ')} " in header, wide  # headers show _ as spaces
+    for run_id, run in runs.items():
+        started = datetime.fromtimestamp(run.info.start_time / 1000, UTC)
+        assert f"{started:%Y-%m-%d %H:%M:%S}" in row_of(wide, run_id[:12]), wide
+
+    experiment_id = MlflowClient().get_experiment_by_name(name).experiment_id
+    listed = shown(80, "experiments", "list", "--filter", f"name = '{name}'")
+    assert max(cell_len(line.rstrip()) for line in listed.splitlines()) <= 80, listed
+    assert "…" not in listed, listed
+    assert name in row_of(listed, experiment_id), listed
+    as_json = shown(80, "experiments", "list", "--filter", f"name = '{name}'", "--json")
+    assert as_json == shown(200, "experiments", "list", "--filter", f"name = '{name}'", "--json")
+    assert [e["name"] for e in json.loads(as_json)] == [name]
 
 
 def _twin_of(server: LiveServer, run_id: str) -> str:

@@ -5,17 +5,28 @@ from __future__ import annotations
 import functools
 import json
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, JustifyMethod
 from rich.markup import escape as escape_markup
 from rich.table import Table
 from typer.core import TyperGroup, TyperOption
 
+from shamal.cli._tables import (
+    WIDE,
+    compact_columns,
+    is_folded,
+    is_identifier,
+    is_state,
+    relative_time,
+    table_width,
+    timestamp_of,
+)
 from shamal.client import ShamalClient
 from shamal.errors import ServiceUnavailable, ShamalError, Unauthenticated
 
@@ -154,48 +165,136 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def fmt(value: Any) -> str:
+    """A value as a table cell: ``-`` for None, yes/no, timestamps to the second (their zone
+    left out), and any other text with its control characters escaped (:func:`safe_text`)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, str) and len(value) > 19 and value[10:11] == "T":
-        try:
-            return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
-        except ValueError:
-            return safe_text(value)
+    when = timestamp_of(value)
+    if when is not None:
+        return when.strftime("%Y-%m-%d %H:%M:%S")
     return safe_text(str(value))
 
 
-def add_column(table: Table, name: str, cells: Iterable[str]) -> None:
-    """Add the column ``name`` (underscores shown as spaces). An id column (``id``,
-    ``*_id``) is never wrapped or cut in a narrow terminal: ids are copied back into
-    commands, and ``5f5e5…`` cannot be."""
-    header = name.replace("_", " ")
-    if name == "id" or name.endswith("_id"):
-        widest = max((len(cell) for cell in cells), default=0)
-        table.add_column(header, no_wrap=True, min_width=max(widest, len(header)))
+def _compact_cell(value: Any, now: datetime) -> str:
+    """A cell of the compact layout: a timestamp as its age, anything else as :func:`fmt`."""
+    when = timestamp_of(value)
+    return fmt(value) if when is None else relative_time(when, now)
+
+
+def _header(column: str) -> str:
+    return column.replace("_", " ")
+
+
+def _column_widths(columns: Sequence[str], cells: list[list[str]]) -> dict[str, int]:
+    """The widest cell of each column, its header included."""
+    return {
+        column: max([cell_len(_header(column)), *(cell_len(row[i]) for row in cells)])
+        for i, column in enumerate(columns)
+    }
+
+
+def add_column(
+    table: Table,
+    name: str,
+    cells: Iterable[str],
+    *,
+    position: int = 1,
+    right: bool = False,
+    compact: bool = False,
+) -> None:
+    """Add the column ``name`` (underscores shown as spaces). An id or state column is never
+    wrapped or cut in a narrow terminal (ids are copied back into commands, and ``5f5e5…``
+    cannot be); the other essential columns (the first, names: :func:`is_folded`) wrap,
+    folding a word longer than the column, but are never cut. In a compact layout only
+    those wrap: the others were chosen because they fit."""
+    header = _header(name)
+    shown = escape(header)  # headers are read as markup; some (metric keys) users chose
+    justify: JustifyMethod = "right" if right else "left"
+    if is_folded(name, position):
+        table.add_column(shown, justify=justify, overflow="fold")
+    elif compact or is_identifier(name) or is_state(name):
+        widest = max((cell_len(cell) for cell in cells), default=0)
+        table.add_column(
+            shown, justify=justify, no_wrap=True, min_width=max(widest, cell_len(header))
+        )
     else:
-        table.add_column(header)
+        table.add_column(shown, justify=justify)
+
+
+def _layout(
+    columns: Sequence[str], values: list[list[Any]], rank: Sequence[str], now: datetime | None
+) -> tuple[list[str], list[list[str]], bool]:
+    """The columns a table shows in this console, the cells of every column, and whether
+    the layout is the compact one (:mod:`shamal.cli._tables`)."""
+    cells = [[fmt(value) for value in row] for row in values]
+    room = console.width
+    if room >= WIDE or table_width(_column_widths(columns, cells).values()) <= room:
+        return list(columns), cells, False
+    moment = now or datetime.now(UTC)
+    cells = [[_compact_cell(value, moment) for value in row] for row in values]
+    return compact_columns(columns, _column_widths(columns, cells), rank, room), cells, True
+
+
+def list_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    rank: Sequence[str] = (),
+    right: Collection[str] = (),
+    now: datetime | None = None,
+) -> Table:
+    """Rows as a Rich table that fits the console (see :mod:`shamal.cli._tables`): the full
+    layout in a wide console or when it fits whole, else the compact one.
+
+    Args:
+        columns: the keys of ``rows`` to show, in order (headers show ``_`` as spaces).
+        rank: the columns a narrow console shows first after the essential ones; the
+            others follow in order while they fit.
+        right: the columns aligned right (numbers).
+        now: the moment ages are counted to in the compact layout (default: now).
+    """
+    values = [[row.get(c) for c in columns] for row in rows]
+    shown, cells, compact = _layout(columns, values, rank, now)
+    table = Table(title=title, title_justify="left", header_style="bold")
+    kept = [columns.index(column) for column in shown]
+    for position, index in enumerate(kept):
+        column = columns[index]
+        add_column(
+            table,
+            column,
+            (row[index] for row in cells),
+            position=position,
+            right=column in right,
+            compact=compact,
+        )
+    for row in cells:
+        table.add_row(*(escape(row[index]) for index in kept))
+    return table
 
 
 def print_table(
-    title: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], *, as_json: bool = False
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[dict[str, Any]],
+    *,
+    as_json: bool = False,
+    rank: Sequence[str] = (),
+    right: Collection[str] = (),
+    now: datetime | None = None,
 ) -> None:
-    """Rows as a Rich table, or as JSON for scripts."""
+    """Rows as a table that fits the console (:func:`list_table`), or as JSON for scripts:
+    the rows as given, whatever the console's width."""
     materialized = list(rows)
     if as_json:
         console.print_json(json.dumps(materialized))
         return
-    table = Table(title=title, title_justify="left", header_style="bold")
-    cells = [[fmt(row.get(c)) for c in columns] for row in materialized]
-    for index, column in enumerate(columns):
-        add_column(table, column, (row[index] for row in cells))
-    for row in cells:
-        table.add_row(*(escape(cell) for cell in row))
     if not materialized:
         console.print(f"[dim]{title}: none[/]")
         return
-    console.print(table)
+    console.print(list_table(title, columns, materialized, rank=rank, right=right, now=now))
 
 
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")

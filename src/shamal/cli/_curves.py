@@ -111,6 +111,33 @@ def _label(text: str) -> str:
     return " " + text if text.startswith("_") else text
 
 
+def _xs(points: Sequence[Point], x: str) -> list[float]:
+    """Where each point lies along the x axis: its step, or minutes since the first point."""
+    if x == "step":
+        return [float(p["step"]) for p in points]
+    first = points[0]["timestamp"] if points else 0
+    return [(p["timestamp"] - first) / 60_000 for p in points]
+
+
+def _draw_panel(axis: Any, metric: str, curves: Sequence[Curve], x: str) -> None:
+    """One metric's panel: a line per curve (its finite points), labelled as written."""
+    for curve in curves:
+        kept = [
+            (a, v)
+            for a, v in zip(_xs(curve.points, x), _finite(curve.points), strict=True)
+            if v is not None
+        ]
+        axis.plot(
+            [a for a, _ in kept], [v for _, v in kept], linewidth=1.2, label=_label(curve.label)
+        )
+    # Names users chose are drawn as written, never read as TeX ($...$): a malformed
+    # one would make the whole drawing fail.
+    axis.set_ylabel(_drawable(metric), parse_math=False)
+    axis.grid(alpha=0.3)
+    for text in axis.legend(fontsize="small", loc="best").get_texts():
+        text.set_parse_math(False)
+
+
 def plot_curves(curves: Sequence[Curve], path: Path, *, x: str = "step", title: str = "") -> Path:
     """One panel per metric (in the order first seen), one line per run, written to
     ``path`` (already checked by :func:`shamal.cli._plotfile.plot_path`).
@@ -126,25 +153,7 @@ def plot_curves(curves: Sequence[Curve], path: Path, *, x: str = "step", title: 
         len(metrics), 1, sharex=True, squeeze=False, figsize=(10, 2.6 * len(metrics) + 0.8)
     )
     for metric, axis in zip(metrics, axes[:, 0], strict=True):
-        for curve in curves:
-            if curve.metric != metric:
-                continue
-            values = _finite(curve.points)
-            if x == "step":
-                xs = [float(p["step"]) for p in curve.points]
-            else:
-                first = curve.points[0]["timestamp"] if curve.points else 0
-                xs = [(p["timestamp"] - first) / 60_000 for p in curve.points]
-            kept = [(a, v) for a, v in zip(xs, values, strict=True) if v is not None]
-            axis.plot(
-                [a for a, _ in kept], [v for _, v in kept], linewidth=1.2, label=_label(curve.label)
-            )
-        # Names users chose are drawn as written, never read as TeX ($...$): a malformed
-        # one would make the whole drawing fail.
-        axis.set_ylabel(_drawable(metric), parse_math=False)
-        axis.grid(alpha=0.3)
-        for text in axis.legend(fontsize="small", loc="best").get_texts():
-            text.set_parse_math(False)
+        _draw_panel(axis, metric, [curve for curve in curves if curve.metric == metric], x)
     axes[-1, 0].set_xlabel("step" if x == "step" else "minutes since the first point")
     if title:
         fig.suptitle(_drawable(title), parse_math=False)

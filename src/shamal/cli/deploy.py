@@ -11,10 +11,9 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from shamal.cli._common import JsonOption, client, console, escape, handle_errors, print_table
-from shamal.cli.job import parse_duration_s, require_finite
+from shamal.cli._quantities import parse_duration_s, require_finite
 from shamal.errors import InvalidParameter
 
 deployments = typer.Typer(
@@ -58,13 +57,19 @@ def _print_deployment(d: dict[str, Any], events: list[dict[str, Any]] | None = N
         f"[bold]{state['phase']}[/]"
         + (f" canary at {state['canary_weight']}%" if state["phase"] == "progressing" else "")
     )
-    table = Table(title="Routes", title_justify="left", header_style="bold")
-    for column in ("role", "model", "version", "weight", "traffic", "uri"):
-        table.add_column(column)
-    for r in d["routes"]:
-        traffic = f"{r['share']:.1%}" + (" mirrored" if r["role"] == "shadow" else "")
-        table.add_row(r["role"], r["model"], str(r["version"]), str(r["weight"]), traffic, r["uri"])
-    console.print(table)
+    routes = [
+        {
+            **r,
+            "traffic": f"{r['share']:.1%}" + (" mirrored" if r["role"] == "shadow" else ""),
+        }
+        for r in d["routes"]
+    ]
+    print_table(
+        "Routes",
+        ["role", "model", "version", "weight", "traffic", "uri"],
+        routes,
+        rank=["model", "version", "traffic"],
+    )
     slo, plan = d["slo"], d["rollout"]
     console.print(
         f"SLO: errors <= {slo['max_error_rate']:.2%}, p99 <= {slo['max_p99_ms']:g} ms, "

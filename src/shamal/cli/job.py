@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import re
 import shlex
 import sys
@@ -14,18 +13,24 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
 from rich.text import Text
 
 from shamal.cli._common import (
     JsonOption,
-    add_column,
     client,
     console,
     err_console,
     escape,
     fmt,
     handle_errors,
+    print_table,
+)
+from shamal.cli._quantities import (
+    MEMORY_HELP,
+    parse_duration_s,
+    parse_memory_mib,
+    require_finite,
+    shown,
 )
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter, PayloadTooLarge
@@ -39,114 +44,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 cost = typer.Typer(help="Cost: GPU-, CPU- and memory-seconds per team, pool, user or job.")
-
-MAX_MEMORY_MIB = 16 * 1024 * 1024
-_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_MEMORY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt]i?)b?|b)?\s*", re.IGNORECASE)
-MEMORY_HELP = (
-    "Memory per worker: 4Gi or 4GiB (binary), 4G or 4GB (decimal, 4*10^9 bytes), "
-    "512Mi; a bare number is MiB."
-)
-
-_SECONDS_PER = {
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
-    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
-    **dict.fromkeys(("d", "day", "days"), 86400),
-    **dict.fromkeys(("w", "week", "weeks"), 7 * 86400),
-}
-_DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
-DURATION_EXAMPLES = "90s, 30min, 2h, 1h30m or 7d (a bare number is seconds)"
-MAX_DURATION_S = 100 * 365 * 86400
-"""Longer than any duration a command takes (each then checks its own limit): beyond it,
-a duration is refused here, before it overflows a float or a date."""
-
-
-def shown(text: str, limit: int = 40) -> str:
-    """A value the user typed, quoted for an error message: escapes visible, cut short."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def require_finite(numbers: dict[str, float | None]) -> None:
-    """Refuse NaN and the infinities, naming the flag: typer reads ``nan``, ``inf`` and
-    ``1e309`` as floats, and no option means any of them.
-
-    Args:
-        numbers: each flag (``--cpus``) with the value given; None (not given) passes.
-
-    Raises:
-        InvalidParameter: the first flag whose value is not a finite number.
-    """
-    for flag, value in numbers.items():
-        if value is not None and not math.isfinite(value):
-            raise InvalidParameter(f"{flag} takes a number such as 0.5 or 2, not {value!r}")
-
-
-def parse_memory_mib(text: str, option: str) -> int:
-    """A memory size -> whole MiB (rounded up): '4GiB', '4Gi', '512Mi', '4G' and '4GB'
-    (decimal), '1536' (MiB). Units are case-insensitive.
-
-    Args:
-        text: what the user typed.
-        option: the flag it came from (``--memory``), named in every error so the user
-            knows which option to correct.
-
-    Raises:
-        InvalidParameter: not a size, or less than 1 MiB.
-    """
-    match = _MEMORY.fullmatch(text)
-    if not match:
-        raise InvalidParameter(
-            f"{option} takes sizes such as 4GiB, 4Gi, 512Mi or 4G (decimal), not {shown(text)}"
-        )
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    if match.group(2) is None and not text.strip().lower().endswith("b"):
-        mib = number  # a bare number is MiB
-    elif match.group(2) is None:
-        mib = number / 2**20  # bytes
-    else:
-        mib = number * (_BINARY.get(unit) or _DECIMAL[unit]) / 2**20
-    if mib <= 0:
-        raise InvalidParameter(f"{option} must be at least 1MiB, not {shown(text)}")
-    if not mib <= MAX_MEMORY_MIB:
-        raise InvalidParameter(f"{option} may be at most 16TiB, not {shown(text)}")
-    return math.ceil(mib - 1e-9)
-
-
-def parse_duration_s(text: str, option: str) -> float:
-    """'90s', '30min', '2h', '2 H', '1h30m', '7d' or plain seconds -> seconds.
-
-    Args:
-        text: what the user typed.
-        option: the flag it came from (``--time-limit``, ``--interval``), named in every
-            error so the user knows which option to correct.
-
-    Raises:
-        InvalidParameter: anything else (the message gives examples), or more than
-            :data:`MAX_DURATION_S`.
-    """
-    cleaned = text.strip().lower()
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", cleaned):
-        return _bounded(float(cleaned), text, option)
-    total, position = 0.0, 0
-    for part in _DURATION_PART.finditer(cleaned):
-        if part.start() != position or part.group(2) not in _SECONDS_PER:
-            position = -1
-            break
-        total += float(part.group(1)) * _SECONDS_PER[part.group(2)]
-        position = part.end()
-    if 0 < position == len(cleaned):
-        return _bounded(total, text, option)
-    raise InvalidParameter(
-        f"{option} takes a duration such as {DURATION_EXAMPLES}, not {shown(text)}"
-    )
-
-
-def _bounded(seconds: float, text: str, option: str) -> float:
-    if not seconds <= MAX_DURATION_S:  # also NaN and infinity, from hundreds of digits
-        raise InvalidParameter(f"{option} takes a duration of at most 100 years, not {shown(text)}")
-    return seconds
 
 
 def _why(job: dict[str, Any]) -> str:
@@ -170,20 +67,16 @@ def _job_row(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_JOB_COLUMNS = (
+    "id", "name", "team", "state", "why", "priority", "resources", "attempt", "submitted",
+)  # fmt: skip
+_JOB_RANK = ("submitted", "why", "team", "resources", "priority", "attempt")
+"""What a narrow console shows of a job after its id, name and state, most useful first."""
+
+
 def _print_jobs(jobs: list[dict[str, Any]], title: str) -> None:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    columns = ["id", "name", "team", "state", "why", "priority", "resources", "attempt"]
-    columns.append("submitted")
-    rows = [{c: fmt(value) for c, value in _job_row(job).items()} for job in jobs]
-    for column in columns:
-        add_column(table, column, (row[column] for row in rows))
-    for row in rows:
-        # Names, teams and reasons are users' text: never read as markup.
-        table.add_row(*(Text(row[c]) for c in columns))
-    if not jobs:
-        console.print(f"[dim]{title}: none[/]")
-        return
-    console.print(table)
+    rows = [_job_row(job) for job in jobs]
+    print_table(title, _JOB_COLUMNS, rows, rank=_JOB_RANK)
 
 
 _FLAGS = {
@@ -370,6 +263,16 @@ def _states(given: list[str]) -> list[str]:
     return list(dict.fromkeys(states))
 
 
+def _check_name_filter(flag: str, value: str | None, most: int) -> None:
+    """Refuse a --team or --user filter the API would: a name is 1 to ``most`` characters.
+
+    Raises:
+        InvalidParameter: ``value`` is given and empty or longer than ``most``.
+    """
+    if value is not None and not 0 < len(value) <= most:
+        raise InvalidParameter(f"{flag} takes a name of 1 to {most} characters, not {shown(value)}")
+
+
 @app.command("list")
 @handle_errors
 def list_jobs(
@@ -383,11 +286,8 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     states = _states(state or [])
-    for flag, value, most in (("--team", team, 64), ("--user", user, 256)):
-        if value is not None and not 0 < len(value) <= most:
-            raise InvalidParameter(
-                f"{flag} takes a name of 1 to {most} characters, not {shown(value)}"
-            )
+    _check_name_filter("--team", team, 64)
+    _check_name_filter("--user", user, 256)
     jobs = client().list_jobs(states=states, team=team, user=user, limit=limit)
     if as_json:
         console.print_json(data=jobs)
@@ -416,7 +316,27 @@ def show(
             f" ({_why(job)})",
         )
     )
-    details = {
+    for key, value in _job_details(job).items():
+        console.print(Text(f"  {key:<10} {fmt(value)}"))
+    transitions = [
+        {
+            "at": event["at"],
+            "from": event["from_state"],
+            "to": event["to_state"],
+            "attempt": event["attempt"],
+            "by": event["actor"],
+            "reason": event["reason"][:60],
+        }
+        for event in events
+    ]
+    print_table(
+        "Transitions", ["at", "from", "to", "attempt", "by", "reason"], transitions, rank=["to"]
+    )
+
+
+def _job_details(job: dict[str, Any]) -> dict[str, Any]:
+    """What `job show` says of a job under its name, label by label."""
+    return {
         "team": job["team"] or "(no team)",
         "user": job["user"],
         "command": shlex.join(job["command"]),
@@ -429,26 +349,6 @@ def show(
         "exit code": job["exit_code"],
         "snapshot": (job["snapshot"] or "-")[:16],
     }
-    for key, value in details.items():
-        console.print(Text(f"  {key:<10} {fmt(value)}"))
-    table = Table(title="Transitions", title_justify="left", header_style="bold")
-    for column in ("at", "from", "to", "attempt", "by", "reason"):
-        table.add_column(column)
-    for event in events:
-        table.add_row(
-            *(
-                Text(cell)
-                for cell in (
-                    fmt(event["at"]),
-                    fmt(event["from_state"]),
-                    event["to_state"],
-                    str(event["attempt"]),
-                    event["actor"],
-                    event["reason"][:60],
-                )
-            )
-        )
-    console.print(table)
 
 
 @app.command("logs")
@@ -647,29 +547,45 @@ def cost_report(
     if csv_path is not None and not no_csv:
         _check_csv_path(csv_path)
     lines = client().cost_report(by=by, since=start)
-    if csv_path is None and not as_json and not no_csv:
-        csv_path = Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
-    if csv_path is not None and not no_csv:
-        _write_csv(csv_path, lines, by)
-        err_console.print(Text(f"wrote {csv_path}"))
+    target = _csv_target(csv_path, by, no_csv=no_csv, as_json=as_json)
+    if target is not None:
+        _write_csv(target, lines, by)
+        err_console.print(Text(f"wrote {target}"))
     if as_json:
         console.print_json(data=lines)
         return
-    table = Table(
-        title=f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
-        title_justify="left",
-        header_style="bold",
+    if not lines:
+        console.print(f"[dim]no usage since {start:%Y-%m-%d %H:%M}[/]")
+        return
+    print_table(
+        f"Cost by {escape(by)} since {start:%Y-%m-%d %H:%M} UTC",
+        [by, *_COST_COLUMNS],
+        [_cost_row(line, by) for line in lines],
+        right=_COST_COLUMNS,
     )
-    for column in (by, "jobs", "attempts", "GPU-h", "CPU-h", "GiB-h", "cost"):
-        table.add_column(escape(column), justify="left" if column == by else "right")
-    for line in lines:
-        table.add_row(
-            Text(_key(line, by)),
-            str(line["jobs"]),
-            str(line["attempts"]),
-            f"{line['gpu_seconds'] / 3600:.2f}",
-            f"{line['cpu_seconds'] / 3600:.2f}",
-            f"{line['memory_gib_seconds'] / 3600:.2f}",
-            f"{line['cost']:.2f}",
-        )
-    console.print(table if lines else f"[dim]no usage since {start:%Y-%m-%d %H:%M}[/]")
+
+
+_COST_COLUMNS = ("jobs", "attempts", "GPU-h", "CPU-h", "GiB-h", "cost")
+
+
+def _csv_target(csv_path: Path | None, by: str, *, no_csv: bool, as_json: bool) -> Path | None:
+    """Where `cost report` writes its CSV: nowhere with --no-csv, else the file --csv names,
+    else (without --json) cost-by-BY-YYYYMMDD.csv in this folder."""
+    if no_csv:
+        return None
+    if csv_path is not None or as_json:
+        return csv_path
+    return Path(f"cost-by-{by}-{datetime.now(UTC):%Y%m%d}.csv")
+
+
+def _cost_row(line: dict[str, Any], by: str) -> dict[str, str]:
+    """A line of the cost report as the table shows it: hours and cost to the cent."""
+    return {
+        by: _key(line, by),
+        "jobs": str(line["jobs"]),
+        "attempts": str(line["attempts"]),
+        "GPU-h": f"{line['gpu_seconds'] / 3600:.2f}",
+        "CPU-h": f"{line['cpu_seconds'] / 3600:.2f}",
+        "GiB-h": f"{line['memory_gib_seconds'] / 3600:.2f}",
+        "cost": f"{line['cost']:.2f}",
+    }

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from shamal.cli._common import JsonOption, client, console, escape, handle_errors
+from shamal.cli._common import JsonOption, client, console, escape, handle_errors, print_table
 from shamal.config import Settings
 from shamal.scheduler.core import DEFAULT_POLICY, policy_defaults, policy_names, policy_summary
 
@@ -135,31 +135,33 @@ def quotas(as_json: bool = JsonOption) -> None:
 
 def print_quotas(rows: list[dict[str, Any]], title: str) -> None:
     """The quota rows the API answers, as a table (see `shamal scheduler quotas`)."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for column in ("pool", "team", "cohort", "guaranteed", "may borrow", "holds now"):
-        table.add_column(column)
-    for column in ("borrowing", "running", "queued"):
-        table.add_column(column, justify="right")
-    for quota in rows:
-        limits = {k: quota["guaranteed"][k] + quota["borrow_limit"][k] for k in _PARTS}
-        shown = tuple(k for k in _PARTS if limits[k]) or _PARTS
-        table.add_row(
-            *(
-                Text(cell)
-                for cell in (
-                    quota["pool"],
-                    quota["team"],
-                    quota["cohort"],
-                    _amount(quota["guaranteed"], shown),
-                    _amount(quota["borrow_limit"], shown),
-                    _amount(quota["held"], shown),
-                    _amount(_borrowing(quota, shown), shown),
-                    str(quota["running"]),
-                    str(quota["queued"]),
-                )
-            )
-        )
-    console.print(table)
+    print_table(
+        title,
+        ["pool", "team", "cohort", "guaranteed", "may borrow", "holds now", *_COUNTS],
+        [_quota_row(quota) for quota in rows],
+        rank=["team", "holds now", "guaranteed", *_COUNTS],
+        right=_COUNTS,
+    )
+
+
+_COUNTS = ("borrowing", "running", "queued")
+
+
+def _quota_row(quota: dict[str, Any]) -> dict[str, str]:
+    """A quota as `scheduler quotas` shows it: amounts of the resources it limits."""
+    limits = {k: quota["guaranteed"][k] + quota["borrow_limit"][k] for k in _PARTS}
+    shown = tuple(k for k in _PARTS if limits[k]) or _PARTS
+    return {
+        "pool": quota["pool"],
+        "team": quota["team"],
+        "cohort": quota["cohort"],
+        "guaranteed": _amount(quota["guaranteed"], shown),
+        "may borrow": _amount(quota["borrow_limit"], shown),
+        "holds now": _amount(quota["held"], shown),
+        "borrowing": _amount(_borrowing(quota, shown), shown),
+        "running": str(quota["running"]),
+        "queued": str(quota["queued"]),
+    }
 
 
 @app.command("policies")

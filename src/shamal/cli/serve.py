@@ -118,10 +118,7 @@ def serve(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     _check_numbers(max_batch_size, max_queue_delay_us, queue_size, threads, max_request_bytes)
-    if device not in ("auto", "cpu", "cuda"):
-        raise InvalidParameter("--device takes auto, cpu or cuda.")
-    if not report_interval >= 0.05:
-        raise InvalidParameter("--report-interval must be at least 0.05 seconds.")
+    _check_device(device, report_interval)
     sources = [parse_model_option(option) for option in model or []]
     batch_limits, queue_delays = _batching(batching or [], {s.name for s in sources}, deployment)
     if not sources and deployment is None:
@@ -230,12 +227,11 @@ def _access(
     if from_platform:
         from shamal.client import ShamalClient
 
-        if deployment is not None:
-            resources = {deployment: deployment_path(deployment)}
-        else:
-            resources = {
-                s.name: registered_model_path(_registered_name(s.location)) for s in sources
-            }
+        resources = (
+            {deployment: deployment_path(deployment)}
+            if deployment is not None
+            else {s.name: registered_model_path(_registered_name(s.location)) for s in sources}
+        )
         url = ShamalClient().url
         logger.info("Callers authenticate with Shamal tokens, checked at %s", url)
         return PlatformAccess(url, resources, ttl_s=ttl_s)
@@ -268,6 +264,14 @@ def _check_numbers(batch: int, delay: int, queue: int, threads: int, body: int) 
         raise InvalidParameter("--queue-size must be at least 1.")
     if body < 1024:
         raise InvalidParameter("--max-request-bytes must be at least 1024.")
+
+
+def _check_device(device: str, report_interval: float) -> None:
+    """Refuse a device the backends do not know, and reports faster than 20 a second."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise InvalidParameter("--device takes auto, cpu or cuda.")
+    if not report_interval >= 0.05:
+        raise InvalidParameter("--report-interval must be at least 0.05 seconds.")
 
 
 # The name is checked against the served names, which --model already validated.

@@ -63,6 +63,7 @@ def list_(
         ["id", "user", "name", "scope", "prefix", "expires_at", "revoked_at", "last_used_at"],
         rows,
         as_json=as_json,
+        rank=["user", "expires_at", "last_used_at", "revoked_at"],
     )
 
 

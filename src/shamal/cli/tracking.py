@@ -6,11 +6,10 @@ takes that short form back (any unique prefix of 8 or more), resolved by the cli
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, Final
 
 import typer
@@ -30,6 +29,15 @@ from shamal.cli._common import (
 from shamal.cli._curves import Curve, plot_curves, summarize
 from shamal.cli._plotfile import plot_path
 from shamal.client import ShamalClient
+from shamal.client._compare import (
+    best_value,
+    extremes,
+    goal_of,
+    metrics_to_draw,
+    missing_metrics,
+    status_rank,
+    summarize_experiment,
+)
 from shamal.errors import InvalidParameter, NotFound
 
 #: Characters of a run id the tables show (the quickstart prints as many).
@@ -39,8 +47,6 @@ MAX_CURVES: Final = 20
 CURVE_WIDTH: Final = 16
 MAX_PANELS: Final = 8
 MAX_LINES: Final = 20
-#: The order run states are listed in; others follow by name.
-_STATUS_ORDER: Final = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 _RUN_ID_HELP: Final = "A run id, or its first 8 or more characters (as tables show them)."
 _LIST_EXPERIMENTS: Final = "`shamal experiments list` shows the experiments you can see"
 _LIST_RUNS: Final = "`shamal runs list EXPERIMENT` shows the runs of an experiment and their ids"
@@ -75,11 +81,13 @@ def list_experiments(
 ) -> None:
     """List experiments."""
     rows = client().list_experiments(filter_string=filter_, view="ALL" if all_ else "ACTIVE_ONLY")
+    if as_json:
+        console.print_json(data=[{**r, "creation_time": _ms(r["creation_time"])} for r in rows])
+        return
     print_table(
         "Experiments",
         ["experiment_id", "name", "lifecycle_stage", "creation_time"],
-        [{**r, "creation_time": _ms(r["creation_time"])} for r in rows],
-        as_json=as_json,
+        [{**r, "creation_time": _iso(r["creation_time"])} for r in rows],
     )
 
 
@@ -143,142 +151,57 @@ def compare_experiments(
         )
 
 
-def summarize_experiment(
-    exp: dict[str, Any],
-    runs_of: Iterable[dict[str, Any]],
-    *,
-    metric: str | None,
-    maximize: bool | None,
-) -> dict[str, Any]:
-    """What `experiments compare` shows of one experiment, from its API record and runs.
-
-    Returns:
-        ``experiment_id``, ``name``, ``lifecycle_stage``; ``runs`` (how many) and
-        ``runs_by_status``; ``last_activity`` (ms: the latest of the experiment's update time
-        and its runs' start, end and latest-metric times); ``goal`` ("max", "min", or "by
-        name" when ``maximize`` is None: see :func:`goal_of`); ``best``: per metric (only
-        ``metric`` when given), the best finite latest value with its ``step``, ``run_id``,
-        ``run_name`` and ``goal`` (the newest run wins a tie); ``metric_keys``: every metric
-        any run logged.
-    """
-    by_status: Counter[str] = Counter()
-    times = [exp["last_update_time"]]
-    best: dict[str, dict[str, Any]] = {}
-    keys: set[str] = set()
-    for run in runs_of:
-        by_status[run["status"]] += 1
-        times.extend(t for t in (run["start_time"], run["end_time"]) if t is not None)
-        for key, point in run["metrics"].items():
-            keys.add(key)
-            times.append(point["timestamp"])
-            value = point.get("value")
-            if value is None or (metric is not None and key != metric):
-                continue
-            held = best.get(key)
-            highest = goal_of(key, maximize) == "max"
-            if held is None or (value > held["value"] if highest else value < held["value"]):
-                best[key] = {
-                    "value": value,
-                    "step": point["step"],
-                    "run_id": run["run_id"],
-                    "run_name": run["run_name"],
-                    "goal": "max" if highest else "min",
-                }
-    return {
-        "experiment_id": exp["experiment_id"],
-        "name": exp["name"],
-        "lifecycle_stage": exp["lifecycle_stage"],
-        "runs": sum(by_status.values()),
-        "runs_by_status": dict(sorted(by_status.items(), key=lambda kv: _status_rank(kv[0]))),
-        "last_activity": max(times),
-        "goal": "by name" if maximize is None else "max" if maximize else "min",
-        "best": dict(sorted(best.items())),
-        "metric_keys": sorted(keys),
-    }
-
-
-#: Words of a metric name that make its best value the lowest, unless --max/--min says
-#: otherwise; "loss" and "error" count inside words too (trainloss, mean_abs_error).
-_LOWER_IS_BETTER: Final = frozenset(
-    [
-        "loss",
-        "err",
-        "error",
-        "errors",
-        "mse",
-        "mae",
-        "mape",
-        "rmse",
-        "rmsle",
-        "nll",
-        "perplexity",
-        "ppl",
-        "latency",
-        "time",
-        "duration",
-        "wer",
-        "cer",
-        "regret",
-        "cost",
-    ]
-)
-_WORDS: Final = re.compile(r"[a-z]+")
-
-
-def goal_of(key: str, maximize: bool | None) -> str:
-    """``"max"`` or ``"min"``: what --max/--min says, or else what the name suggests
-    (``val_loss``, ``test_rmse``, ``latency_ms`` are best low; ``accuracy``, ``f1`` high)."""
-    if maximize is not None:
-        return "max" if maximize else "min"
-    name = key.lower()
-    lower = (
-        "loss" in name or "error" in name or not _LOWER_IS_BETTER.isdisjoint(_WORDS.findall(name))
-    )
-    return "min" if lower else "max"
-
-
-def _status_rank(status: str) -> tuple[int, str]:
-    known = status in _STATUS_ORDER
-    return (_STATUS_ORDER.index(status) if known else len(_STATUS_ORDER), status)
+def _comparison_table(title: str, headers: Iterable[str]) -> Table:
+    """A table with a row label column, then one right-aligned column per thing compared."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("")
+    for header in headers:
+        table.add_column(header, justify="right")
+    return table
 
 
 def _print_experiment_comparison(summaries: list[dict[str, Any]], *, maximize: bool | None) -> None:
-    table = Table(title="Experiment comparison", title_justify="left", header_style="bold")
-    table.add_column("")
-    for s in summaries:
-        table.add_column(f"{escape(s['name'])}\nid {s['experiment_id']}", justify="right")
+    table = _comparison_table(
+        "Experiment comparison",
+        (f"{escape(s['name'])}\nid {s['experiment_id']}" for s in summaries),
+    )
+    _add_run_rows(table, summaries)
+    width = short_id_width(b["run_id"] for s in summaries for b in s["best"].values())
+    for key in sorted({k for s in summaries for k in s["best"]}):
+        table.add_section()
+        found = [s["best"].get(key) for s in summaries]
+        _add_best_rows(table, key, goal_of(key, maximize), found, width)
+    console.print(table)
+
+
+def _add_run_rows(table: Table, summaries: list[dict[str, Any]]) -> None:
+    """How many runs each experiment has, in all and by status, and its last activity."""
     table.add_row("runs", *(str(s["runs"]) for s in summaries))
-    statuses = sorted({k for s in summaries for k in s["runs_by_status"]}, key=_status_rank)
+    statuses = sorted({k for s in summaries for k in s["runs_by_status"]}, key=status_rank)
     for status in statuses:
         table.add_row(
             f"  {status.lower()}", *(str(s["runs_by_status"].get(status, 0)) for s in summaries)
         )
     table.add_row("last activity", *(_ms(s["last_activity"]) for s in summaries))
-    width = short_id_width(b["run_id"] for s in summaries for b in s["best"].values())
-    for key in sorted({k for s in summaries for k in s["best"]}):
-        table.add_section()
-        found = [s["best"].get(key) for s in summaries]
-        values = {b["value"] for b in found if b}
-        goal = goal_of(key, maximize)
-        mark = "▲" if goal == "max" else "▼"
-        winner = (max if goal == "max" else min)(values) if len(values) > 1 else None
-        table.add_row(
-            f"{escape(key)} ({goal})",
-            *(
-                "-"
-                if b is None
-                else f"{metric_text(b)}{' ' + mark if b['value'] == winner else ''}"
-                for b in found
-            ),
-        )
-        table.add_row(
-            "  best run",
-            *(
-                "-" if b is None else f"{escape(b['run_name'])} {b['run_id'][:width]}"
-                for b in found
-            ),
-        )
-    console.print(table)
+
+
+def _add_best_rows(
+    table: Table, key: str, goal: str, found: list[dict[str, Any] | None], width: int
+) -> None:
+    """A metric's best value in each experiment (the best of them marked) and its run."""
+    winner = best_value((b["value"] for b in found if b is not None), goal)
+    mark = " ▲" if goal == "max" else " ▼"
+    table.add_row(
+        f"{escape(key)} ({goal})",
+        *(
+            "-" if b is None else metric_text(b) + (mark if b["value"] == winner else "")
+            for b in found
+        ),
+    )
+    table.add_row(
+        "  best run",
+        *("-" if b is None else f"{escape(b['run_name'])} {b['run_id'][:width]}" for b in found),
+    )
 
 
 @runs.command("list")
@@ -336,26 +259,35 @@ def show_run(
     keys = sorted(run["metrics"])
     drawn = keys[:MAX_CURVES] if curves else []
     histories = _histories(api, [(run["run_id"], key) for key in drawn])
-    rows = []
-    for key in keys:
-        latest = run["metrics"][key]
-        row = {"key": key, "latest": metric_text(latest), "step": latest["step"]}
-        if curves:
-            found = histories.get((run["run_id"], key))
-            summary = summarize(found, CURVE_WIDTH) if found is not None else None
-            row |= {
-                "min": metric_text({"value": summary.low}) if summary else "-",
-                "max": metric_text({"value": summary.high}) if summary else "-",
-                "points": f"{summary.points:,}" if summary else "-",
-                "curve": summary.curve if summary else "",
-            }
-        rows.append(row)
+    rows = [
+        _metric_row(key, run["metrics"][key], histories.get((run["run_id"], key)), curves)
+        for key in keys
+    ]
     _print_metrics(rows, curves)
     if curves and len(keys) > MAX_CURVES:
         console.print(
             f"[dim]curves of the first {MAX_CURVES} of {len(keys)} metrics; "
             f"`shamal runs plot {run['run_id'][:SHORT_ID]} --metric KEY` draws any[/]"
         )
+
+
+def _metric_row(
+    key: str, latest: dict[str, Any], history: list[dict[str, Any]] | None, curves: bool
+) -> dict[str, Any]:
+    """A metric's row of `runs show`: its latest value and, with curves, its history's range,
+    size and sparkline (``-`` when its history was not read)."""
+    row = {"key": key, "latest": metric_text(latest), "step": latest["step"]}
+    if not curves:
+        return row
+    if history is None:
+        return row | {"min": "-", "max": "-", "points": "-", "curve": ""}
+    summary = summarize(history, CURVE_WIDTH)
+    return row | {
+        "min": metric_text({"value": summary.low}),
+        "max": metric_text({"value": summary.high}),
+        "points": f"{summary.points:,}",
+        "curve": summary.curve,
+    }
 
 
 def _print_metrics(rows: list[dict[str, Any]], curves: bool) -> None:
@@ -396,30 +328,11 @@ def plot_runs(
 
     Example: shamal runs plot 3f2a9c1d0b7e 8e41d2aa90c3 --metric loss --metric val_loss
     """
-    try:
-        path = plot_path(out, "--out")
-    except ValueError as exc:
-        raise InvalidParameter(str(exc)) from None
-    if x not in ("step", "time"):
-        raise InvalidParameter(f"--x takes step or time, not {x!r}")
-    if len(run_ids) > MAX_LINES:
-        raise InvalidParameter(f"give at most {MAX_LINES} runs; a chart of more cannot be read")
+    path = _plot_file(out, x, len(run_ids))
     api = client()
     found = list({r["run_id"]: r for r in (_run(api, r) for r in run_ids)}.values())
-    keys = (
-        list(dict.fromkeys(metric or []))
-        or sorted({k for r in found for k in r["metrics"]})[:MAX_PANELS]
-    )
-    if not keys:
-        raise InvalidParameter("these runs have no metrics to draw")
-    if len(keys) > MAX_PANELS:
-        raise InvalidParameter(f"give at most {MAX_PANELS} metrics; one chart holds that many")
+    keys = _chart_metrics(found, metric or [])
     wanted = [(r["run_id"], k) for k in keys for r in found if k in r["metrics"]]
-    missing = [k for k in keys if not any(k in r["metrics"] for r in found)]
-    if missing:
-        raise InvalidParameter(
-            f"no run given has the metric {missing[0]!r}; `shamal runs show RUN` lists them"
-        )
     histories = _histories(api, wanted)
     width = short_id_width(r["run_id"] for r in found)
     names = {r["run_id"]: f"{r['run_name']} ({r['run_id'][:width]})" for r in found}
@@ -427,6 +340,43 @@ def plot_runs(
     written = plot_curves(curves, path, x=x, title=", ".join(keys))
     drawn = len({run_id for run_id, _ in wanted})
     console.print(f"wrote {escape(str(written))}: {escape(', '.join(keys))} of {drawn} run(s)")
+
+
+def _plot_file(out: str, x: str, lines: int) -> Path:
+    """The file `runs plot` writes, once its options are checked (before any request).
+
+    Raises:
+        InvalidParameter: not a .png, .svg or .pdf path; ``x`` neither step nor time; more
+            runs than a chart can show.
+    """
+    try:
+        path = plot_path(out, "--out")
+    except ValueError as exc:
+        raise InvalidParameter(str(exc)) from None
+    if x not in ("step", "time"):
+        raise InvalidParameter(f"--x takes step or time, not {x!r}")
+    if lines > MAX_LINES:
+        raise InvalidParameter(f"give at most {MAX_LINES} runs; a chart of more cannot be read")
+    return path
+
+
+def _chart_metrics(found: list[dict[str, Any]], given: list[str]) -> list[str]:
+    """The metrics `runs plot` draws of ``found`` (see :func:`metrics_to_draw`).
+
+    Raises:
+        InvalidParameter: none to draw, more than one chart holds, or one no run has.
+    """
+    keys = metrics_to_draw(found, given, MAX_PANELS)
+    if not keys:
+        raise InvalidParameter("these runs have no metrics to draw")
+    if len(keys) > MAX_PANELS:
+        raise InvalidParameter(f"give at most {MAX_PANELS} metrics; one chart holds that many")
+    missing = missing_metrics(found, keys)
+    if missing:
+        raise InvalidParameter(
+            f"no run given has the metric {missing[0]!r}; `shamal runs show RUN` lists them"
+        )
+    return keys
 
 
 def _histories(
@@ -470,32 +420,33 @@ def compare(
 
 
 def _print_comparison(title: str, headers: list[str], found: list[dict[str, Any]]) -> None:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("")
-    for header in headers:
-        table.add_column(header, justify="right")
+    table = _comparison_table(title, headers)
     for key in sorted({k for run in found for k in run["params"]}):
         table.add_row(
             f"param {escape(key)}", *(escape(run["params"].get(key, "-")) for run in found)
         )
     table.add_section()
     for key in sorted({k for run in found for k in run["metrics"]}):
-        values = [run["metrics"].get(key) for run in found]
-        cells = [metric_text(v) for v in values]
-        numbers = [v["value"] for v in values if v and isinstance(v.get("value"), float)]
-        if len(numbers) > 1 and max(numbers) != min(numbers):
-            # Highest and lowest marked, not "best": for a loss, lower is better.
-            hi, lo = max(numbers), min(numbers)
-            cells = [
-                f"{c} ▲"
-                if v and v.get("value") == hi
-                else f"{c} ▼"
-                if v and v.get("value") == lo
-                else c
-                for c, v in zip(cells, values, strict=True)
-            ]
-        table.add_row(f"metric {escape(key)}", *cells)
+        table.add_row(
+            f"metric {escape(key)}", *_marked_extremes(run["metrics"].get(key) for run in found)
+        )
     console.print(table)
+
+
+def _marked_extremes(points: Iterable[dict[str, Any] | None]) -> list[str]:
+    """Latest values, the highest marked ▲ and the lowest ▼ when they differ (not "best":
+    for a loss, lower is better)."""
+    found = list(points)
+    bounds = extremes([p["value"] for p in found if p and isinstance(p.get("value"), float)])
+    return [metric_text(p) + _extreme_mark(p, bounds) for p in found]
+
+
+def _extreme_mark(point: dict[str, Any] | None, bounds: tuple[float, float] | None) -> str:
+    if not point or bounds is None:
+        return ""
+    highest, lowest = bounds
+    value = point.get("value")
+    return " ▲" if value == highest else " ▼" if value == lowest else ""
 
 
 @contextmanager
@@ -523,10 +474,14 @@ def _run(api: ShamalClient, id_or_prefix: str) -> dict[str, Any]:
         return api.get_run(api.resolve_run_id(id_or_prefix))
 
 
+def _iso(value: int | None) -> str | None:
+    """A time in ms since the epoch as ISO 8601 (tables show it to the second, or its age)."""
+    return None if value is None else datetime.fromtimestamp(value / 1000, UTC).isoformat()
+
+
 def _ms(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return fmt(datetime.fromtimestamp(value / 1000, UTC).isoformat())
+    """A time in ms since the epoch to the second."""
+    return fmt(_iso(value))
 
 
 def short_id_width(run_ids: Iterable[str]) -> int:
@@ -547,7 +502,7 @@ def _print_runs(rows: list[dict[str, Any]], title: str) -> None:
             "run_id": r["run_id"][:width],
             "run_name": r["run_name"],
             "status": r["status"],
-            "start_time": _ms(r["start_time"]),
+            "start_time": _iso(r["start_time"]),
             **{k: metric_text(r["metrics"].get(k)) for k in metric_keys},
         }
         for r in rows
@@ -597,17 +552,14 @@ def _schema_text(columns: object) -> str:
     return ", ".join(items) or "-"
 
 
-def _show_version(name: str, version: int, as_json: bool) -> None:
-    found = client().model_version_detail(name, version)
-    if as_json:
-        console.print_json(data=found)
-        return
+def _version_facts(name: str, found: dict[str, Any]) -> dict[str, str]:
+    """What `models show --version` says of a version, label by label (markup escaped)."""
     lineage = found["lineage"]
     signature = found["signature"] or {}
     run = lineage["run_id"] or "-"
     if lineage["run_id"] and not lineage["run_visible"]:
         run += " (deleted, or not visible to you)"
-    facts = {
+    return {
         "version": f"{escape(name)} v{found['version']}",
         "aliases": ", ".join(f"@{a}" for a in found["aliases"]) or "-",
         "stage / status": f"{found['stage']} / {found['status']}",
@@ -619,12 +571,19 @@ def _show_version(name: str, version: int, as_json: bool) -> None:
         "experiment": lineage["experiment_id"] or "-",
         "logged model": lineage["logged_model_id"] or "-",
     }
-    for key, value in facts.items():
+
+
+def _show_version(name: str, version: int, as_json: bool) -> None:
+    found = client().model_version_detail(name, version)
+    if as_json:
+        console.print_json(data=found)
+        return
+    for key, value in _version_facts(name, found).items():
         console.print(f"[bold]{key:>15}[/]  {value}")
     print_table(
         "Datasets its run read",
         ["name", "digest", "context", "source_type", "source"],
-        [{**d, "context": d["context"] or "-"} for d in lineage["datasets"]],
+        [{**d, "context": d["context"] or "-"} for d in found["lineage"]["datasets"]],
     )
 
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from shamal.cli._common import client, console, err_console, escape, handle_errors
-from shamal.cli.job import parse_duration_s, parse_memory_mib, require_finite
+from shamal.cli._common import client, console, err_console, escape, handle_errors, list_table
+from shamal.cli._quantities import parse_duration_s, parse_memory_mib, require_finite
 from shamal.errors import InvalidParameter
 from shamal.tune import TuneDriver, TuneOptions, register_best
 
@@ -32,15 +32,17 @@ def _value(value: float | None) -> str:
 
 
 def _trial_table(title: str, trials: list[dict[str, Any]]) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for column in ("trial", "state", "value", "params", "job"):
-        table.add_column(column)
-    for t in trials:
-        table.add_row(
-            str(t["number"]), t["state"], _value(t["value"]), _params(t["params"]),
-            (t["job_id"] or "-")[:12],
-        )  # fmt: skip
-    return table
+    rows = [
+        {
+            "trial": t["number"],
+            "state": t["state"],
+            "value": _value(t["value"]),
+            "params": _params(t["params"]),
+            "job": (t["job_id"] or "-")[:12],
+        }
+        for t in trials
+    ]
+    return list_table(title, ["trial", "state", "value", "params", "job"], rows, rank=["value"])
 
 
 def _print_trial(trial: dict[str, Any]) -> None:
