@@ -10,7 +10,7 @@ import math
 import re
 
 from shamal.errors import InvalidParameter
-from shamal.jobs._rules import MAX_MEMORY_MIB
+from shamal.jobs import MAX_MEMORY_MIB
 
 __all__ = [
     "DURATION_EXAMPLES",

@@ -28,8 +28,8 @@ from shamal.cli._common import (
 )
 from shamal.cli._curves import Curve, plot_curves, summarize
 from shamal.cli._plotfile import plot_path
-from shamal.client import ShamalClient
-from shamal.client._compare import (
+from shamal.client import (
+    ShamalClient,
     best_value,
     extremes,
     goal_of,

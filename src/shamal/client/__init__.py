@@ -21,6 +21,15 @@ from urllib.parse import quote
 import httpx
 
 from shamal.client._calls import CHUNK, NEXT_PAGE_HEADER, raise_for
+from shamal.client._compare import (
+    best_value,
+    extremes,
+    goal_of,
+    metrics_to_draw,
+    missing_metrics,
+    status_rank,
+    summarize_experiment,
+)
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
@@ -29,6 +38,13 @@ from shamal.jobs import snapshot
 
 __all__ = [
     "DEFAULT_URL",
+    "best_value",
+    "extremes",
+    "goal_of",
+    "metrics_to_draw",
+    "missing_metrics",
+    "status_rank",
+    "summarize_experiment",
     "MIN_RUN_ID_PREFIX",
     "AmbiguousRunId",
     "ModelCalls",

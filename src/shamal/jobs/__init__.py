@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         JobState,
         QuotaUse,
     )
-    from shamal.jobs._rules import check_env, check_mig_profile, duration_text
+    from shamal.jobs._rules import MAX_MEMORY_MIB, check_env, check_mig_profile, duration_text
     from shamal.jobs._schemas import JobIn
     from shamal.jobs._service import NAMESPACE, Capacity, JobService, LogChunk, log_prefix
     from shamal.jobs._store import Attempt, job_statuses
@@ -43,6 +43,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Capacity": ("_service", "Capacity"),
     "CostLine": ("_entities", "CostLine"),
     "FINAL_STATES": ("_entities", "FINAL_STATES"),
+    "MAX_MEMORY_MIB": ("_rules", "MAX_MEMORY_MIB"),
     "Job": ("_entities", "Job"),
     "JobEvent": ("_entities", "JobEvent"),
     "JobIn": ("_schemas", "JobIn"),
@@ -67,6 +68,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "ACTIVE_STATES",
     "FINAL_STATES",
+    "MAX_MEMORY_MIB",
     "NAMESPACE",
     "Amount",
     "Attempt",
