@@ -16,7 +16,6 @@ from rich.table import Table
 
 from shamal.cli._common import JsonOption, console, err_console
 from shamal.scheduler.core import DEFAULT_STRATEGY, STRATEGIES
-from shamal.scheduler.core.sim import TraceError, run_pack_experiment
 
 __all__ = ["pack"]
 
@@ -33,6 +32,9 @@ def _fail(message: str, hint: str | None = None) -> typer.Exit:
 def _run(
     nodes: Path, pods: Path, demand: float, seeds: int, policy: str, show: bool
 ) -> dict[str, Any]:
+    # The simulator brings numpy: imported by the command that runs it, not by the CLI's start.
+    from shamal.scheduler.core.sim import run_pack_experiment
+
     if not show:
         return run_pack_experiment(
             nodes, pods, demand=demand, seeds=seeds, strategy=policy, checkpoints=_CHECKPOINTS
@@ -113,6 +115,8 @@ def pack(
     """
     if policy not in STRATEGIES:
         raise _fail(f"unknown policy {policy!r}", f"one of {', '.join(STRATEGIES)}")
+    from shamal.scheduler.core.sim import TraceError
+
     show = err_console.is_terminal
     try:
         result = _run(nodes, pods, demand, seeds, policy, show)
