@@ -17,10 +17,11 @@ scheduler loop, which records no reason for leaving a job queued.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from shamal.config import SchedulerSettings
 from shamal.jobs import Job, duration_text, placement_from_json, request_of
@@ -31,6 +32,7 @@ from shamal.scheduler.core import (
     Cluster,
     Gpu,
     Node,
+    Placement,
     Pool,
     PriorityClass,
     QuotaBook,
@@ -45,7 +47,7 @@ from shamal.scheduler.core import (
     profiles_for,
 )
 
-__all__ = ["ClusterCapacity", "cluster_capacity", "quotas_of"]
+__all__ = ["ClusterCapacity", "cluster_capacity", "fits_beside", "held_by", "quotas_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -416,3 +418,32 @@ def cluster_capacity(settings: SchedulerSettings, cluster: Cluster) -> ClusterCa
         quotas_of(settings),
         protected_s=_protection_of(settings),
     )
+
+
+def held_by(template: Cluster, active: Sequence[Job]) -> Cluster:
+    """A copy of ``template`` with every active job's placement taken (a placement this
+    cluster cannot hold is logged and left out)."""
+    cluster = copy.deepcopy(template)
+    for job in active:
+        if not job.placement:
+            continue
+        try:
+            allocate(cluster, placement_from_json(job.placement))
+        except (ValueError, KeyError):
+            logger.warning("job %s holds a placement this cluster cannot hold", job.id)
+    return cluster
+
+
+def fits_beside(template: Cluster, placement: Placement) -> Callable[[Sequence[Job]], bool]:
+    """Whether ``placement`` still fits on ``template`` beside the jobs holding resources:
+    what :meth:`JobLifecycle.admit` asks under the scheduling lock, where another scheduler
+    may have claimed capacity since this one decided."""
+
+    def fits(active: Sequence[Job]) -> bool:
+        try:
+            allocate(held_by(template, active), placement)
+        except (ValueError, KeyError):
+            return False
+        return True
+
+    return fits

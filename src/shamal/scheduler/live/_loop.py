@@ -28,7 +28,6 @@ should be longer than any restart that is expected to come back.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import shutil
@@ -75,11 +74,10 @@ from shamal.scheduler.core import (
     SchedJob,
     SchedulerState,
     Start,
-    allocate,
     decay_all,
     decayed_usage,
 )
-from shamal.scheduler.live._fit import quotas_of
+from shamal.scheduler.live._fit import fits_beside, held_by, quotas_of
 from shamal.scheduler.live._lifecycle import JobLifecycle
 
 logger = logging.getLogger(__name__)
@@ -306,7 +304,7 @@ class SchedulerLoop:
     def _state(
         self, queued: Sequence[Job], active: Sequence[Job], now: float, usage: dict[str, float]
     ) -> SchedulerState:
-        cluster = self._allocated(active)
+        cluster = held_by(self._template, active)
         running = [self._sched_job(job, now) for job in active]
         return SchedulerState(
             cluster=cluster,
@@ -402,32 +400,10 @@ class SchedulerLoop:
                 archive.unlink()
         return folder
 
-    def _allocated(self, active: Sequence[Job]) -> Cluster:
-        """The cluster with every active job's placement taken."""
-        cluster = copy.deepcopy(self._template)
-        for job in active:
-            if not job.placement:
-                continue
-            try:
-                allocate(cluster, placement_from_json(job.placement))
-            except (ValueError, KeyError):
-                logger.warning("job %s holds a placement this cluster cannot hold", job.id)
-        return cluster
-
-    def _fits(self, placement: Placement) -> Callable[[Sequence[Job]], bool]:
-        def fits(active: Sequence[Job]) -> bool:
-            try:
-                allocate(self._allocated(active), placement)
-            except (ValueError, KeyError):
-                return False
-            return True
-
-        return fits
-
     def _start(self, queued: Job, placement: Placement, borrowed: bool) -> None:
         stored = {**placement_to_json(placement), "borrowed": borrowed}
         reason = "admitted on borrowed quota" if borrowed else "admitted"
-        job = self._life.admit(queued.id, stored, reason, self._fits(placement))
+        job = self._life.admit(queued.id, stored, reason, fits_beside(self._template, placement))
         if job is None:
             return
         try:
