@@ -72,7 +72,8 @@ class ArtifactService:
                 )
             return stored
 
-        return self._db.run(work)
+        # Two writers of the same new path race on its insert: the loser's retry replaces it.
+        return self._db.run(work, retry_unique=True)
 
     def file_info(self, namespace: str, path: str) -> ArtifactFile:
         with self._db.unit_of_work(write=False) as s:
@@ -128,7 +129,7 @@ class ArtifactService:
             self._audit.record(s, ctx, ctx.target, digest=info.digest, size=info.size)
             return stored
 
-        return self._db.run(work)
+        return self._db.run(work, retry_unique=True)  # as in store_file
 
     def stat(self, principal: Principal, team: str, raw_path: str) -> ArtifactFile:
         path = safe_relpath(raw_path)

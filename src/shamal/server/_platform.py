@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
+from shamal.datasets import DatasetService
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
 from shamal.executors import detect_local_gpus
@@ -56,6 +57,7 @@ class Platform:
     cluster: Cluster
     tune: TuneService
     deployments: DeploymentService
+    datasets: DatasetService
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
@@ -108,6 +110,10 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     # Keyed by a digest of the database's URL: no password lands in the file.
     database_name = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
     deployments = DeploymentService(db, audit, security, registry)
+    # Sources are spooled and parts written beside upload bodies: one disk, already private.
+    datasets = DatasetService(
+        db, audit, security, artifacts, settings.resolved_upload_spool_dir / "datasets"
+    )
     return Platform(
         settings=settings,
         db=db,
@@ -121,6 +127,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         cluster=cluster,
         tune=tune,
         deployments=deployments,
+        datasets=datasets,
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from shamal.db.models._base import Base, UTCDateTime
 from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
+from shamal.db.models.datasets import DataAliasRow, DataSetRow, DataVersionRow, DataVersionTagRow
 from shamal.db.models.deployments import (
     DeploymentEventRow,
     DeploymentRow,
@@ -54,6 +55,10 @@ __all__ = [
     "AuditEntryRow",
     "AuditHeadRow",
     "Base",
+    "DataAliasRow",
+    "DataSetRow",
+    "DataVersionRow",
+    "DataVersionTagRow",
     "DatasetRow",
     "DeploymentEventRow",
     "DeploymentRow",
@@ -64,8 +69,6 @@ __all__ = [
     "JobAttemptRow",
     "JobEventRow",
     "JobRow",
-    "SchedulerRow",
-    "SnapshotOwnerRow",
     "LatestMetricRow",
     "LoggedModelParamRow",
     "LoggedModelRow",
@@ -81,6 +84,8 @@ __all__ = [
     "RunModelLinkRow",
     "RunRow",
     "RunTagRow",
+    "SchedulerRow",
+    "SnapshotOwnerRow",
     "TeamInvitationRow",
     "TeamMemberRow",
     "TeamRow",

@@ -1,0 +1,81 @@
+"""What the datasets domain returns: frozen, and free of ORM rows."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class VersionStatus(enum.StrEnum):
+    """``valid`` versions are read by default; a ``quarantined`` one failed its validation
+    suite and is kept, with its report, for people to look at, never aliased or read unless
+    named by number."""
+
+    VALID = "valid"
+    QUARANTINED = "quarantined"
+
+
+class WriteMode(enum.StrEnum):
+    """``append``: the new version holds the latest valid version's rows and the new ones;
+    ``overwrite``: only the new ones."""
+
+    APPEND = "append"
+    OVERWRITE = "overwrite"
+
+
+@dataclass(frozen=True, slots=True)
+class DataSet:
+    """A named table owned by a team (``team`` empty: platform-wide)."""
+
+    id: str
+    name: str
+    team: str
+    description: str
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    latest_version: int | None = None
+    aliases: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One Parquet file of a version, stored content-addressed in the artifact store."""
+
+    path: str
+    digest: str
+    rows: int
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "digest": self.digest, "rows": self.rows, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class DataVersion:
+    """An immutable version: its parts, schema, row count, source, profile and validation."""
+
+    id: str
+    dataset: str
+    version: int
+    digest: str
+    status: VersionStatus
+    row_count: int
+    size_bytes: int
+    schema: tuple[dict[str, Any], ...]
+    parts: tuple[Part, ...]
+    source: dict[str, Any]
+    mode: WriteMode
+    profile: dict[str, Any]
+    validation: dict[str, Any] | None
+    transformations: tuple[dict[str, Any], ...]
+    created_by: str
+    created_at: datetime
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uri(self) -> str:
+        """How other domains name it: ``data:/NAME/VERSION``."""
+        return f"data:/{self.dataset}/{self.version}"

@@ -1,0 +1,299 @@
+"""Rules of datasets: who may create, write, alias and read them; every change audited.
+
+A dataset belongs to a team: its members create datasets and write versions, maintainers move
+aliases, viewers read. Another team's dataset answers 404. Platform-wide datasets (no team) are
+made by platform admins and readable by every account.
+
+Writing a version: the source is spooled to a private folder, read in bounded batches and
+written as one zstd Parquet part, stored content-addressed in the artifact store (so encryption
+at rest, S3 and hash checks apply); then, in one transaction, the version takes the next number
+and its row is written with the audit entry. A failure anywhere before that leaves no version
+(a stored part no version names is only an unreferenced blob).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from sqlalchemy.orm import Session
+
+from shamal.artifacts import ArtifactService
+from shamal.clock import Clock, utc_now
+from shamal.datasets import _ingest, _rules, _store
+from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.db import Database
+from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
+from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
+
+__all__ = ["NAMESPACE", "BatchHook", "DatasetService", "Ingested"]
+
+#: The artifact namespace of dataset parts: ``<dataset id>/parts/<sha256>.parquet``.
+NAMESPACE = "datasets"
+MAX_LIST = 1000
+#: Called with each batch on its way to storage (pseudonymization, profiling); returns the
+#: batch to store.
+BatchHook = Callable[[pa.RecordBatch], pa.RecordBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """What an ingestion made of its source, before it becomes a version."""
+
+    part: Part
+    schema: tuple[dict[str, object], ...]
+
+
+def part_path(dataset_id: str, digest: str) -> str:
+    return f"{dataset_id}/parts/{digest}.parquet"
+
+
+def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(size):
+            yield chunk
+
+
+class DatasetService:
+    """Datasets, their versions and aliases. Thread-safe; one instance per process."""
+
+    def __init__(
+        self,
+        db: Database,
+        audit: AuditLog,
+        security: SecurityService,
+        artifacts: ArtifactService,
+        work_dir: Path,
+        clock: Clock = utc_now,
+    ) -> None:
+        """``work_dir``: where sources are spooled and parts written before storage (private
+        to the server; each ingestion uses, then removes, a folder of its own)."""
+        self._db = db
+        self._audit = audit
+        self._security = security
+        self._artifacts = artifacts
+        self._work_dir = work_dir
+        self._clock = clock
+
+    # ------------------------------------------------------------------ access
+    def _ref(self, s: Session, principal: Principal, name: str, needed: Role) -> _store.DataSetRef:
+        ref = _store.ref(s, _rules.check_name(name))
+        if ref.team_id is None:
+            if needed > Role.VIEWER and not principal.user.is_admin:
+                raise PermissionDenied(
+                    f"dataset {name!r} is platform-wide: only platform admins change it"
+                )
+            return ref
+        principal.require_owner_role(ref.team_id, needed, f"dataset {name!r}")
+        return ref
+
+    # ------------------------------------------------------------------ datasets
+    def create(
+        self, ctx: AuditContext, name: str, team: str | None = None, description: str = ""
+    ) -> DataSet:
+        """A new, empty dataset owned by ``team`` (default: the caller's only team).
+
+        Raises:
+            InvalidParameter: a malformed name or description; no team named, several held.
+            AlreadyExists: the name is taken.
+        """
+        principal = ctx.require_principal()
+        _rules.check_name(name)
+        if len(description) > _rules.MAX_DESCRIPTION:
+            raise InvalidParameter(f"a description is at most {_rules.MAX_DESCRIPTION} characters")
+        owner = self._security.owning_team(principal, team, "owns this dataset")
+        if owner[1] is not None:
+            principal.require_owner_role(owner[1], Role.MEMBER, f"team {owner[0]!r}")
+
+        def work(s: Session) -> DataSet:
+            created = _store.create(s, name, owner, description, ctx.actor, self._clock())
+            self._audit.record(s, ctx, f"dataset/{name}", team=owner[0])
+            return created
+
+        return self._db.run(work)
+
+    def get(self, principal: Principal, name: str) -> DataSet:
+        with self._db.unit_of_work(write=False) as s:
+            return _store.get(s, self._ref(s, principal, name, Role.VIEWER).id)
+
+    def list_datasets(
+        self, principal: Principal, *, after: str | None = None, limit: int = 100
+    ) -> list[DataSet]:
+        """Datasets the caller may see, by name, after ``after``."""
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
+        visible = None if principal.user.is_admin else frozenset(principal.team_ids.values())
+        with self._db.unit_of_work(write=False) as s:
+            return _store.listing(s, visible, after, limit)
+
+    # ------------------------------------------------------------------ versions
+    def ingest(
+        self,
+        ctx: AuditContext,
+        name: str,
+        chunks: Iterable[bytes],
+        fmt: str,
+        *,
+        mode: WriteMode = WriteMode.APPEND,
+        source: str = "upload",
+        on_batch: BatchHook | None = None,
+    ) -> DataVersion:
+        """A new version of ``name`` from a source file's bytes (``fmt``: csv, parquet, jsonl
+        or arrow). ``append`` keeps the latest valid version's parts before the new one.
+
+        Raises:
+            InvalidParameter: an unknown format, an unreadable source (where it failed, not
+                what it held), a source whose columns differ from the version it appends to.
+            NotFound / PermissionDenied: not the caller's dataset, or a role below member.
+        """
+        principal = ctx.require_principal()
+        if fmt not in _ingest.FORMATS:
+            raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(_ingest.FORMATS)}")
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.MEMBER)
+        ingested = self._store_part(ref, chunks, fmt, on_batch)
+
+        def work(s: Session) -> DataVersion:
+            # The number first: taking it locks the dataset's row, so the version appended to
+            # is read after every concurrent writer before this one committed.
+            number = _store.reserve_version(s, ref.id, self._clock())
+            base = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
+            if base is not None and list(base.schema) != list(ingested.schema):
+                raise InvalidParameter(
+                    f"the source's columns differ from {name}/{base.version}'s; append rows "
+                    "of the same columns and types, or write with mode overwrite"
+                )
+            parts = (*(base.parts if base else ()), ingested.part)
+            version = _store.insert_version(
+                s,
+                ref,
+                {
+                    "version": number,
+                    "digest": _rules.version_digest([p.digest for p in parts]),
+                    "status": VersionStatus.VALID.value,
+                    "row_count": sum(p.rows for p in parts),
+                    "size_bytes": sum(p.size for p in parts),
+                    "schema": list(ingested.schema),
+                    "parts": [p.to_json() for p in parts],
+                    "source": {"kind": source, "format": fmt},
+                    "mode": mode.value,
+                    "profile": {},
+                    "validation": None,
+                    "transformations": [],
+                    "created_by": ctx.actor,
+                    "created_at": self._clock(),
+                },
+            )
+            self._audit.record(
+                s, ctx, version.uri, digest=version.digest, rows=version.row_count, mode=mode.value
+            )
+            return version
+
+        return self._db.run(work)
+
+    def _store_part(
+        self,
+        ref: _store.DataSetRef,
+        chunks: Iterable[bytes],
+        fmt: str,
+        on_batch: BatchHook | None,
+    ) -> Ingested:
+        self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
+        try:
+            source = folder / "source"
+            with source.open("wb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+            written = _ingest.write_part(
+                _ingest.read_batches(source, fmt), folder / "part.parquet", on_batch
+            )
+            source.unlink()
+            digest = _ingest.file_digest(written.path)
+            path = part_path(ref.id, digest)
+            self._artifacts.store_file(None, NAMESPACE, path, _file_chunks(written.path))
+            return Ingested(Part(path, digest, written.rows, written.size), written.schema)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def version(self, principal: Principal, reference: str) -> DataVersion:
+        """The version ``reference`` names: ``NAME`` (latest valid), ``NAME/3``, ``NAME@alias``.
+
+        Raises:
+            NotFound: no such dataset, version or alias, or no valid version yet.
+        """
+        wanted = _rules.parse_ref(reference)
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, wanted.name, Role.VIEWER)
+            if wanted.version is not None:
+                return _store.version(s, ref, wanted.version)
+            if wanted.alias is not None:
+                return _store.version(s, ref, _store.alias_version(s, ref, wanted.alias))
+            latest = _store.latest_valid(s, ref)
+        if latest is None:
+            raise NotFound(f"dataset {wanted.name!r} has no valid version yet; ingest one first")
+        return latest
+
+    def versions(
+        self, principal: Principal, name: str, *, before: int | None = None, limit: int = 100
+    ) -> list[DataVersion]:
+        """The dataset's versions, newest first, below ``before``."""
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
+        with self._db.unit_of_work(write=False) as s:
+            return _store.versions(s, self._ref(s, principal, name, Role.VIEWER), before, limit)
+
+    def open_part(self, principal: Principal, reference: str, index: int) -> Iterator[bytes]:
+        """The bytes of part ``index`` of the version ``reference`` names (Parquet)."""
+        found = self.version(principal, reference)
+        if not 0 <= index < len(found.parts):
+            raise NotFound(f"{found.uri} has no part {index} (it has {len(found.parts)})")
+        return self._artifacts.read_file(NAMESPACE, found.parts[index].path)[1]
+
+    # ------------------------------------------------------------------ aliases and tags
+    def set_alias(self, ctx: AuditContext, name: str, alias: str, number: int) -> DataVersion:
+        """Point ``alias`` at version ``number`` (maintainers; never a quarantined version).
+
+        Raises:
+            Conflict: the version is quarantined.
+        """
+        principal = ctx.require_principal()
+        _rules.check_alias(alias)
+
+        def work(s: Session) -> DataVersion:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            target = _store.version(s, ref, number)
+            if target.status is VersionStatus.QUARANTINED:
+                raise Conflict(f"{target.uri} is quarantined: it failed validation")
+            _store.set_alias(s, ref, alias, number, self._clock())
+            self._audit.record(s, ctx, f"{name}@{alias}", version=number)
+            return target
+
+        return self._db.run(work)
+
+    def delete_alias(self, ctx: AuditContext, name: str, alias: str) -> None:
+        principal = ctx.require_principal()
+        _rules.check_alias(alias)
+
+        def work(s: Session) -> None:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            _store.delete_alias(s, ref, alias)
+            self._audit.record(s, ctx, f"{name}@{alias}")
+
+        self._db.run(work)
+
+    def set_tag(self, ctx: AuditContext, name: str, number: int, key: str, value: str) -> None:
+        principal = ctx.require_principal()
+        _rules.check_tag(key, value)
+
+        def work(s: Session) -> None:
+            ref = self._ref(s, principal, name, Role.MEMBER)
+            target = _store.version(s, ref, number)
+            _store.set_tag(s, target.id, key, value)
+            self._audit.record(s, ctx, target.uri, key=key)
+
+        self._db.run(work)

@@ -1,0 +1,249 @@
+"""SQL access for datasets. ORM rows never leave this module.
+
+Every function takes the caller's session; the service owns transactions. A version's number
+comes from :func:`reserve_version`: one ``UPDATE ... SET next_version = next_version + 1``
+under the dataset row's lock, so concurrent writers get distinct, gapless numbers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.db.models import DataAliasRow, DataSetRow, DataVersionRow, DataVersionTagRow
+from shamal.errors import AlreadyExists, NotFound
+
+#: Which datasets a caller may see: None = all (platform admins), else these team ids (and
+#: platform-wide datasets, whose team is None).
+Visibility = frozenset[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DataSetRef:
+    """What the service needs to check access to a stored dataset."""
+
+    id: str
+    name: str
+    team_id: str | None
+
+
+def not_found(name: str) -> NotFound:
+    return NotFound(f"dataset {name!r} does not exist")
+
+
+def _aliases(s: Session, dataset_id: str) -> dict[str, int]:
+    rows = s.execute(
+        select(DataAliasRow.alias, DataAliasRow.version).where(
+            DataAliasRow.dataset_id == dataset_id
+        )
+    )
+    return {key: value for key, value in rows}  # noqa: C416 - rows, not pairs, to mypy
+
+
+def _latest(s: Session, dataset_id: str) -> int | None:
+    return s.execute(
+        select(func.max(DataVersionRow.version)).where(
+            DataVersionRow.dataset_id == dataset_id,
+            DataVersionRow.status == VersionStatus.VALID.value,
+        )
+    ).scalar_one_or_none()
+
+
+def _dataset(s: Session, row: DataSetRow) -> DataSet:
+    return DataSet(
+        id=row.id,
+        name=row.name,
+        team=row.team_name,
+        description=row.description,
+        created_by=row.created_by,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        latest_version=_latest(s, row.id),
+        aliases=_aliases(s, row.id),
+    )
+
+
+def create(
+    s: Session,
+    name: str,
+    team: tuple[str, str | None],
+    description: str,
+    actor: str,
+    now: datetime,
+) -> DataSet:
+    if s.execute(select(DataSetRow.id).where(DataSetRow.name == name)).first() is not None:
+        raise AlreadyExists(f"dataset {name!r} already exists")
+    row = DataSetRow(
+        id=uuid.uuid4().hex,
+        name=name,
+        team_id=team[1],
+        team_name=team[0],
+        description=description,
+        created_by=actor,
+        created_at=now,
+        updated_at=now,
+        next_version=1,
+    )
+    s.add(row)
+    s.flush()
+    return _dataset(s, row)
+
+
+def ref(s: Session, name: str) -> DataSetRef:
+    row = s.execute(
+        select(DataSetRow.id, DataSetRow.name, DataSetRow.team_id).where(DataSetRow.name == name)
+    ).one_or_none()
+    if row is None:
+        raise not_found(name)
+    return DataSetRef(row.id, row.name, row.team_id)
+
+
+def get(s: Session, dataset_id: str) -> DataSet:
+    row = s.get(DataSetRow, dataset_id)
+    if row is None:
+        raise NotFound("dataset does not exist")
+    return _dataset(s, row)
+
+
+def listing(
+    s: Session, visible: Visibility, after: str | None, limit: int, team_ids: Collection[str] = ()
+) -> list[DataSet]:
+    """Datasets by name, after ``after`` (keyset), at most ``limit``."""
+    query = select(DataSetRow).order_by(DataSetRow.name).limit(limit)
+    if visible is not None:
+        query = query.where(DataSetRow.team_id.in_(visible) | DataSetRow.team_id.is_(None))
+    if team_ids:
+        query = query.where(DataSetRow.team_id.in_(team_ids))
+    if after is not None:
+        query = query.where(DataSetRow.name > after)
+    return [_dataset(s, row) for row in s.scalars(query)]
+
+
+def reserve_version(s: Session, dataset_id: str, now: datetime) -> int:
+    """The next version number of the dataset, taken for good (gapless: a failed write rolls
+    the whole transaction back, number included)."""
+    stmt = (
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset_id)
+        .values(next_version=DataSetRow.next_version + 1, updated_at=now)
+        .execution_options(synchronize_session=False)
+        .returning(DataSetRow.next_version)
+    )
+    after = s.execute(stmt).scalar_one_or_none()
+    if after is None:
+        raise NotFound("dataset does not exist")
+    return int(after) - 1
+
+
+def _version(row: DataVersionRow, dataset: str, tags: Mapping[str, str]) -> DataVersion:
+    return DataVersion(
+        id=row.id,
+        dataset=dataset,
+        version=row.version,
+        digest=row.digest,
+        status=VersionStatus(row.status),
+        row_count=row.row_count,
+        size_bytes=row.size_bytes,
+        schema=tuple(row.schema),
+        parts=tuple(Part(**part) for part in row.parts),
+        source=dict(row.source),
+        mode=WriteMode(row.mode),
+        profile=dict(row.profile),
+        validation=dict(row.validation) if row.validation is not None else None,
+        transformations=tuple(row.transformations),
+        created_by=row.created_by,
+        created_at=row.created_at,
+        tags=dict(tags),
+    )
+
+
+def _tags(s: Session, version_id: str) -> dict[str, str]:
+    rows = s.execute(
+        select(DataVersionTagRow.key, DataVersionTagRow.value).where(
+            DataVersionTagRow.version_id == version_id
+        )
+    )
+    return {key: value for key, value in rows}  # noqa: C416 - rows, not pairs, to mypy
+
+
+def insert_version(s: Session, dataset: DataSetRef, values: Mapping[str, Any]) -> DataVersion:
+    row = DataVersionRow(id=uuid.uuid4().hex, dataset_id=dataset.id, **values)
+    s.add(row)
+    s.flush()
+    return _version(row, dataset.name, {})
+
+
+def version(s: Session, dataset: DataSetRef, number: int) -> DataVersion:
+    row = s.execute(
+        select(DataVersionRow).where(
+            DataVersionRow.dataset_id == dataset.id, DataVersionRow.version == number
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"dataset {dataset.name!r} has no version {number}")
+    return _version(row, dataset.name, _tags(s, row.id))
+
+
+def latest_valid(s: Session, dataset: DataSetRef) -> DataVersion | None:
+    number = _latest(s, dataset.id)
+    return None if number is None else version(s, dataset, number)
+
+
+def versions(s: Session, dataset: DataSetRef, before: int | None, limit: int) -> list[DataVersion]:
+    """Versions newest first, below ``before`` (keyset), at most ``limit``."""
+    query = (
+        select(DataVersionRow)
+        .where(DataVersionRow.dataset_id == dataset.id)
+        .order_by(DataVersionRow.version.desc())
+        .limit(limit)
+    )
+    if before is not None:
+        query = query.where(DataVersionRow.version < before)
+    return [_version(row, dataset.name, _tags(s, row.id)) for row in s.scalars(query)]
+
+
+def alias_version(s: Session, dataset: DataSetRef, alias: str) -> int:
+    number = s.execute(
+        select(DataAliasRow.version).where(
+            DataAliasRow.dataset_id == dataset.id, DataAliasRow.alias == alias
+        )
+    ).scalar_one_or_none()
+    if number is None:
+        raise NotFound(f"dataset {dataset.name!r} has no alias {alias!r}")
+    return int(number)
+
+
+def set_alias(s: Session, dataset: DataSetRef, alias: str, number: int, now: datetime) -> None:
+    row = s.get(DataAliasRow, (dataset.id, alias))
+    if row is None:
+        s.add(DataAliasRow(dataset_id=dataset.id, alias=alias, version=number, updated_at=now))
+    else:
+        row.version = number
+        row.updated_at = now
+    s.flush()
+
+
+def delete_alias(s: Session, dataset: DataSetRef, alias: str) -> None:
+    done = s.execute(
+        delete(DataAliasRow).where(
+            DataAliasRow.dataset_id == dataset.id, DataAliasRow.alias == alias
+        )
+    )
+    if not done.rowcount:  # type: ignore[attr-defined]
+        raise NotFound(f"dataset {dataset.name!r} has no alias {alias!r}")
+
+
+def set_tag(s: Session, version_id: str, key: str, value: str) -> None:
+    row = s.get(DataVersionTagRow, (version_id, key))
+    if row is None:
+        s.add(DataVersionTagRow(version_id=version_id, key=key, value=value))
+    else:
+        row.value = value
+    s.flush()

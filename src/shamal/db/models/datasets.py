@@ -1,0 +1,78 @@
+"""Governed datasets: named tables owned by a team, their immutable versions and aliases.
+
+Version numbers come from the dataset row's ``next_version`` (one ``UPDATE ... RETURNING`` under
+the row's lock), so concurrent writers get gapless, distinct numbers on both backends. A version
+is content-addressed: it lists its Parquet parts by digest, and its own digest is that of the
+list; the parts live in the artifact store.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from shamal.db.models._base import Base, UTCDateTime
+
+
+class DataSetRow(Base):
+    __tablename__ = "data_sets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    team_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("teams.id", ondelete="RESTRICT"), nullable=True
+    )
+    team_name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    next_version: Mapped[int] = mapped_column(Integer)
+
+
+class DataVersionRow(Base):
+    __tablename__ = "data_versions"
+    __table_args__ = (UniqueConstraint("dataset_id", "version", name="uq_data_versions_number"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), index=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    digest: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    row_count: Mapped[int] = mapped_column(BigInteger)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    schema: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    parts: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    source: Mapped[dict[str, Any]] = mapped_column(JSON)
+    mode: Mapped[str] = mapped_column(String(16))
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    transformations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DataAliasRow(Base):
+    __tablename__ = "data_aliases"
+
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DataVersionTagRow(Base):
+    __tablename__ = "data_version_tags"
+
+    version_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(250), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
