@@ -15,6 +15,7 @@ import shamal
 from shamal.artifacts import PrincipalSlots, sweep_spool
 from shamal.artifacts import api as artifacts_api
 from shamal.config import Settings
+from shamal.datasets import api as datasets_api
 from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
 from shamal.jobs import api as jobs_api
@@ -43,7 +44,11 @@ PUBLIC_ROUTES = frozenset(
         "/ajax-api/3.0/mlflow/server-info",
     }
 )
-UPLOAD_PREFIXES: tuple[str, ...] = ("/api/v1/artifacts/", "/api/2.0/mlflow-artifacts/artifacts/")
+UPLOAD_PREFIXES: tuple[str, ...] = (
+    "/api/v1/artifacts/",
+    "/api/2.0/mlflow-artifacts/artifacts/",
+    datasets_api.UPLOAD_PREFIX,
+)
 #: Code snapshots stream to disk too, up to what a snapshot may be (never more than an upload).
 SNAPSHOT_PREFIX = "/api/v1/snapshots/"
 
@@ -69,6 +74,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.jobs = platform.jobs
     app.state.tune = platform.tune
     app.state.deployments = platform.deployments
+    app.state.datasets = platform.datasets
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -131,6 +137,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(jobs_api.router)
     app.include_router(tune_api.router)
     app.include_router(deployments_api.router)
+    app.include_router(datasets_api.router)
     return app
 
 
