@@ -10,6 +10,7 @@ from shamal import __version__
 from shamal.cli import (
     artifacts,
     audit,
+    data,
     db,
     deploy,
     job,
@@ -76,6 +77,7 @@ app.command("optimize")(optimize.optimize)
 app.command("serve")(serve.serve)
 app.command("deploy")(deploy.deploy)
 app.add_typer(deploy.deployments, name="deployments")
+app.add_typer(data.app, name="data")
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from shamal.client._compare import (
     status_rank,
     summarize_experiment,
 )
+from shamal.client._datasets import DatasetCalls, source_format
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
@@ -38,6 +39,8 @@ from shamal.jobs import snapshot
 
 __all__ = [
     "DEFAULT_URL",
+    "DatasetCalls",
+    "source_format",
     "best_value",
     "extremes",
     "goal_of",
@@ -71,7 +74,7 @@ def default_token() -> str | None:
         return None
 
 
-class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls):
+class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 
     Args:

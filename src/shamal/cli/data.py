@@ -1,0 +1,213 @@
+"""`shamal data`: governed datasets: create, ingest, list, show versions, alias, download.
+
+`shamal data ingest customers --from customers.csv` writes a version (the format is told by the
+suffix, or `--format`); `--mode overwrite` replaces the rows instead of appending. Versions are
+named `customers` (the latest valid one), `customers/3`, or `customers@prod`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from shamal.cli._common import (
+    JsonOption,
+    client,
+    console,
+    err_console,
+    escape,
+    handle_errors,
+    print_table,
+)
+from shamal.errors import InvalidParameter
+
+app = typer.Typer(
+    help="Datasets: create them, ingest versions, list, show, alias and download them.",
+    no_args_is_help=True,
+)
+
+_MODES = ("append", "overwrite")
+
+
+def _size(size: int) -> str:
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= step:
+            return f"{size / step:.1f} {unit}"
+    return f"{size} B"
+
+
+def _version_line(v: dict[str, Any]) -> str:
+    return (
+        f"[bold]{escape(v['uri'])}[/] {v['status']}: {v['row_count']:,} rows, "
+        f"{len(v['columns'])} columns, {len(v['parts'])} part(s), {_size(v['size_bytes'])}, "
+        f"digest {v['digest'][:12]}"
+    )
+
+
+@app.command("create")
+@handle_errors
+def create(
+    name: str,
+    team: Annotated[str | None, typer.Option(help="Owning team (default: your only one).")] = None,
+    description: Annotated[str, typer.Option(help="What the data is.")] = "",
+    as_json: bool = JsonOption,
+) -> None:
+    """Create an empty dataset NAME owned by a team."""
+    created = client().create_dataset(name, team=team, description=description)
+    if as_json:
+        typer.echo(json.dumps(created))
+        return
+    console.print(f"created dataset [bold]{escape(created['name'])}[/] (team {created['team']})")
+
+
+@app.command("ingest")
+@handle_errors
+def ingest(
+    name: str,
+    source: Annotated[
+        Path,
+        typer.Option("--from", exists=True, dir_okay=False, readable=True, help="The source file."),
+    ],
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
+    ] = None,
+    mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
+    as_json: bool = JsonOption,
+) -> None:
+    """Write a new version of NAME from a local file, streamed to the server."""
+    if mode not in _MODES:
+        raise InvalidParameter(f"--mode is append or overwrite, not {mode!r}")
+    total = source.stat().st_size
+    with Progress(
+        TextColumn("uploading {task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task(escape(source.name), total=total)
+        version = client().ingest_file(
+            name, source, fmt=fmt, mode=mode, on_progress=lambda n: bar.advance(task, n)
+        )
+    if as_json:
+        typer.echo(json.dumps(version))
+        return
+    console.print(_version_line(version))
+
+
+@app.command("list")
+@handle_errors
+def list_datasets(
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    as_json: bool = JsonOption,
+) -> None:
+    """Datasets you can see."""
+    found = client().list_datasets(limit=limit)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    rows = [
+        {**d, "aliases": ", ".join(f"{a}={v}" for a, v in sorted(d["aliases"].items()))}
+        for d in found
+    ]
+    print_table(
+        "Datasets",
+        ["name", "team", "latest_version", "aliases", "updated_at", "description"],
+        rows,
+        rank=["name", "latest_version", "team", "aliases"],
+    )
+
+
+@app.command("show")
+@handle_errors
+def show(
+    reference: Annotated[str, typer.Argument(help="NAME, NAME/3 or NAME@alias.")],
+    as_json: bool = JsonOption,
+) -> None:
+    """One version: its columns, parts and where it came from."""
+    version = client().dataset_version(reference)
+    if as_json:
+        typer.echo(json.dumps(version))
+        return
+    console.print(_version_line(version))
+    console.print(
+        f"source: {escape(json.dumps(version['source']))}; mode {version['mode']}; "
+        f"by {escape(version['created_by'])} at {version['created_at']}"
+    )
+    print_table("Columns", ["name", "type", "nullable"], version["columns"], rank=["name", "type"])
+
+
+@app.command("versions")
+@handle_errors
+def versions(
+    name: str,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    as_json: bool = JsonOption,
+) -> None:
+    """A dataset's versions, newest first."""
+    rows = [
+        {**v, "columns": len(v["columns"]), "digest": v["digest"][:12]}
+        for v in client().dataset_versions(name, limit=limit)
+    ]
+    print_table(
+        f"Versions of {name}",
+        ["version", "status", "row_count", "columns", "mode", "digest", "created_at"],
+        rows,
+        as_json=as_json,
+        rank=["version", "status", "row_count", "created_at"],
+        right=["row_count", "columns"],
+    )
+
+
+@app.command("alias")
+@handle_errors
+def alias(
+    name: str,
+    alias_name: Annotated[str, typer.Argument(metavar="ALIAS")],
+    version: Annotated[
+        int | None, typer.Argument(help="Version number (omit with --delete).")
+    ] = None,
+    delete: Annotated[bool, typer.Option("--delete", help="Remove the alias.")] = False,
+) -> None:
+    """Point ALIAS of NAME at VERSION (maintainers), or remove it with --delete."""
+    if delete:
+        client().delete_dataset_alias(name, alias_name)
+        console.print(f"removed {escape(name)}@{escape(alias_name)}")
+        return
+    if version is None:
+        raise InvalidParameter(
+            "give the version the alias names, e.g. `shamal data alias t prod 3`"
+        )
+    moved = client().set_dataset_alias(name, alias_name, version)
+    console.print(f"{escape(name)}@{escape(alias_name)} -> {escape(moved['uri'])}")
+
+
+@app.command("download")
+@handle_errors
+def download(
+    reference: Annotated[str, typer.Argument(help="NAME, NAME/3 or NAME@alias.")],
+    dest: Annotated[Path, typer.Option("--to", file_okay=False, help="Folder to write into.")],
+) -> None:
+    """Write a version's Parquet parts into a folder (any Parquet reader opens them)."""
+    shamal = client()
+    version = shamal.dataset_version(reference)
+    dest.mkdir(parents=True, exist_ok=True)
+    for index, part in enumerate(version["parts"]):
+        target = dest / f"part-{index:05d}-{part['digest'][:12]}.parquet"
+        shamal.download_dataset_part(version["dataset"], version["version"], index, target)
+    console.print(f"wrote {len(version['parts'])} part(s) of {escape(version['uri'])} to {dest}")

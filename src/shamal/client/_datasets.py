@@ -1,0 +1,139 @@
+"""Client calls about datasets (``shamal data ...``, ``shamal.data.load``).
+
+Answers are the server's JSON (see ``shamal.datasets.api``): a dataset has ``name``, ``team``,
+``latest_version`` and ``aliases``; a version has ``version``, ``uri``, ``digest``, ``status``,
+``row_count``, ``columns``, ``parts`` and ``profile``. A version's rows are its Parquet parts,
+downloaded as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from shamal.client._calls import CHUNK, ClientCalls, raise_for
+from shamal.errors import InvalidParameter, ServiceUnavailable
+
+#: The formats a source is read as, by file suffix (``--format`` names one otherwise).
+SUFFIX_FORMATS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+}
+
+
+def _path(name: str, *rest: str) -> str:
+    return "/".join(("/api/v1/datasets", quote(name, safe=""), *rest))
+
+
+def source_format(path: Path, given: str | None = None) -> str:
+    """The format a source file is read as: ``given``, else told by its suffix."""
+    if given:
+        return given
+    found = SUFFIX_FORMATS.get(path.suffix.lower())
+    if found is None:
+        known = ", ".join(sorted(SUFFIX_FORMATS))
+        raise InvalidParameter(
+            f"cannot tell the format of {path.name!r} from its suffix ({known}); give --format"
+        )
+    return found
+
+
+class DatasetCalls(ClientCalls):
+    """Calls of the datasets API."""
+
+    def create_dataset(
+        self, name: str, *, team: str | None = None, description: str = ""
+    ) -> dict[str, Any]:
+        body = {"name": name, "team": team, "description": description}
+        result: dict[str, Any] = self.request("POST", "/api/v1/datasets", json=body)
+        return result
+
+    def list_datasets(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self.list_pages("/api/v1/datasets", limit=limit)
+
+    def get_dataset(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", _path(name))
+        return result
+
+    def dataset_versions(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self.list_pages(_path(name, "versions"), limit=limit)
+
+    def dataset_version(self, reference: str) -> dict[str, Any]:
+        """The version ``NAME`` (latest valid), ``NAME/3`` or ``NAME@alias`` names."""
+        body = reference.removeprefix("data:/")
+        if "@" in body:
+            name, _, alias = body.partition("@")
+            path = _path(name, "aliases", quote(alias, safe=""))
+        elif "/" in body:
+            name, _, number = body.partition("/")
+            path = _path(name, "versions", quote(number, safe=""))
+        else:
+            path = _path(body, "latest")
+        result: dict[str, Any] = self.request("GET", path)
+        return result
+
+    def ingest_file(
+        self,
+        name: str,
+        source: Path,
+        *,
+        fmt: str | None = None,
+        mode: str = "append",
+        on_progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Write a version of ``name`` from a local file, streamed to the server."""
+        chosen = source_format(source, fmt)
+        try:
+            handle = source.open("rb")
+        except OSError as exc:
+            raise InvalidParameter(f"cannot read {source}: {exc.strerror}") from None
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while block := handle.read(CHUNK):
+                    if on_progress is not None:
+                        on_progress(len(block))
+                    yield block
+
+        result: dict[str, Any] = self.request(
+            "POST",
+            f"/api/v1/dataset-uploads/{quote(name, safe='')}",
+            params={"format": chosen, "mode": mode},
+            content=chunks(),
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+        )
+        return result
+
+    def set_dataset_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:
+        path = _path(name, "aliases", quote(alias, safe=""))
+        result: dict[str, Any] = self.request("PUT", path, json={"version": version})
+        return result
+
+    def delete_dataset_alias(self, name: str, alias: str) -> None:
+        self.request("DELETE", _path(name, "aliases", quote(alias, safe="")))
+
+    def download_dataset_part(self, name: str, version: int, index: int, dest: Path) -> Path:
+        """Write part ``index`` of version ``version`` (a Parquet file) to ``dest``."""
+        url = _path(name, "versions", str(version), "parts", str(index))
+        try:
+            with self._http.stream("GET", url, timeout=httpx.Timeout(30.0, read=None)) as answer:
+                raise_for(answer)  # before the file is made: an error leaves nothing behind
+                with dest.open("wb") as out:
+                    for block in answer.iter_bytes(CHUNK):
+                        out.write(block)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(
+                f"download from {self.url} failed ({exc.__class__.__name__})"
+            ) from exc
+        return dest

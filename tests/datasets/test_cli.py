@@ -1,0 +1,105 @@
+"""`shamal data` against a real server process: create, ingest every format, list, show,
+versions, aliases, download (the parts open as plain Parquet), and clear errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from shamal.cli import app
+from shamal.client import ShamalClient
+from tests.live import LiveServer
+
+pytestmark = pytest.mark.slow
+
+TABLE = pa.table({"id": list(range(100)), "label": [f"row {i}" for i in range(100)]})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(tmp_path_factory.mktemp("data-home")) as live:
+        with ShamalClient(live.url, live.token) as api:
+            api.create_team("analytics")
+        yield live
+
+
+@pytest.fixture
+def shamal(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, list(args), env={"COLUMNS": "120"})
+        return result.exit_code, result.output
+
+    return run
+
+
+def test_ingest_list_show_alias_and_download(
+    shamal: Callable[..., tuple[int, str]], tmp_path: Path
+) -> None:
+    source = tmp_path / "people.csv"
+    pacsv.write_csv(TABLE, source)
+    assert shamal("data", "create", "people", "--team", "analytics")[0] == 0
+    code, out = shamal("data", "ingest", "people", "--from", str(source))
+    assert code == 0, out
+    assert "data:/people/1" in out
+    assert "100 rows" in out
+    parquet = tmp_path / "more.parquet"
+    pq.write_table(TABLE.slice(0, 10), parquet)
+    code, out = shamal("data", "ingest", "people", "--from", str(parquet), "--json")
+    assert code == 0, out
+    second = json.loads(out)
+    assert (second["version"], second["row_count"], len(second["parts"])) == (2, 110, 2)
+    code, out = shamal("data", "versions", "people")
+    assert code == 0
+    assert "Versions of people" in out
+    assert shamal("data", "alias", "people", "prod", "1")[0] == 0
+    code, out = shamal("data", "show", "people@prod", "--json")
+    assert json.loads(out)["version"] == 1
+    code, out = shamal("data", "list", "--json")
+    (listed,) = json.loads(out)
+    assert (listed["name"], listed["latest_version"], listed["aliases"]) == (
+        "people",
+        2,
+        {"prod": 1},
+    )
+    code, out = shamal("data", "download", "people/2", "--to", str(tmp_path / "out"))
+    assert code == 0, out
+    files = sorted((tmp_path / "out").glob("*.parquet"))
+    assert len(files) == 2
+    read = pa.concat_tables([pq.read_table(f) for f in files])
+    assert read.num_rows == 110
+    assert read.column("id").to_pylist() == list(range(100)) + list(range(10))
+
+
+def test_clear_errors_exit_1(shamal: Callable[..., tuple[int, str]], tmp_path: Path) -> None:
+    odd = tmp_path / "data.xlsx"
+    odd.write_bytes(b"x")
+    shamal("data", "create", "errs", "--team", "analytics")
+    code, out = shamal("data", "ingest", "errs", "--from", str(odd))
+    assert code == 1
+    assert "--format" in out
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"a,b\n1,2\n3\n")
+    code, out = shamal("data", "ingest", "errs", "--from", str(bad))
+    assert code == 1
+    assert "cannot be read" in out
+    assert "Traceback" not in out
+    code, out = shamal("data", "show", "errs")
+    assert code == 1
+    assert "no valid version" in out
+    code, out = shamal("data", "show", "missing/1")
+    assert code == 1
+    assert "does not exist" in out
+    code, out = shamal("data", "ingest", "errs", "--from", str(bad), "--mode", "sideways")
+    assert code == 1
+    assert "append or overwrite" in out
