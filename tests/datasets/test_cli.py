@@ -103,3 +103,35 @@ def test_clear_errors_exit_1(shamal: Callable[..., tuple[int, str]], tmp_path: P
     code, out = shamal("data", "ingest", "errs", "--from", str(bad), "--mode", "sideways")
     assert code == 1
     assert "append or overwrite" in out
+
+
+def test_load_reads_a_version_and_logs_it_as_the_active_runs_input(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import mlflow
+
+    import shamal.data
+
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
+    with ShamalClient(server.url, server.token) as api:
+        api.create_dataset("train-set", team="analytics")
+        source = tmp_path / "t.parquet"
+        pq.write_table(TABLE, source)
+        api.ingest_file("train-set", source)
+        api.ingest_file("train-set", source)
+        api.set_dataset_alias("train-set", "prod", 1)
+    assert shamal.data.load("train-set@prod").to_pylist() == TABLE.to_pylist()
+    with mlflow.start_run() as run:
+        table = shamal.data.load("train-set")
+        sizes = [b.num_rows for b in shamal.data.batches("train-set/1", batch_size=30)]
+    assert table.num_rows == 200
+    assert sizes == [30, 30, 30, 10]
+    inputs = mlflow.MlflowClient().get_run(run.info.run_id).inputs.dataset_inputs
+    logged = {json.loads(i.dataset.source)["uri"]: i.dataset for i in inputs}
+    assert set(logged) == {"data:/train-set/2", "data:/train-set/1"}
+    latest = shamal.data.version("train-set")
+    assert logged["data:/train-set/2"].digest == latest["digest"]
+    assert logged["data:/train-set/2"].source_type == "shamal"
