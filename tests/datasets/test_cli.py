@@ -135,3 +135,28 @@ def test_load_reads_a_version_and_logs_it_as_the_active_runs_input(
     latest = shamal.data.version("train-set")
     assert logged["data:/train-set/2"].digest == latest["digest"]
     assert logged["data:/train-set/2"].source_type == "shamal"
+
+
+def test_a_suite_quarantines_a_bad_version_and_show_prints_the_report(
+    shamal: Callable[..., tuple[int, str]], tmp_path: Path
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("version: 1\nexpectations:\n  - {kind: range, column: id, min: 0, max: 50}\n")
+    source = tmp_path / "rows.csv"
+    pacsv.write_csv(TABLE, source)
+    assert shamal("data", "create", "checked", "--team", "analytics")[0] == 0
+    code, out = shamal("data", "suite", "checked", "--file", str(suite))
+    assert code == 0, out
+    code, out = shamal("data", "suite", "checked")
+    assert "range" in out
+    code, out = shamal("data", "ingest", "checked", "--from", str(source))
+    assert code == 0, out
+    assert "quarantined" in out
+    code, out = shamal("data", "show", "checked/1")
+    assert code == 0, out
+    assert "failed: quarantined" in out
+    assert "FAILED" in out
+    assert "49 of 100 rows fail" in out
+    code, out = shamal("data", "show", "checked")
+    assert code == 1
+    assert "no valid version" in out

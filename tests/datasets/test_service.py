@@ -258,3 +258,58 @@ def test_malformed_references_are_refused(
 ) -> None:
     with pytest.raises(InvalidParameter):
         service.version(people.principals["mo"], ref)
+
+
+def test_the_profile_is_computed_as_the_rows_stream_in(
+    service: DatasetService, people: People
+) -> None:
+    service.create(people.ctx("mo"), "prof", "red")
+    first = service.ingest(people.ctx("mo"), "prof", [_csv()], "csv")
+    assert first.profile["scope"] == "version"
+    columns = {c["name"]: c for c in first.profile["columns"]}
+    assert columns["x"]["count"] == 3
+    assert columns["x"]["min"] == 0.5
+    assert columns["x"]["max"] == 2.5
+    appended = service.ingest(people.ctx("mo"), "prof", [_csv(TABLE.slice(0, 1))], "csv")
+    assert appended.profile["scope"] == "write"  # the rows this write added
+    assert {c["name"]: c for c in appended.profile["columns"]}["x"]["count"] == 1
+
+
+SUITE = """
+version: 1
+expectations:
+  - {kind: not_null, column: id}
+  - {kind: range, column: x, min: 0, max: 2}
+  - {kind: in_set, column: city, values: [Dubai, Abu Dhabi, Sharjah], severity: warning}
+"""
+
+
+UNKNOWN_KEY = "version: 1\nexpectations: [{kind: not_null, col: id}]"
+
+
+def test_a_version_failing_its_suite_is_quarantined_with_its_report(
+    service: DatasetService, people: People
+) -> None:
+    service.create(people.ctx("mo"), "checked", "red")
+    with pytest.raises(PermissionDenied):
+        service.set_suite(people.ctx("mo"), "checked", SUITE)
+    with pytest.raises(InvalidParameter):
+        service.set_suite(
+            people.ctx("rita"), "checked", "version: 1\nexpectations: [{kind: not_null, col: id}]"
+        )
+    assert service.suite(people.principals["vi"], "checked") is None
+    service.set_suite(people.ctx("rita"), "checked", SUITE)
+    good = service.ingest(people.ctx("mo"), "checked", [_csv(TABLE.slice(0, 2))], "csv")
+    assert good.status is VersionStatus.VALID
+    assert good.validation is not None
+    assert good.validation["ok"] is True
+    bad = service.ingest(people.ctx("mo"), "checked", [_csv()], "csv")  # x = 2.5 is out of range
+    assert bad.status is VersionStatus.QUARANTINED
+    assert bad.validation is not None
+    assert bad.validation["ok"] is False
+    # Quarantined: kept with its report, but not read by default and never aliased.
+    assert service.version(people.principals["vi"], "checked").version == good.version
+    with pytest.raises(Conflict):
+        service.set_alias(people.ctx("rita"), "checked", "prod", bad.version)
+    service.set_suite(people.ctx("rita"), "checked", None)
+    assert service.ingest(people.ctx("mo"), "checked", [_csv()], "csv").validation is None

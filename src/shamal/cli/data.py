@@ -150,6 +150,29 @@ def show(
         f"by {escape(version['created_by'])} at {version['created_at']}"
     )
     print_table("Columns", ["name", "type", "nullable"], version["columns"], rank=["name", "type"])
+    if version["validation"] is not None:
+        _print_report(version["validation"])
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    verdict = "[green]passed[/]" if report["ok"] else "[bold red]failed: quarantined[/]"
+    console.print(f"validation (the {report['scope']}'s {report['rows']:,} rows): {verdict}")
+    rows = [
+        {
+            "expectation": escape(r["kind"]),
+            "columns": escape(", ".join(r["columns"])),
+            "severity": r["severity"],
+            "result": "ok" if r["passed"] else "FAILED",
+            "message": escape(r["message"]),
+        }
+        for r in report["results"]
+    ]
+    print_table(
+        "Expectations",
+        ["expectation", "columns", "severity", "result", "message"],
+        rows,
+        rank=["expectation", "result", "columns", "message"],
+    )
 
 
 @app.command("versions")
@@ -172,6 +195,31 @@ def versions(
         rank=["version", "status", "row_count", "created_at"],
         right=["row_count", "columns"],
     )
+
+
+@app.command("suite")
+@handle_errors
+def suite(
+    name: str,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", exists=True, dir_okay=False, help="The suite, as YAML."),
+    ] = None,
+    remove: Annotated[bool, typer.Option("--remove", help="Stop validating.")] = False,
+) -> None:
+    """Validate every new version of NAME against a suite (maintainers); without options,
+    print the suite in force."""
+    shamal = client()
+    if remove:
+        shamal.set_dataset_suite(name, None)
+        console.print(f"{escape(name)}: new versions are no longer validated")
+        return
+    if file is None:
+        current = shamal.get_dataset_suite(name)
+        typer.echo(current if current is not None else f"{name} has no suite")
+        return
+    shamal.set_dataset_suite(name, file.read_text(encoding="utf-8"))
+    console.print(f"{escape(name)}: new versions are validated against {escape(file.name)}")
 
 
 @app.command("alias")

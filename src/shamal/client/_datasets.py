@@ -115,6 +115,18 @@ class DatasetCalls(ClientCalls):
         )
         return result
 
+    def get_dataset_suite(self, name: str) -> str | None:
+        """The YAML of the suite new versions of ``name`` are validated against, if any."""
+        suite: str | None = self.request("GET", _path(name, "suite"))["yaml"]
+        return suite
+
+    def set_dataset_suite(self, name: str, yaml_text: str | None) -> None:
+        """Validate every new version of ``name`` against ``yaml_text`` (None: no suite)."""
+        if yaml_text is None:
+            self.request("DELETE", _path(name, "suite"))
+        else:
+            self.request("PUT", _path(name, "suite"), json={"yaml": yaml_text})
+
     def set_dataset_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:
         path = _path(name, "aliases", quote(alias, safe=""))
         result: dict[str, Any] = self.request("PUT", path, json={"version": version})

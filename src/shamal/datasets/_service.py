@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from sqlalchemy.orm import Session
@@ -26,6 +27,9 @@ from shamal.artifacts import ArtifactService
 from shamal.clock import Clock, utc_now
 from shamal.datasets import _ingest, _rules, _store
 from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.datasets._expectations import Suite
+from shamal.datasets._profile import Profiler
+from shamal.datasets._validation import Report, validate
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
@@ -42,10 +46,14 @@ BatchHook = Callable[[pa.RecordBatch], pa.RecordBatch]
 
 @dataclass(frozen=True, slots=True)
 class Ingested:
-    """What an ingestion made of its source, before it becomes a version."""
+    """What an ingestion made of its source, before it becomes a version: the stored part,
+    its schema, the profile of its rows (computed as they streamed by) and, with a suite, the
+    validation report of its rows."""
 
     part: Part
     schema: tuple[dict[str, object], ...]
+    profile: dict[str, Any]
+    report: Report | None
 
 
 def part_path(dataset_id: str, digest: str) -> str:
@@ -145,6 +153,10 @@ class DatasetService:
         """A new version of ``name`` from a source file's bytes (``fmt``: csv, parquet, jsonl
         or arrow). ``append`` keeps the latest valid version's parts before the new one.
 
+        The rows are profiled as they stream to storage, and validated against the dataset's
+        suite when it has one: a version whose error-severity expectations fail is kept with
+        its report, quarantined (never read by default, never aliased).
+
         Raises:
             InvalidParameter: an unknown format, an unreadable source (where it failed, not
                 what it held), a source whose columns differ from the version it appends to.
@@ -155,7 +167,14 @@ class DatasetService:
             raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(_ingest.FORMATS)}")
         with self._db.unit_of_work(write=False) as s:
             ref = self._ref(s, principal, name, Role.MEMBER)
-        ingested = self._store_part(ref, chunks, fmt, on_batch)
+            suite_text = _store.suite_of(s, ref)
+        suite = Suite.from_yaml(suite_text) if suite_text else None
+        ingested = self._store_part(ref, chunks, fmt, on_batch, suite)
+        status = (
+            VersionStatus.QUARANTINED
+            if ingested.report is not None and not ingested.report.ok
+            else VersionStatus.VALID
+        )
 
         def work(s: Session) -> DataVersion:
             # The number first: taking it locks the dataset's row, so the version appended to
@@ -168,28 +187,41 @@ class DatasetService:
                     "of the same columns and types, or write with mode overwrite"
                 )
             parts = (*(base.parts if base else ()), ingested.part)
+            # An append's profile and report cover the rows it wrote (merging the sketches of
+            # earlier parts needs their state, which is not stored yet); an overwrite's, all.
+            scope = "write" if base is not None else "version"
             version = _store.insert_version(
                 s,
                 ref,
                 {
                     "version": number,
                     "digest": _rules.version_digest([p.digest for p in parts]),
-                    "status": VersionStatus.VALID.value,
+                    "status": status.value,
                     "row_count": sum(p.rows for p in parts),
                     "size_bytes": sum(p.size for p in parts),
                     "schema": list(ingested.schema),
                     "parts": [p.to_json() for p in parts],
                     "source": {"kind": source, "format": fmt},
                     "mode": mode.value,
-                    "profile": {},
-                    "validation": None,
+                    "profile": {"scope": scope, **ingested.profile},
+                    "validation": (
+                        None
+                        if ingested.report is None
+                        else {"scope": scope, **ingested.report.to_json()}
+                    ),
                     "transformations": [],
                     "created_by": ctx.actor,
                     "created_at": self._clock(),
                 },
             )
             self._audit.record(
-                s, ctx, version.uri, digest=version.digest, rows=version.row_count, mode=mode.value
+                s,
+                ctx,
+                version.uri,
+                digest=version.digest,
+                rows=version.row_count,
+                mode=mode.value,
+                status=status.value,
             )
             return version
 
@@ -201,6 +233,7 @@ class DatasetService:
         chunks: Iterable[bytes],
         fmt: str,
         on_batch: BatchHook | None,
+        suite: Suite | None,
     ) -> Ingested:
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
@@ -209,16 +242,52 @@ class DatasetService:
             with source.open("wb") as handle:
                 for chunk in chunks:
                     handle.write(chunk)
+            profiler = Profiler()
+
+            def each(batch: pa.RecordBatch) -> pa.RecordBatch:
+                stored = on_batch(batch) if on_batch is not None else batch
+                profiler.update(stored)  # as the rows stream by: no second pass
+                return stored
+
             written = _ingest.write_part(
-                _ingest.read_batches(source, fmt), folder / "part.parquet", on_batch
+                _ingest.read_batches(source, fmt), folder / "part.parquet", each
             )
             source.unlink()
+            report = None if suite is None else validate(suite, [written.path], now=self._clock())
             digest = _ingest.file_digest(written.path)
             path = part_path(ref.id, digest)
             self._artifacts.store_file(None, NAMESPACE, path, _file_chunks(written.path))
-            return Ingested(Part(path, digest, written.rows, written.size), written.schema)
+            return Ingested(
+                Part(path, digest, written.rows, written.size),
+                written.schema,
+                profiler.result().to_json(),
+                report,
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def set_suite(self, ctx: AuditContext, name: str, text: str | None) -> Suite | None:
+        """Validate every new version of ``name`` against the suite ``text`` (YAML; None
+        removes it). A version whose error-severity expectations fail is quarantined.
+
+        Raises:
+            InvalidParameter: the suite does not parse (the key and expectation named).
+        """
+        principal = ctx.require_principal()
+        suite = Suite.from_yaml(text) if text is not None else None
+
+        def work(s: Session) -> None:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            _store.set_suite(s, ref, None if suite is None else suite.to_yaml(), self._clock())
+            self._audit.record(s, ctx, f"dataset/{name}", suite=suite is not None)
+
+        self._db.run(work)
+        return suite
+
+    def suite(self, principal: Principal, name: str) -> Suite | None:
+        with self._db.unit_of_work(write=False) as s:
+            text = _store.suite_of(s, self._ref(s, principal, name, Role.VIEWER))
+        return Suite.from_yaml(text) if text else None
 
     def version(self, principal: Principal, reference: str) -> DataVersion:
         """The version ``reference`` names: ``NAME`` (latest valid), ``NAME/3``, ``NAME@alias``.

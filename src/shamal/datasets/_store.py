@@ -105,6 +105,20 @@ def ref(s: Session, name: str) -> DataSetRef:
     return DataSetRef(row.id, row.name, row.team_id)
 
 
+def suite_of(s: Session, dataset: DataSetRef) -> str | None:
+    """The dataset's expectation suite (YAML), if it has one."""
+    return s.execute(select(DataSetRow.suite).where(DataSetRow.id == dataset.id)).scalar_one()
+
+
+def set_suite(s: Session, dataset: DataSetRef, suite: str | None, now: datetime) -> None:
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(suite=suite, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def get(s: Session, dataset_id: str) -> DataSet:
     row = s.get(DataSetRow, dataset_id)
     if row is None:

@@ -27,6 +27,7 @@ from shamal.api import (
 )
 from shamal.artifacts import consume_body, download_slot
 from shamal.datasets._entities import DataSet, DataVersion, WriteMode
+from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
 from shamal.datasets._service import MAX_LIST, DatasetService
 from shamal.security import NAME_PATTERN, AuditContext
@@ -296,6 +297,43 @@ def set_tag(
     ctx: Annotated[AuditContext, Depends(audited("dataset.tag"))],
 ) -> Response:
     svc.set_tag(ctx, name, version, key, body.value)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+class SuiteIn(_Model):
+    yaml: str = Field(max_length=MAX_SUITE_BYTES, description="The expectation suite, as YAML")
+
+
+class SuiteOut(BaseModel):
+    yaml: str | None
+
+
+@router.get("/datasets/{name}/suite", summary="The suite new versions are validated against")
+def get_suite(name: Name, svc: Datasets, principal: CurrentPrincipal) -> SuiteOut:
+    found = svc.suite(principal, name)
+    return SuiteOut(yaml=None if found is None else found.to_yaml())
+
+
+@router.put("/datasets/{name}/suite", summary="Validate every new version against a suite")
+def set_suite(
+    name: Name,
+    body: SuiteIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.suite"))],
+) -> SuiteOut:
+    found = svc.set_suite(ctx, name, body.yaml)
+    return SuiteOut(yaml=None if found is None else found.to_yaml())
+
+
+@router.delete(
+    "/datasets/{name}/suite", status_code=status.HTTP_204_NO_CONTENT, summary="Remove the suite"
+)
+def delete_suite(
+    name: Name,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.suite"))],
+) -> Response:
+    svc.set_suite(ctx, name, None)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -27,6 +27,8 @@ class DataSetRow(Base):
     )
     team_name: Mapped[str] = mapped_column(String(64))
     description: Mapped[str] = mapped_column(Text)
+    #: The expectation suite every new version is validated against (YAML), if any.
+    suite: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_by: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("team_id", sa.String(length=32), nullable=True),
         sa.Column("team_name", sa.String(length=64), nullable=False),
         sa.Column("description", sa.Text(), nullable=False),
+        sa.Column("suite", sa.Text(), nullable=True),
         sa.Column("created_by", sa.String(length=256), nullable=False),
         sa.Column("created_at", shamal.db.models._base.UTCDateTime(), nullable=False),
         sa.Column("updated_at", shamal.db.models._base.UTCDateTime(), nullable=False),
