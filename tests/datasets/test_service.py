@@ -270,9 +270,11 @@ def test_the_profile_is_computed_as_the_rows_stream_in(
     assert columns["x"]["count"] == 3
     assert columns["x"]["min"] == 0.5
     assert columns["x"]["max"] == 2.5
-    appended = service.ingest(people.ctx("mo"), "prof", [_csv(TABLE.slice(0, 1))], "csv")
-    assert appended.profile["scope"] == "write"  # the rows this write added
-    assert {c["name"]: c for c in appended.profile["columns"]}["x"]["count"] == 1
+    appended = service.ingest(people.ctx("mo"), "prof", [_csv(TABLE.slice(2, 1))], "csv")
+    assert appended.profile["scope"] == "version"  # the earlier rows and the new one
+    column = {c["name"]: c for c in appended.profile["columns"]}["x"]
+    assert (column["count"], column["min"], column["max"]) == (4, 0.5, 2.5)
+    assert column["mean"] == pytest.approx((0.5 + 1.5 + 2.5 + 2.5) / 4)
 
 
 SUITE = """
@@ -313,3 +315,19 @@ def test_a_version_failing_its_suite_is_quarantined_with_its_report(
         service.set_alias(people.ctx("rita"), "checked", "prod", bad.version)
     service.set_suite(people.ctx("rita"), "checked", None)
     assert service.ingest(people.ctx("mo"), "checked", [_csv()], "csv").validation is None
+
+
+def test_an_append_is_validated_with_the_rows_it_joins(
+    service: DatasetService, people: People
+) -> None:
+    service.create(people.ctx("mo"), "uniq", "red")
+    service.set_suite(
+        people.ctx("rita"), "uniq", "version: 1\nexpectations: [{kind: unique, columns: [id]}]"
+    )
+    assert service.ingest(people.ctx("mo"), "uniq", [_csv()], "csv").status is VersionStatus.VALID
+    # Each write alone has unique ids; together they repeat 1, 2 and 3.
+    again = service.ingest(people.ctx("mo"), "uniq", [_csv()], "csv")
+    assert again.status is VersionStatus.QUARANTINED
+    assert again.validation is not None
+    assert again.validation["scope"] == "version"
+    assert again.validation["rows"] == 6

@@ -13,6 +13,7 @@ and its row is written with the audit entry. A failure anywhere before that leav
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
 from shamal.artifacts import ArtifactService
@@ -54,6 +56,21 @@ class Ingested:
     schema: tuple[dict[str, object], ...]
     profile: dict[str, Any]
     report: Report | None
+    #: The same over the whole version the write appended to (``base``), when there was one.
+    base: DataVersion | None = None
+    version_profile: dict[str, Any] | None = None
+    version_report: Report | None = None
+
+    def judged(self, base: DataVersion | None) -> tuple[str, dict[str, Any], Report | None]:
+        """(scope, profile, report) of the version written on ``base``: the whole version's
+        when it is the base this write was measured against (or there is none), else (another
+        writer appended meanwhile) this write's rows only."""
+        if base is None:
+            return "version", self.profile, self.report
+        if self.base is not None and base.digest == self.base.digest:
+            assert self.version_profile is not None
+            return "version", self.version_profile, self.version_report
+        return "write", self.profile, self.report
 
 
 def part_path(dataset_id: str, digest: str) -> str:
@@ -168,13 +185,9 @@ class DatasetService:
         with self._db.unit_of_work(write=False) as s:
             ref = self._ref(s, principal, name, Role.MEMBER)
             suite_text = _store.suite_of(s, ref)
+            seen = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
         suite = Suite.from_yaml(suite_text) if suite_text else None
-        ingested = self._store_part(ref, chunks, fmt, on_batch, suite)
-        status = (
-            VersionStatus.QUARANTINED
-            if ingested.report is not None and not ingested.report.ok
-            else VersionStatus.VALID
-        )
+        ingested = self._store_part(ref, chunks, fmt, on_batch, suite, seen)
 
         def work(s: Session) -> DataVersion:
             # The number first: taking it locks the dataset's row, so the version appended to
@@ -187,9 +200,12 @@ class DatasetService:
                     "of the same columns and types, or write with mode overwrite"
                 )
             parts = (*(base.parts if base else ()), ingested.part)
-            # An append's profile and report cover the rows it wrote (merging the sketches of
-            # earlier parts needs their state, which is not stored yet); an overwrite's, all.
-            scope = "write" if base is not None else "version"
+            scope, profile, report = ingested.judged(base)
+            status = (
+                VersionStatus.QUARANTINED
+                if report is not None and not report.ok
+                else VersionStatus.VALID
+            )
             version = _store.insert_version(
                 s,
                 ref,
@@ -203,12 +219,8 @@ class DatasetService:
                     "parts": [p.to_json() for p in parts],
                     "source": {"kind": source, "format": fmt},
                     "mode": mode.value,
-                    "profile": {"scope": scope, **ingested.profile},
-                    "validation": (
-                        None
-                        if ingested.report is None
-                        else {"scope": scope, **ingested.report.to_json()}
-                    ),
+                    "profile": {"scope": scope, **profile},
+                    "validation": None if report is None else {"scope": scope, **report.to_json()},
                     "transformations": [],
                     "created_by": ctx.actor,
                     "created_at": self._clock(),
@@ -234,6 +246,7 @@ class DatasetService:
         fmt: str,
         on_batch: BatchHook | None,
         suite: Suite | None,
+        base: DataVersion | None,
     ) -> Ingested:
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
@@ -254,6 +267,12 @@ class DatasetService:
             )
             source.unlink()
             report = None if suite is None else validate(suite, [written.path], now=self._clock())
+            whole = None
+            if base is not None and list(base.schema) == list(written.schema):
+                # Measured as the version it makes; if the parts will not merge (an Arrow type
+                # Parquet stores otherwise), the write's own figures stand, scoped to it.
+                with contextlib.suppress(InvalidParameter):
+                    whole = self._measure_whole(base, folder, profiler, written.path, suite)
             digest = _ingest.file_digest(written.path)
             path = part_path(ref.id, digest)
             self._artifacts.store_file(None, NAMESPACE, path, _file_chunks(written.path))
@@ -262,9 +281,37 @@ class DatasetService:
                 written.schema,
                 profiler.result().to_json(),
                 report,
+                base if whole is not None else None,
+                None if whole is None else whole[0],
+                None if whole is None else whole[1],
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def _measure_whole(
+        self,
+        base: DataVersion,
+        folder: Path,
+        written: Profiler,
+        new_part: Path,
+        suite: Suite | None,
+    ) -> tuple[dict[str, Any], Report | None]:
+        """The profile and report of ``base``'s rows plus the new part's: the earlier parts
+        are read back batch by batch and profiled, then merged with the profile the new rows
+        got as they streamed in; the suite runs over every part in one scan."""
+        whole = Profiler()
+        files = []
+        for index, part in enumerate(base.parts):
+            target = folder / f"base-{index:05d}.parquet"
+            with target.open("wb") as out:
+                for chunk in self._artifacts.read_file(NAMESPACE, part.path)[1]:
+                    out.write(chunk)
+            for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):
+                whole.update(batch)
+            files.append(target)
+        whole.merge(written)
+        report = None if suite is None else validate(suite, [*files, new_part], now=self._clock())
+        return whole.result().to_json(), report
 
     def set_suite(self, ctx: AuditContext, name: str, text: str | None) -> Suite | None:
         """Validate every new version of ``name`` against the suite ``text`` (YAML; None
