@@ -117,6 +117,7 @@ def test_load_reads_a_version_and_logs_it_as_the_active_runs_input(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
     mlflow.set_tracking_uri(server.url)  # as the suite's other mlflow users do: it is global
+    mlflow.set_experiment("data-sdk")  # and so is the experiment an earlier test chose
     with ShamalClient(server.url, server.token) as api:
         api.create_dataset("train-set", team="analytics")
         source = tmp_path / "t.parquet"
