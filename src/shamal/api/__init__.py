@@ -6,7 +6,7 @@ Domains build their routers (``<domain>/api.py``) on these; the MLflow dialect
 
 from __future__ import annotations
 
-from shamal.api._errors import ERROR_RESPONSES, ErrorBody
+from shamal.api._errors import BINARY_BODY, ERROR_RESPONSES, ErrorBody
 from shamal.api._paging import (
     NEXT_PAGE_HEADER,
     PAGE_BATCH,
@@ -26,6 +26,7 @@ from shamal.api._paging import (
 )
 
 __all__ = [
+    "BINARY_BODY",
     "ERROR_RESPONSES",
     "NEXT_PAGE_HEADER",
     "PAGE_BATCH",

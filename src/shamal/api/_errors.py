@@ -29,3 +29,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     429: _doc("Too many requests (REQUEST_LIMIT_EXCEEDED)"),
     503: _doc("Temporarily unavailable (TEMPORARILY_UNAVAILABLE)"),
 }
+
+
+#: The OpenAPI ``openapi_extra`` of a route whose body is a raw file streamed to disk.
+BINARY_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}

@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from shamal.api import (
+    BINARY_BODY,
     ERROR_RESPONSES,
     ListPage,
     PageBytes,
@@ -91,14 +92,7 @@ def list_artifacts(
     "/{team}/{path:path}",
     status_code=status.HTTP_201_CREATED,
     summary="Upload a file (member); the body is streamed, never buffered whole",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
-        }
-    },
+    openapi_extra=BINARY_BODY,
 )
 async def put_artifact(
     team: Team,

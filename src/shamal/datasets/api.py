@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal.api import (
+    BINARY_BODY,
     ERROR_RESPONSES,
     ListPage,
     PageBytes,
@@ -341,14 +342,7 @@ def delete_suite(
     "/dataset-uploads/{name}",
     status_code=status.HTTP_201_CREATED,
     summary="Write a version from a source file (the request body)",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
-        }
-    },
+    openapi_extra=BINARY_BODY,
 )
 async def upload_version(
     name: Name,

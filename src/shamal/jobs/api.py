@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field
 
 from shamal.api import (
+    BINARY_BODY,
     ERROR_RESPONSES,
     ListPage,
     PageBytes,
@@ -205,14 +206,7 @@ def get_snapshot(
     "/snapshots/{digest}",
     status_code=status.HTTP_201_CREATED,
     summary="Upload a code snapshot (a .tar.gz named by its sha256)",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
-        }
-    },
+    openapi_extra=BINARY_BODY,
 )
 async def put_snapshot(
     digest: Digest,
