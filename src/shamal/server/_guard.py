@@ -144,7 +144,13 @@ class RequestGuard:
             return
         limit = self._limit_for(scope.get("path", ""))
         declared = _header(scope, b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        if declared is not None and not declared.strip().isdigit():
+            # RFC 9110: a Content-Length that is not a number is a malformed request.
+            await _send_error(
+                send, 400, "INVALID_PARAMETER_VALUE", "Content-Length must be a decimal number"
+            )
+            return
+        if declared is not None and int(declared) > limit:
             await _send_error(send, 413, "REQUEST_TOO_LARGE", f"body over {limit} bytes")
             return
         await self._guarded(scope, receive, send, limit)
