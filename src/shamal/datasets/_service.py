@@ -179,15 +179,56 @@ class DatasetService:
                 what it held), a source whose columns differ from the version it appends to.
             NotFound / PermissionDenied: not the caller's dataset, or a role below member.
         """
-        principal = ctx.require_principal()
         if fmt not in _ingest.FORMATS:
             raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(_ingest.FORMATS)}")
+
+        def spooled(folder: Path) -> Iterator[pa.RecordBatch]:
+            path = folder / "source"
+            with path.open("wb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+            yield from _ingest.read_batches(path, fmt)
+            path.unlink()
+
+        return self._write_version(
+            ctx, name, spooled, {"kind": source, "format": fmt}, mode=mode, on_batch=on_batch
+        )
+
+    def ingest_batches(
+        self,
+        ctx: AuditContext,
+        name: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        source: dict[str, Any],
+        mode: WriteMode = WriteMode.APPEND,
+        on_batch: BatchHook | None = None,
+    ) -> DataVersion:
+        """A new version of ``name`` from Arrow ``batches`` (a SQL cursor, a stream's
+        micro-batch): as :meth:`ingest`, whose rules all apply. ``source`` describes where the
+        rows came from (``kind`` and what names it, never credentials); it is stored with the
+        version."""
+        return self._write_version(
+            ctx, name, lambda _folder: batches, dict(source), mode=mode, on_batch=on_batch
+        )
+
+    def _write_version(
+        self,
+        ctx: AuditContext,
+        name: str,
+        produce: Callable[[Path], Iterable[pa.RecordBatch]],
+        source: dict[str, Any],
+        *,
+        mode: WriteMode,
+        on_batch: BatchHook | None,
+    ) -> DataVersion:
+        principal = ctx.require_principal()
         with self._db.unit_of_work(write=False) as s:
             ref = self._ref(s, principal, name, Role.MEMBER)
             suite_text = _store.suite_of(s, ref)
             seen = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
         suite = Suite.from_yaml(suite_text) if suite_text else None
-        ingested = self._store_part(ref, chunks, fmt, on_batch, suite, seen)
+        ingested = self._store_part(ref, produce, on_batch, suite, seen)
 
         def work(s: Session) -> DataVersion:
             # The number first: taking it locks the dataset's row, so the version appended to
@@ -217,7 +258,7 @@ class DatasetService:
                     "size_bytes": sum(p.size for p in parts),
                     "schema": list(ingested.schema),
                     "parts": [p.to_json() for p in parts],
-                    "source": {"kind": source, "format": fmt},
+                    "source": source,
                     "mode": mode.value,
                     "profile": {"scope": scope, **profile},
                     "validation": None if report is None else {"scope": scope, **report.to_json()},
@@ -242,8 +283,7 @@ class DatasetService:
     def _store_part(
         self,
         ref: _store.DataSetRef,
-        chunks: Iterable[bytes],
-        fmt: str,
+        produce: Callable[[Path], Iterable[pa.RecordBatch]],
         on_batch: BatchHook | None,
         suite: Suite | None,
         base: DataVersion | None,
@@ -251,10 +291,6 @@ class DatasetService:
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
         try:
-            source = folder / "source"
-            with source.open("wb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
             profiler = Profiler()
 
             def each(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -262,10 +298,7 @@ class DatasetService:
                 profiler.update(stored)  # as the rows stream by: no second pass
                 return stored
 
-            written = _ingest.write_part(
-                _ingest.read_batches(source, fmt), folder / "part.parquet", each
-            )
-            source.unlink()
+            written = _ingest.write_part(iter(produce(folder)), folder / "part.parquet", each)
             report = None if suite is None else validate(suite, [written.path], now=self._clock())
             whole = None
             if base is not None and list(base.schema) == list(written.schema):
