@@ -31,6 +31,30 @@ def wait_for_job(api: ShamalClient, job_id: str, deadline_s: float = 180.0) -> d
     raise AssertionError("the quickstart job did not finish in time")
 
 
+def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> None:
+    """The model was trained from a validated dataset version, and the run says which."""
+    wine = api.dataset_version("wine")
+    assert (wine["status"], wine["row_count"], wine["uri"]) == ("valid", 178, "data:/wine/1")
+    assert wine["validation"]["ok"]
+    assert len(wine["validation"]["results"]) == 6
+    assert f"ingested the training data as {wine['uri']}" in text
+    assert run.data.params["dataset"] == wine["uri"]
+    (read,) = run.inputs.dataset_inputs
+    assert json.loads(read.dataset.source) == {"uri": wine["uri"]}
+    assert read.dataset.digest == wine["digest"]
+
+
+def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
+    (job,) = api.list_jobs()
+    assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
+    assert f"submitted job {job['id'][:12]}" in text
+    done = wait_for_job(api, job["id"])
+    assert done["state"] == "succeeded", api.job_log(job["id"])[0].decode()[-2000:]
+    log = api.job_log(job["id"])[0].decode()
+    printed = [line for line in log.splitlines() if not line.startswith("[shamal]")]
+    assert printed[-1].startswith("weights sha256 ")  # the job's own last line
+
+
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -54,19 +78,13 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         assert answer["outputs"][0]["name"] == "label"
         assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
-        (job,) = api.list_jobs()
-        assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
-        assert f"submitted job {job['id'][:12]}" in text
-        done = wait_for_job(api, job["id"])
-        assert done["state"] == "succeeded", api.job_log(job["id"])[0].decode()[-2000:]
-        log = api.job_log(job["id"])[0].decode()
-        printed = [line for line in log.splitlines() if not line.startswith("[shamal]")]
-        assert printed[-1].startswith("weights sha256 ")  # the job's own last line
+        _assert_the_job_trained(api, text)
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
         champion = client.get_model_version_by_alias("quickstart-wine", "champion")
         run = client.get_run(champion.run_id)
         assert run.data.params["model"] == "SGDClassifier"
+        _assert_trained_from_the_dataset(api, run, text)
         curve = client.get_metric_history(run.info.run_id, "test_accuracy")
         assert [m.step for m in curve] == list(range(20))
         assert run.data.metrics["test_accuracy"] > 0.8
@@ -85,3 +103,6 @@ def test_quickstart_tracks_registers_and_is_repeatable(
             stop_model_servers()
         again = client.get_model_version_by_alias("quickstart-wine", "champion")
         assert int(again.version) == 2
+        # Each run writes a new version of the same rows (overwrite), not twice the rows.
+        latest = api.dataset_version("wine")
+        assert (latest["uri"], latest["row_count"]) == ("data:/wine/2", 178)

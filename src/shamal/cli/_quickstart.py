@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import httpx
 from rich.console import Console
 from rich.panel import Panel
 
+from shamal import data as shamal_data
 from shamal.client import ShamalClient
 from shamal.errors import AlreadyExists, ServiceUnavailable
 
@@ -34,14 +36,77 @@ def wait_until_up(client: ShamalClient, deadline_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+#: The quickstart's training data as a dataset, and the expectations every version must meet.
+TRAINING_DATA = "wine"
+WINE_SUITE = """
+version: 1
+expectations:
+  - kind: row_count
+    min: 150
+    max: 10000
+  - kind: not_null
+    column: alcohol
+  - kind: range
+    column: alcohol
+    min: 5
+    max: 20
+  - kind: range
+    column: color_intensity
+    min: 0
+  - kind: in_set
+    column: target
+    values: [0, 1, 2]
+  - kind: column_type
+    column: target
+    arrow_type: int64
+"""
+
+
+def wine_csv(folder: Path) -> Path:
+    """scikit-learn's wine data as the CSV a lab would export: its 13 measurements, the class,
+    and who tasted each sample (made up, but personal: it is pseudonymized at ingestion)."""
+    import csv
+
+    from sklearn.datasets import load_wine
+
+    wine = load_wine()
+    path = folder / "wine.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*wine.feature_names, "target", "taster"])
+        for index, (row, label) in enumerate(zip(wine.data, wine.target, strict=True)):
+            writer.writerow([*(repr(float(v)) for v in row), int(label), _taster(index)])
+    return path
+
+
+def _taster(index: int) -> str:
+    return f"taster{index % 7}@winery.example"
+
+
+def ingest_training_data(client: ShamalClient, folder: Path) -> list[str]:
+    """The training data as a validated dataset version: created once, then a new version
+    (overwrite) each run, checked against :data:`WINE_SUITE`."""
+    with contextlib.suppress(AlreadyExists):
+        client.create_dataset(
+            TRAINING_DATA, team=QUICKSTART_TEAM, description="scikit-learn's wine data"
+        )
+    client.set_dataset_suite(TRAINING_DATA, WINE_SUITE)
+    found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
+    checks = (found.get("validation") or {}).get("results", [])
+    return [
+        f"ingested the training data as [bold]{found['uri']}[/] ({found['row_count']} rows, "
+        f"{len(checks)} expectations met, status {found['status']})"
+    ]
+
+
 def track_a_model(url: str, token: str) -> list[str]:
-    """Train a classifier on scikit-learn's wine data with the stock mlflow client:
-    params, per-epoch metric curves, the model as an artifact, registered as `champion`."""
+    """Train a classifier on the quickstart's wine dataset with the stock mlflow client: the
+    dataset version read as the run's input, params, per-epoch metric curves, the model as an
+    artifact, registered as `champion`."""
     os.environ["MLFLOW_TRACKING_TOKEN"] = token
     # Imported here: the server process loads mlflow and scikit-learn only for the quickstart.
     import mlflow
     import numpy as np
-    from sklearn.datasets import load_wine
     from sklearn.linear_model import SGDClassifier
     from sklearn.metrics import accuracy_score, log_loss
     from sklearn.model_selection import train_test_split
@@ -51,14 +116,19 @@ def track_a_model(url: str, token: str) -> list[str]:
     mlflow.set_tracking_uri(url)
     mlflow.set_registry_uri(url)  # both: a process may have pointed the registry elsewhere
     mlflow.set_experiment("quickstart")
-    x, y = load_wine(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.3, random_state=0)
-    scaler = StandardScaler().fit(x_train)
-    classifier = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
-    classes = np.unique(y)
-    with mlflow.start_run(run_name="wine-sgd") as run:
+    with mlflow.start_run(run_name="wine-sgd") as run, ShamalClient(url, token) as api:
+        # Read inside the run, so the run's lineage starts at the exact version it trained on.
+        read = shamal_data.version(TRAINING_DATA, client=api)
+        table = shamal_data.load(f"{TRAINING_DATA}/{read['version']}", client=api)
+        features = [c for c in table.column_names if c not in ("target", "taster")]
+        x = np.column_stack([table[c].to_numpy() for c in features])
+        y = table["target"].to_numpy()
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.3, random_state=0)
+        scaler = StandardScaler().fit(x_train)
+        classifier = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
+        classes = np.unique(y)
         mlflow.log_params(
-            {"model": "SGDClassifier", "alpha": 1e-3, "epochs": 20, "dataset": "sklearn wine"}
+            {"model": "SGDClassifier", "alpha": 1e-3, "epochs": 20, "dataset": read["uri"]}
         )
         for epoch in range(20):
             classifier.partial_fit(scaler.transform(x_train), y_train, classes=classes)
@@ -85,7 +155,7 @@ def track_a_model(url: str, token: str) -> list[str]:
     mlflow.MlflowClient().set_registered_model_alias("quickstart-wine", "champion", version.version)
     accuracy = mlflow.get_run(run.info.run_id).data.metrics["test_accuracy"]
     return [
-        f"tracked run [bold]{run.info.run_id[:12]}[/] (wine, 20 epochs, "
+        f"tracked run [bold]{run.info.run_id[:12]}[/] ({read['uri']}, 20 epochs, "
         f"test accuracy {accuracy:.3f}) with the stock mlflow client",
         f"registered [bold]quickstart-wine[/] version {version.version} as [bold]@champion[/]",
     ]
@@ -265,6 +335,8 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     steps.append(
         f"stored artifact hello/greeting.txt (sha256 {stored['digest'][:12]}...) and read it back"
     )
+    with tempfile.TemporaryDirectory(prefix="shamal-quickstart-") as folder:
+        steps.extend(ingest_training_data(client, Path(folder)))
     steps.extend(track_a_model(client.url, client.token or ""))
     steps.extend(submit_a_training_job(client))
     steps.extend(serve_the_champion(client))
