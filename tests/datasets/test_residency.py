@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from shamal.config import LocalArtifactSettings, NodeSettings, PoolSettings, Settings
 from shamal.datasets import NAMESPACE, DatasetService
@@ -70,6 +71,16 @@ def service(platform: Platform) -> DatasetService:
 def _blobs(root: Path) -> set[str]:
     """The blobs a store folder holds (their digests)."""
     return {p.name for p in (root / "blobs").rglob("*") if p.is_file()}
+
+
+def test_settings_name_the_data_stores_and_leave_the_default_alone(tmp_path: Path) -> None:
+    plain = Settings(home=tmp_path)
+    assert (plain.data_stores, plain.artifacts.labels) == ({}, {})
+    named = Settings(home=tmp_path, data_stores={"dubai": {"type": "local"}})  # type: ignore[dict-item]
+    assert named.data_store_root("dubai") == tmp_path / "data-stores" / "dubai"
+    for stores in ({"default": {"type": "local"}}, {"Dubai Store": {"type": "local"}}):
+        with pytest.raises(ValidationError):
+            Settings(home=tmp_path, data_stores=stores)  # type: ignore[arg-type]
 
 
 def _denials(platform: Platform) -> list[AuditEntry]:
@@ -240,6 +251,9 @@ def test_a_job_reading_a_restricted_dataset_runs_only_in_an_allowed_pool(
     placed = {d.job_id: d.placement.slots[0].node for d in decisions if isinstance(d, Start)}
     assert placed[reads.id] == "dxb-1"
     assert placed[free.id] in {"fra-1", "dxb-1"}
+    # What it waits for is told in its pools' terms.
+    waiting = platform.jobs.waiting([reads])[reads.id]
+    assert waiting.endswith("(the data it reads holds it to pool(s) dxb)")
 
 
 def test_a_job_no_allowed_pool_can_take_is_refused_and_audited(
