@@ -367,6 +367,7 @@ Region = Annotated[str, Field(pattern=_REGION_PATTERN, max_length=64)]
 
 class ResidencyIn(_Model):
     regions: list[Region] | None = Field(
+        min_length=1,
         max_length=64,
         description="the regions the data may be stored and processed in (null: anywhere)",
         examples=[["ae-dubai", "ae-abudhabi"]],

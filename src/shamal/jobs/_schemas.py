@@ -25,7 +25,7 @@ _NO_NUL = r"^[^\x00]*$"
 _ENV_NAME = r"^(?!SHAMAL_|MLFLOW_TRACKING_TOKEN|CUDA_VISIBLE_DEVICES)[A-Za-z_][A-Za-z0-9_]*$"
 _MIG_PROFILE = r"^[1-7]g\.[0-9]{1,3}gb$"
 _DATASET_REF = r"^(data:/)?[a-z0-9][a-z0-9._-]{0,127}(@[a-z][a-z0-9_-]{0,63}|/[0-9]{1,9})?$"
-_MAX_DATASETS = 32
+_MAX_DATASETS = 32  # as the service's MAX_DATASETS
 
 
 def _no_nul(value: str) -> str:

@@ -58,6 +58,8 @@ NAMESPACE = "jobs"
 """Artifact namespace of snapshots and logs (access is checked here, by job)."""
 MAX_LIST = 1000
 MAX_LOG_READ = 1024 * 1024
+#: The most datasets one job may name as read (its regions are their policies' intersection).
+MAX_DATASETS = 32
 
 
 def snapshot_path(digest: str) -> str:
@@ -356,6 +358,8 @@ class JobService:
         (audited, outcome ``residency_denied``)."""
         if not datasets:
             return None
+        if len(datasets) > MAX_DATASETS:
+            raise InvalidParameter(f"a job names at most {MAX_DATASETS} datasets it reads")
         if self._data_regions is None:
             raise InvalidParameter("this server cannot resolve datasets for jobs; leave them out")
         allowed = self._data_regions(ctx.require_principal(), datasets)
