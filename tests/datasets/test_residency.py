@@ -6,6 +6,7 @@ allowed region (and refused when none is), and every refusal is in the audit log
 from __future__ import annotations
 
 import io
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from shamal.errors import InvalidParameter, NotFound, PermissionDenied
 from shamal.jobs import Job, JobSpec
 from shamal.scheduler.core import Start
 from shamal.scheduler.live import JobLifecycle
-from shamal.security import AuditEntry
+from shamal.security import AuditContext, AuditEntry
 from shamal.server import Platform
 from tests.registry.conftest import People, people
 from tests.scheduler.live.test_lifecycle import local_loop
@@ -333,3 +334,37 @@ def test_residency_over_http(platform: Platform, api: TestClient, people: People
         ("dataset.ingest", "residency_denied"),
     ]
     assert NAMESPACE == "datasets"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_data_store_is_encrypted_at_rest_and_its_keys_rotate(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from shamal.cli import app as cli_app
+    from shamal.server import start_platform
+
+    encrypted = settings.model_copy(update={"encrypt_artifacts": True})
+    running = start_platform(encrypted)
+    admin = running.security.authenticate(running.admin_secret or "")
+    ctx = AuditContext(action="test", actor=admin.name, principal=admin)
+    running.datasets.create(ctx, "secret")
+    running.datasets.ingest(ctx, "secret", [_parquet()], "parquet", store="dubai")
+    root = encrypted.data_store_root("dubai")
+    blobs = [p for p in (root / "blobs").rglob("*") if p.is_file() and p.suffix != ".key"]
+    assert blobs
+    assert all(b"PAR1" not in p.read_bytes() for p in blobs)  # no Parquet file in clear
+    monkeypatch.setenv("SHAMAL_HOME", str(encrypted.home))
+    monkeypatch.setenv("SHAMAL_ENCRYPT_ARTIFACTS", "true")
+    monkeypatch.setenv(
+        "SHAMAL_DATA_STORES", json.dumps({"dubai": {"type": "local", "root": str(root)}})
+    )
+    result = CliRunner().invoke(cli_app, ["artifacts", "rotate-key", "--retire-old"])
+    assert result.exit_code == 0, result.output
+    assert "re-wrapped 1 blob key" in result.output  # the Dubai store's one part
+    running.close()
+    again = start_platform(encrypted)  # the old master key is gone: only the new one reads
+    data = b"".join(again.datasets.open_part(admin, "secret/1", 0))
+    assert pq.read_table(io.BytesIO(data)).to_pylist() == TABLE.to_pylist()
+    again.close()
