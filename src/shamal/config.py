@@ -15,7 +15,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
@@ -27,11 +27,18 @@ __all__ = [
     "QuotaSettings",
     "SchedulerSettings",
     "S3ArtifactSettings",
+    "STORE_NAME_PATTERN",
     "Settings",
     "is_loopback_host",
 ]
 
 _MIB = 1024 * 1024
+#: A data store's name (``data_stores``); ``default`` names the artifact store itself.
+STORE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+_LABELS_HELP = (
+    'labels of the store; "region" (e.g. "ae-dubai") is where its bytes are kept, which '
+    "datasets' residency policies are checked against"
+)
 
 
 class LocalArtifactSettings(BaseModel):
@@ -41,6 +48,7 @@ class LocalArtifactSettings(BaseModel):
 
     type: Literal["local"] = "local"
     root: Path | None = None
+    labels: dict[str, str] = Field(default_factory=dict, description=_LABELS_HELP)
 
 
 class S3ArtifactSettings(BaseModel):
@@ -59,6 +67,9 @@ class S3ArtifactSettings(BaseModel):
     region: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = Field(default=None, repr=False)
+    #: ``region`` above is the S3 API's (where the client connects); the residency region
+    #: the data is held in is ``labels["region"]``, as on every store and pool.
+    labels: dict[str, str] = Field(default_factory=dict, description=_LABELS_HELP)
 
 
 ArtifactSettings = Annotated[
@@ -288,6 +299,15 @@ class Settings(BaseSettings):
     access_log: bool = Field(default=True, description="Log one line per HTTP request")
 
     artifacts: ArtifactSettings = Field(default_factory=LocalArtifactSettings)
+    data_stores: dict[
+        Annotated[str, StringConstraints(pattern=STORE_NAME_PATTERN)], ArtifactSettings
+    ] = Field(
+        default_factory=dict,
+        description="further named stores datasets may be written to, each labelled with "
+        'its region (e.g. {"dubai": {"type": "local", "root": "/srv/dubai", "labels": '
+        '{"region": "ae-dubai"}}}); a local one without a root is SHAMAL_HOME/data-stores/'
+        "NAME; the artifact store itself is named `default`",
+    )
     encrypt_artifacts: bool = False
     master_key_file: Path | None = Field(
         default=None, description="Keyring of master keys; default SHAMAL_HOME/keys/master.json"
@@ -311,7 +331,21 @@ class Settings(BaseSettings):
         "included; off by default: one entry per download",
     )
 
+    @field_validator("data_stores")
+    @classmethod
+    def _no_default_store(cls, value: dict[str, ArtifactSettings]) -> dict[str, ArtifactSettings]:
+        if "default" in value:
+            raise ValueError("'default' names the artifact store itself: name the store otherwise")
+        return value
+
     # ------------------------------------------------------------------ derived paths
+    def data_store_root(self, name: str) -> Path:
+        """The folder of the local data store ``name`` (its ``root``, else under ``home``)."""
+        store = self.data_stores[name]
+        if isinstance(store, LocalArtifactSettings) and store.root is not None:
+            return store.root
+        return self.home / "data-stores" / name
+
     @property
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite under ``home``."""

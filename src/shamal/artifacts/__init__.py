@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shamal.artifacts._blobs import BlobInfo, BlobStore, open_blob_store
-from shamal.artifacts._entities import ArtifactFile
+from shamal.artifacts._blobs import BlobInfo, BlobStore, open_blob_store, open_data_stores
+from shamal.artifacts._entities import ArtifactFile, StoreInfo
 from shamal.artifacts._keyring import Keyring
 from shamal.artifacts._local import LocalObjectStore
 from shamal.artifacts._objects import ObjectStore, open_object_store
 from shamal.artifacts._paths import contained_path, safe_relpath
-from shamal.artifacts._service import ArtifactService, team_namespace
+from shamal.artifacts._service import DEFAULT_STORE, ArtifactService, team_namespace
 from shamal.artifacts._streaming import (
     PrincipalSlots,
     consume_body,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from shamal.artifacts._s3 import S3ObjectStore
 
 __all__ = [
+    "DEFAULT_STORE",
     "ArtifactFile",
     "ArtifactService",
     "BlobInfo",
@@ -45,11 +46,13 @@ __all__ = [
     "ObjectStore",
     "PrincipalSlots",
     "S3ObjectStore",
+    "StoreInfo",
     "consume_body",
     "contained_path",
     "download_headers",
     "download_slot",
     "open_blob_store",
+    "open_data_stores",
     "open_object_store",
     "principal_key",
     "safe_relpath",

@@ -44,7 +44,12 @@ from shamal.artifacts._crypto import (
     wrap_data_key,
 )
 from shamal.artifacts._keyring import Keyring
-from shamal.artifacts._objects import ObjectStore, open_object_store, primed
+from shamal.artifacts._objects import (
+    ObjectStore,
+    open_object_store,
+    open_store_objects,
+    primed,
+)
 from shamal.errors import Conflict, IntegrityCheckFailed, InvalidParameter, NotFound, ShamalError
 
 if TYPE_CHECKING:
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
 
     from shamal.config import Settings
 
-__all__ = ["BlobInfo", "BlobStore", "blob_key", "open_blob_store"]
+__all__ = ["BlobInfo", "BlobStore", "blob_key", "open_blob_store", "open_data_stores"]
 
 logger = logging.getLogger(__name__)
 
@@ -465,6 +470,35 @@ class BlobStore:
         )
         self._objects.write(final + _SIDECAR_SUFFIX, [renewed.to_json()])
         return 1
+
+
+def _keyring(settings: Settings) -> Keyring | None:
+    key_file = settings.resolved_master_key_file
+    if settings.encrypt_artifacts:
+        return Keyring.load_or_create(key_file)
+    return Keyring.load(key_file) if key_file.exists() else None  # older blobs stay readable
+
+
+def open_data_stores(
+    settings: Settings, keyring: Keyring | None = None
+) -> dict[str, tuple[BlobStore, str | None]]:
+    """The further named stores of ``settings.data_stores``: name -> (blob store, the
+    region its ``region`` label names). Encrypted at rest as the artifact store is, with the
+    same keyring (``keyring``, else loaded as :func:`open_blob_store` loads it)."""
+    if not settings.data_stores:
+        return {}
+    keys = keyring if keyring is not None else _keyring(settings)
+    stores: dict[str, tuple[BlobStore, str | None]] = {}
+    for name, config in sorted(settings.data_stores.items()):
+        objects = open_store_objects(config, settings.data_store_root(name))
+        blobs = BlobStore(
+            objects,
+            keys,
+            encrypt=settings.encrypt_artifacts,
+            keyring_file=settings.resolved_master_key_file,
+        )
+        stores[name] = (blobs, config.labels.get("region") or None)
+    return stores
 
 
 def open_blob_store(settings: Settings) -> BlobStore:

@@ -16,3 +16,12 @@ class ArtifactFile:
     size: int
     created_at: datetime
     created_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """A named store blobs may be kept in, and the region its ``region`` label names
+    (None: unlabelled). ``default`` is the artifact store itself."""
+
+    name: str
+    region: str | None

@@ -16,7 +16,9 @@ from shamal.artifacts._paths import safe_relpath
 from shamal.errors import InvalidParameter
 
 if TYPE_CHECKING:
-    from shamal.config import Settings
+    from pathlib import Path
+
+    from shamal.config import LocalArtifactSettings, S3ArtifactSettings, Settings
 
 __all__ = [
     "DEFAULT_READ_CHUNK",
@@ -27,6 +29,7 @@ __all__ = [
     "check_prefix",
     "check_read_args",
     "open_object_store",
+    "open_store_objects",
     "primed",
 ]
 
@@ -197,3 +200,15 @@ def open_object_store(settings: Settings) -> ObjectStore:
     store = factory.from_settings(settings)
     logger.debug("opened %s artifact object store", settings.artifacts.type)
     return store
+
+
+def open_store_objects(
+    config: LocalArtifactSettings | S3ArtifactSettings, default_root: Path
+) -> ObjectStore:
+    """The object store one store's settings describe (a data store of
+    ``settings.data_stores``); a local one without a root lives at ``default_root``."""
+    module_name, _, attribute = OBJECT_STORE_BACKENDS[config.type].partition(":")
+    backend = getattr(importlib.import_module(module_name), attribute)
+    if config.type == "local":
+        return cast(ObjectStore, backend(config.root if config.root is not None else default_root))
+    return cast(ObjectStore, backend.from_artifact_settings(config))

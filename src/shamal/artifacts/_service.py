@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from sqlalchemy.orm import Session
 
 from shamal.artifacts import _store
 from shamal.artifacts._blobs import BlobStore
-from shamal.artifacts._entities import ArtifactFile
+from shamal.artifacts._entities import ArtifactFile, StoreInfo
 from shamal.artifacts._paths import safe_relpath
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
+from shamal.errors import NotFound
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 logger = logging.getLogger(__name__)
 
 MAX_LIST = 10_000
+#: The name of the artifact store itself among the stores blobs may be kept in.
+DEFAULT_STORE = "default"
 
 
 def team_namespace(team_id: str) -> str:
@@ -32,6 +35,11 @@ class ArtifactService:
     The blob is written first, then the index row and its audit entry commit
     together: a crash in between leaves at most an unreferenced blob, never an
     index entry without its bytes.
+
+    Besides the artifact store (``default``), named data stores (``data_stores``: name ->
+    blob store and region) may hold the blobs of domains that choose where their bytes go
+    (datasets, under a residency policy): :meth:`store_file`, :meth:`read_file` and
+    :meth:`copy_file` name the store; the index is shared, as addresses are content's.
     """
 
     def __init__(
@@ -41,12 +49,34 @@ class ArtifactService:
         audit: AuditLog,
         security: SecurityService,
         clock: Clock = utc_now,
+        *,
+        region: str | None = None,
+        data_stores: Mapping[str, tuple[BlobStore, str | None]] | None = None,
     ) -> None:
+        """``region``: the artifact store's own region label (None: unlabelled)."""
         self._db = db
         self._blobs = blobs
         self._audit = audit
         self._security = security
         self._clock = clock
+        self._stores: dict[str, tuple[BlobStore, str | None]] = {DEFAULT_STORE: (blobs, region)}
+        for name, entry in sorted((data_stores or {}).items()):
+            if name != DEFAULT_STORE:
+                self._stores[name] = entry
+
+    # ------------------------------------------------------------------ stores
+    def stores(self) -> list[StoreInfo]:
+        """The stores blobs may be kept in: ``default`` first, then the data stores by name."""
+        return [StoreInfo(name, region) for name, (_, region) in self._stores.items()]
+
+    def _store(self, store: str | None) -> BlobStore:
+        if store is None:
+            return self._blobs
+        found = self._stores.get(store)
+        if found is None:
+            names = ", ".join(self._stores)
+            raise NotFound(f"no store {store!r}; the stores are: {names}")
+        return found[0]
 
     def _namespace(self, principal: Principal, team: str, needed: Role) -> str:
         return team_namespace(self._security.authorize_team(principal, team, needed).id)
@@ -55,11 +85,18 @@ class ArtifactService:
     # For domains that own their artifacts (tracking, registry) and authorize their own
     # objects first: these check paths, never permissions.
     def store_file(
-        self, ctx: AuditContext | None, namespace: str, path: str, chunks: Iterable[bytes]
+        self,
+        ctx: AuditContext | None,
+        namespace: str,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        store: str | None = None,
     ) -> ArtifactFile:
-        """Stream ``chunks`` into ``namespace``/``path``; audited when ``ctx`` is given."""
+        """Stream ``chunks`` into ``namespace``/``path`` (its blob in ``store``; None: the
+        artifact store); audited when ``ctx`` is given."""
         clean = safe_relpath(path)
-        info = self._blobs.put(chunks)
+        info = self._store(store).put(chunks)
         actor = ctx.actor if ctx is not None else "system"
 
         def work(s: Session) -> ArtifactFile:
@@ -79,9 +116,22 @@ class ArtifactService:
         with self._db.unit_of_work(write=False) as s:
             return _store.get_file(s, namespace, safe_relpath(path))
 
-    def read_file(self, namespace: str, path: str) -> tuple[ArtifactFile, Iterator[bytes]]:
+    def read_file(
+        self, namespace: str, path: str, *, store: str | None = None
+    ) -> tuple[ArtifactFile, Iterator[bytes]]:
+        """The file's record and its bytes, read from ``store`` (None: the artifact store)."""
+        blobs = self._store(store)
         found = self.file_info(namespace, path)
-        return found, self._blobs.open(found.digest)
+        return found, blobs.open(found.digest)
+
+    def copy_file(self, namespace: str, path: str, *, source: str, target: str) -> ArtifactFile:
+        """Copy the blob of ``namespace``/``path`` from store ``source`` into ``target``
+        (verified against its address on the way: a corrupt copy is never published)."""
+        into = self._store(target)
+        found = self.file_info(namespace, path)
+        if not into.exists(found.digest):
+            into.put(self._store(source).open(found.digest), expected_digest=found.digest)
+        return found
 
     def files_under(
         self, namespace: str, prefix: str = "", limit: int = MAX_LIST

@@ -129,10 +129,10 @@ def rotate_key(
 ) -> None:
     """Rotate the master key of encryption at rest (run where the server's SHAMAL_HOME is).
 
-    Adds a new master key and re-wraps every blob's data key with it; the blobs
-    themselves are not rewritten.
+    Adds a new master key and re-wraps every blob's data key with it, in the artifact store
+    and in every data store; the blobs themselves are not rewritten.
     """
-    from shamal.artifacts import Keyring, open_blob_store
+    from shamal.artifacts import Keyring, open_blob_store, open_data_stores
 
     settings = Settings()
     if not settings.encrypt_artifacts:
@@ -145,6 +145,9 @@ def rotate_key(
     keyring.save(key_file)
     with console.status("re-wrapping data keys..."):
         count = open_blob_store(settings).rotate_master_key(keyring)
+        # The data stores' blobs are wrapped by the same keyring: re-wrapped with it.
+        for blobs, _region in open_data_stores(settings, keyring).values():
+            count += blobs.rotate_master_key(keyring)
     console.print(f"[green]new master key[/] {new_id}; re-wrapped {count} blob key(s)")
     if retire_old:
         for key_id in old:

@@ -84,6 +84,14 @@ def ingest(
         typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
     ] = None,
     mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            help="The store to write to (default: the first the dataset's residency policy "
+            "allows; `shamal data residency NAME` lists them).",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Write a new version of NAME from a local file, streamed to the server."""
@@ -102,7 +110,12 @@ def ingest(
     ) as bar:
         task = bar.add_task(escape(source.name), total=total)
         version = client().ingest_file(
-            name, source, fmt=fmt, mode=mode, on_progress=lambda n: bar.advance(task, n)
+            name,
+            source,
+            fmt=fmt,
+            mode=mode,
+            on_progress=lambda n: bar.advance(task, n),
+            store=store,
         )
     if as_json:
         typer.echo(json.dumps(version))
@@ -259,3 +272,66 @@ def download(
         target = dest / f"part-{index:05d}-{part['digest'][:12]}.parquet"
         shamal.download_dataset_part(version["dataset"], version["version"], index, target)
     console.print(f"wrote {len(version['parts'])} part(s) of {escape(version['uri'])} to {dest}")
+
+
+@app.command("residency")
+@handle_errors
+def residency(
+    name: str,
+    allow: Annotated[
+        str | None,
+        typer.Option(
+            "--allow",
+            help="Comma-separated regions the data may be stored and processed in, e.g. "
+            "ae-dubai,ae-abudhabi (maintainers).",
+        ),
+    ] = None,
+    anywhere: Annotated[
+        bool, typer.Option("--anywhere", help="Remove the policy: any region (maintainers).")
+    ] = False,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show NAME's residency policy and the stores judged by it; --allow sets it."""
+    if allow is not None and anywhere:
+        raise InvalidParameter("give --allow REGIONS or --anywhere, not both")
+    shamal = client()
+    if anywhere:
+        found = shamal.set_dataset_residency(name, None)
+    elif allow is not None:
+        regions = [r.strip() for r in allow.split(",") if r.strip()]
+        if not regions:
+            raise InvalidParameter("--allow lists regions, e.g. --allow ae-dubai,ae-abudhabi")
+        found = shamal.set_dataset_residency(name, regions)
+    else:
+        found = shamal.dataset_residency(name)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    policy = "any region" if found["regions"] is None else ", ".join(found["regions"])
+    console.print(f"[bold]{escape(name)}[/]: data may be stored and processed in {escape(policy)}")
+    rows = [
+        {**s, "region": s["region"] or "(unlabelled)", "allowed": "yes" if s["allowed"] else "no"}
+        for s in found["stores"]
+    ]
+    print_table(
+        "Stores", ["name", "region", "allowed", "parts"], rows, rank=["name", "allowed", "region"]
+    )
+
+
+@app.command("copy")
+@handle_errors
+def copy(
+    reference: Annotated[str, typer.Argument(help="NAME/3: the version to copy.")],
+    to_store: Annotated[str, typer.Option("--to-store", help="The store to copy it into.")],
+    as_json: bool = JsonOption,
+) -> None:
+    """Copy a version's parts into another store (maintainers); refused when the store's
+    region is outside the dataset's residency policy."""
+    name, sep, number = reference.removeprefix("data:/").partition("/")
+    if not sep or not number.isdigit():
+        raise InvalidParameter(f"name the version by number, e.g. {name or 'customers'}/3")
+    copied = client().copy_dataset_version(name, int(number), to_store)
+    if as_json:
+        typer.echo(json.dumps(copied))
+        return
+    console.print(f"{escape(copied['uri'])} is held in: {escape(', '.join(copied['stores']))}")

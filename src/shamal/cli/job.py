@@ -94,6 +94,7 @@ _FLAGS = {
     "time_limit_s": "--time-limit",
     "retries": "--retries",
     "env": "--env",
+    "datasets": "--dataset",
 }
 """The flag of each field of the API's JobIn, for errors in the user's words."""
 _UNITS = {"memory_mib": " (MiB)", "time_limit_s": " (seconds; 30d at most)"}
@@ -202,6 +203,14 @@ def submit(
     no_snapshot: Annotated[
         bool, typer.Option("--no-snapshot", help="Run without code (the command needs none).")
     ] = False,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dataset",
+            help="A dataset the job reads (NAME, NAME@alias, NAME/3), repeatable: it runs "
+            "only in pools of regions their residency policies allow.",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Queue COMMAND as a job with a snapshot of the working folder.
@@ -227,6 +236,7 @@ def submit(
         "time_limit_s": time_limit_s,
         "retries": retries,
         "env": variables,
+        "datasets": list(dataset or []),
     }
     _check_request(command, options)
     if not no_snapshot and not workdir.is_dir():
@@ -343,6 +353,8 @@ def _job_details(job: dict[str, Any]) -> dict[str, Any]:
         "resources": job["resources"],
         "priority": job["priority"],
         "pool": job["pool"] or "any",
+        "datasets": ", ".join(job.get("datasets") or []) or "-",
+        "regions": "any" if job.get("regions") is None else ", ".join(job["regions"]),
         "attempt": f"{job['attempt']} (retries used {job['retries_used']} of "
         f"{job['max_retries']}, preempted {job['preemptions']}x)",
         "time limit": (None if job["time_limit_s"] is None else duration_text(job["time_limit_s"])),

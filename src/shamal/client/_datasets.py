@@ -90,8 +90,10 @@ class DatasetCalls(ClientCalls):
         fmt: str | None = None,
         mode: str = "append",
         on_progress: Callable[[int], None] | None = None,
+        store: str | None = None,
     ) -> dict[str, Any]:
-        """Write a version of ``name`` from a local file, streamed to the server."""
+        """Write a version of ``name`` from a local file, streamed to the server (its part
+        into ``store``; None: the first store the dataset's residency policy allows)."""
         chosen = source_format(source, fmt)
         try:
             handle = source.open("rb")
@@ -108,7 +110,7 @@ class DatasetCalls(ClientCalls):
         result: dict[str, Any] = self.request(
             "POST",
             f"/api/v1/dataset-uploads/{quote(name, safe='')}",
-            params={"format": chosen, "mode": mode},
+            params={"format": chosen, "mode": mode, **({"store": store} if store else {})},
             content=chunks(),
             headers={"Content-Type": "application/octet-stream"},
             timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
@@ -149,3 +151,30 @@ class DatasetCalls(ClientCalls):
                 f"download from {self.url} failed ({exc.__class__.__name__})"
             ) from exc
         return dest
+
+    def dataset_residency(self, name: str) -> dict[str, Any]:
+        """``name``'s residency policy (``regions``, null: anywhere) and the ``stores``, each
+        with its ``region``, whether the policy ``allowed`` it and the ``parts`` it holds."""
+        result: dict[str, Any] = self.request("GET", _path(name, "residency"))
+        return result
+
+    def set_dataset_residency(self, name: str, regions: list[str] | None) -> dict[str, Any]:
+        """Allow ``name``'s data only in ``regions`` (None: anywhere); maintainers."""
+        result: dict[str, Any] = self.request(
+            "PUT", _path(name, "residency"), json={"regions": regions}
+        )
+        return result
+
+    def copy_dataset_version(self, name: str, version: int, store: str) -> dict[str, Any]:
+        """Copy version ``version`` of ``name`` into ``store``: the ``stores`` holding it."""
+        result: dict[str, Any] = self.request(
+            "POST", _path(name, "versions", str(version), "copies"), json={"store": store}
+        )
+        return result
+
+    def dataset_version_stores(self, name: str, version: int) -> list[str]:
+        """The stores that hold every part of version ``version`` of ``name``."""
+        stores: list[str] = self.request("GET", _path(name, "versions", str(version), "stores"))[
+            "stores"
+        ]
+        return stores

@@ -25,7 +25,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shamal import lazy
-from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    Part,
+    Residency,
+    StoreResidency,
+    VersionStatus,
+    WriteMode,
+)
 from shamal.datasets._rules import DataRef, check_alias, check_name, parse_ref
 
 if TYPE_CHECKING:
@@ -120,9 +128,11 @@ __all__ = [
     "ProfileDiff",
     "Profiler",
     "Report",
+    "Residency",
     "RowCount",
     "Scalar",
     "Severity",
+    "StoreResidency",
     "Suite",
     "SuiteBuilder",
     "TopValue",

@@ -38,6 +38,8 @@ class DataSet:
     updated_at: datetime
     latest_version: int | None = None
     aliases: dict[str, int] = field(default_factory=dict)
+    #: The regions its data may be stored and processed in (None: anywhere).
+    regions: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +81,24 @@ class DataVersion:
     def uri(self) -> str:
         """How other domains name it: ``data:/NAME/VERSION``."""
         return f"data:/{self.dataset}/{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResidency:
+    """A store data may be written to: its region, whether the dataset's policy allows it,
+    and how many of the dataset's parts it holds."""
+
+    name: str
+    region: str | None
+    allowed: bool
+    parts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """A dataset's residency policy (``regions`` None: anywhere) and the stores, judged by
+    it."""
+
+    dataset: str
+    regions: tuple[str, ...] | None
+    stores: tuple[StoreResidency, ...]

@@ -9,11 +9,22 @@ from dataclasses import dataclass
 
 from shamal.errors import InvalidParameter
 
-__all__ = ["DataRef", "check_alias", "check_name", "check_tag", "parse_ref", "version_digest"]
+__all__ = [
+    "MAX_REGIONS",
+    "DataRef",
+    "check_alias",
+    "check_name",
+    "check_regions",
+    "check_tag",
+    "parse_ref",
+    "version_digest",
+]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_REGION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 MAX_TAG_KEY, MAX_TAG_VALUE, MAX_DESCRIPTION = 250, 5000, 5000
+MAX_REGIONS = 64
 
 
 def check_name(name: str) -> str:
@@ -36,6 +47,23 @@ def check_alias(alias: str) -> str:
             "'latest'"
         )
     return alias
+
+
+def check_regions(regions: Sequence[str]) -> tuple[str, ...]:
+    """A residency policy's regions: 1 to 64 labels such as ``ae-dubai`` (lowercase
+    letters, digits, ``.``, ``_``, ``-``), sorted, each once."""
+    if isinstance(regions, str) or not 1 <= len(regions) <= MAX_REGIONS:
+        raise InvalidParameter(
+            f"a residency policy lists 1 to {MAX_REGIONS} regions, e.g. ae-dubai,ae-abudhabi "
+            "(to let the data go anywhere, remove the policy)"
+        )
+    for region in regions:
+        if not isinstance(region, str) or not _REGION.match(region):
+            raise InvalidParameter(
+                "a region is 1 to 64 lowercase letters, digits, '.', '_' or '-', as the "
+                "stores' and pools' region labels are (e.g. ae-dubai)"
+            )
+    return tuple(sorted(set(regions)))
 
 
 def check_tag(key: str, value: str) -> tuple[str, str]:

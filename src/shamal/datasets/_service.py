@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,15 @@ from sqlalchemy.orm import Session
 from shamal.artifacts import ArtifactService
 from shamal.clock import Clock, utc_now
 from shamal.datasets import _ingest, _rules, _store
-from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    Part,
+    Residency,
+    StoreResidency,
+    VersionStatus,
+    WriteMode,
+)
 from shamal.datasets._expectations import Suite
 from shamal.datasets._profile import Profiler
 from shamal.datasets._validation import Report, validate
@@ -166,6 +174,7 @@ class DatasetService:
         mode: WriteMode = WriteMode.APPEND,
         source: str = "upload",
         on_batch: BatchHook | None = None,
+        store: str | None = None,
     ) -> DataVersion:
         """A new version of ``name`` from a source file's bytes (``fmt``: csv, parquet, jsonl
         or arrow). ``append`` keeps the latest valid version's parts before the new one.
@@ -174,10 +183,14 @@ class DatasetService:
         suite when it has one: a version whose error-severity expectations fail is kept with
         its report, quarantined (never read by default, never aliased).
 
+        The part goes to ``store`` (None: the first store the dataset's residency policy
+        allows, the artifact store first); see :meth:`set_residency`.
+
         Raises:
             InvalidParameter: an unknown format, an unreadable source (where it failed, not
                 what it held), a source whose columns differ from the version it appends to.
-            NotFound / PermissionDenied: not the caller's dataset, or a role below member.
+            NotFound / PermissionDenied: not the caller's dataset, or a role below member;
+                no store in a region the dataset's residency policy allows (audited).
         """
         if fmt not in _ingest.FORMATS:
             raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(_ingest.FORMATS)}")
@@ -191,7 +204,13 @@ class DatasetService:
             path.unlink()
 
         return self._write_version(
-            ctx, name, spooled, {"kind": source, "format": fmt}, mode=mode, on_batch=on_batch
+            ctx,
+            name,
+            spooled,
+            {"kind": source, "format": fmt},
+            mode=mode,
+            on_batch=on_batch,
+            store=store,
         )
 
     def ingest_batches(
@@ -203,13 +222,20 @@ class DatasetService:
         source: dict[str, Any],
         mode: WriteMode = WriteMode.APPEND,
         on_batch: BatchHook | None = None,
+        store: str | None = None,
     ) -> DataVersion:
         """A new version of ``name`` from Arrow ``batches`` (a SQL cursor, a stream's
         micro-batch): as :meth:`ingest`, whose rules all apply. ``source`` describes where the
         rows came from (``kind`` and what names it, never credentials); it is stored with the
         version."""
         return self._write_version(
-            ctx, name, lambda _folder: batches, dict(source), mode=mode, on_batch=on_batch
+            ctx,
+            name,
+            lambda _folder: batches,
+            dict(source),
+            mode=mode,
+            on_batch=on_batch,
+            store=store,
         )
 
     def _write_version(
@@ -221,19 +247,28 @@ class DatasetService:
         *,
         mode: WriteMode,
         on_batch: BatchHook | None,
+        store: str | None = None,
     ) -> DataVersion:
         principal = ctx.require_principal()
         with self._db.unit_of_work(write=False) as s:
             ref = self._ref(s, principal, name, Role.MEMBER)
             suite_text = _store.suite_of(s, ref)
             seen = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
+            regions = _store.regions_of(s, ref)
+        # Chosen before a byte is read: a refused write reads and stores nothing.
+        target = self._write_store(ctx, name, regions, store)
         suite = Suite.from_yaml(suite_text) if suite_text else None
-        ingested = self._store_part(ref, produce, on_batch, suite, seen)
+        ingested = self._store_part(ref, produce, on_batch, suite, seen, target)
 
         def work(s: Session) -> DataVersion:
             # The number first: taking it locks the dataset's row, so the version appended to
             # is read after every concurrent writer before this one committed.
             number = _store.reserve_version(s, ref.id, self._clock())
+            if _store.regions_of(s, ref) != regions:
+                raise Conflict(
+                    f"the residency policy of {name!r} changed during the write; write again"
+                )
+            _store.add_part_store(s, ref.id, ingested.part.digest, target, self._clock())
             base = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
             if base is not None and list(base.schema) != list(ingested.schema):
                 raise InvalidParameter(
@@ -287,6 +322,7 @@ class DatasetService:
         on_batch: BatchHook | None,
         suite: Suite | None,
         base: DataVersion | None,
+        store: str | None = None,
     ) -> Ingested:
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
@@ -308,7 +344,9 @@ class DatasetService:
                     whole = self._measure_whole(base, folder, profiler, written.path, suite)
             digest = _ingest.file_digest(written.path)
             path = part_path(ref.id, digest)
-            self._artifacts.store_file(None, NAMESPACE, path, _file_chunks(written.path))
+            self._artifacts.store_file(
+                None, NAMESPACE, path, _file_chunks(written.path), store=store
+            )
             return Ingested(
                 Part(path, digest, written.rows, written.size),
                 written.schema,
@@ -337,7 +375,7 @@ class DatasetService:
         for index, part in enumerate(base.parts):
             target = folder / f"base-{index:05d}.parquet"
             with target.open("wb") as out:
-                for chunk in self._artifacts.read_file(NAMESPACE, part.path)[1]:
+                for chunk in self._part_chunks(part):
                     out.write(chunk)
             for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):
                 whole.update(batch)
@@ -401,7 +439,7 @@ class DatasetService:
         found = self.version(principal, reference)
         if not 0 <= index < len(found.parts):
             raise NotFound(f"{found.uri} has no part {index} (it has {len(found.parts)})")
-        return self._artifacts.read_file(NAMESPACE, found.parts[index].path)[1]
+        return self._part_chunks(found.parts[index])
 
     # ------------------------------------------------------------------ aliases and tags
     def set_alias(self, ctx: AuditContext, name: str, alias: str, number: int) -> DataVersion:
@@ -446,3 +484,227 @@ class DatasetService:
             self._audit.record(s, ctx, target.uri, key=key)
 
         self._db.run(work)
+
+    # ------------------------------------------------------------------ residency
+    def _store_regions(self) -> dict[str, str | None]:
+        return {store.name: store.region for store in self._artifacts.stores()}
+
+    @staticmethod
+    def _allows(regions: tuple[str, ...] | None, region: str | None) -> bool:
+        """Whether a store in ``region`` may hold data under a policy of ``regions`` (an
+        unlabelled store never may under a policy: where it keeps data is not known)."""
+        return regions is None or (region is not None and region in regions)
+
+    def _refuse(
+        self, ctx: AuditContext, target: str, message: str, **detail: Any
+    ) -> PermissionDenied:
+        """A residency refusal, recorded in the audit log (outcome ``residency_denied``)."""
+        ctx.target = target
+        ctx.detail.update(detail)
+        self._audit.record_outcome(ctx, "residency_denied")
+        return PermissionDenied(message)
+
+    def _write_store(
+        self, ctx: AuditContext, name: str, regions: tuple[str, ...] | None, store: str | None
+    ) -> str:
+        """The store a new part of ``name`` goes to: ``store`` when named and allowed, else
+        the first store the policy allows (the artifact store first)."""
+        known = self._store_regions()
+        if store is not None:
+            if store not in known:
+                raise NotFound(f"no store {store!r}; the stores are: {', '.join(known)}")
+            if not self._allows(regions, known[store]):
+                raise self._refuse(
+                    ctx,
+                    f"dataset/{name}",
+                    f"store {store!r} is in region {known[store] or 'unlabelled'}, and the "
+                    f"residency policy of {name!r} allows only {', '.join(regions or ())}: "
+                    "name a store in an allowed region with --store (`shamal data residency "
+                    f"{name}` lists them)",
+                    store=store,
+                    region=known[store],
+                )
+            return store
+        for candidate, region in known.items():
+            if self._allows(regions, region):
+                return candidate
+        raise self._refuse(
+            ctx,
+            f"dataset/{name}",
+            f"no store of this server is in a region the residency policy of {name!r} allows "
+            f"({', '.join(regions or ())}): an operator adds one (settings data_stores, with "
+            "labels.region), or a maintainer widens the policy",
+            regions=list(regions or ()),
+        )
+
+    def _part_chunks(self, part: Part) -> Iterator[bytes]:
+        """The bytes of ``part``, read from a store that holds it (the artifact store first)
+        and that its dataset's policy allows."""
+        dataset_id = part.path.split("/", 1)[0]  # parts live at <dataset id>/parts/...
+        with self._db.unit_of_work(write=False) as s:
+            held = _store.part_stores(s, dataset_id, [part.digest])[part.digest]
+            regions = _store.regions_of(s, _store.DataSetRef(dataset_id, "", None))
+        known = self._store_regions()
+        usable = [name for name in known if name in held and self._allows(regions, known[name])]
+        if not usable:
+            raise NotFound(
+                f"part {part.digest[:12]} is held only in store(s) {', '.join(held)}, which this "
+                "server does not configure in an allowed region: an operator adds the store back"
+            )
+        return self._artifacts.read_file(NAMESPACE, part.path, store=usable[0])[1]
+
+    def residency(self, principal: Principal, name: str) -> Residency:
+        """The dataset's residency policy and every store, judged by it."""
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.VIEWER)
+            regions = _store.regions_of(s, ref)
+            held = _store.dataset_stores(s, ref.id)
+        return self._residency(name, regions, held)
+
+    def _residency(
+        self, name: str, regions: tuple[str, ...] | None, held: dict[str, int]
+    ) -> Residency:
+        known = self._store_regions()
+        stores = [
+            StoreResidency(store, region, self._allows(regions, region), held.get(store, 0))
+            for store, region in known.items()
+        ]
+        stores += [
+            StoreResidency(store, None, False, count)
+            for store, count in held.items()
+            if store not in known
+        ]
+        return Residency(name, regions, tuple(stores))
+
+    def set_residency(
+        self, ctx: AuditContext, name: str, regions: Sequence[str] | None
+    ) -> Residency:
+        """Allow ``name``'s data to be stored and processed only in ``regions`` (None: the
+        policy is removed, anywhere). Maintainers; audited.
+
+        Raises:
+            InvalidParameter: malformed regions.
+            PermissionDenied: a role below maintainer; the dataset already holds data in a
+                store outside the regions (audited; the data stays where it is).
+        """
+        principal = ctx.require_principal()
+        wanted = None if regions is None else _rules.check_regions(regions)
+        known = self._store_regions()
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            held = _store.dataset_stores(s, ref.id)
+        outside = sorted(store for store in held if not self._allows(wanted, known.get(store)))
+        if outside:
+            raise self._refuse(
+                ctx,
+                f"dataset/{name}",
+                f"{name!r} already holds data in store(s) {', '.join(outside)}, outside "
+                f"{', '.join(wanted or ())}: include their regions, or write the data to a new "
+                "dataset made with the policy first",
+                regions=list(wanted or ()),
+                outside=outside,
+            )
+
+        def work(s: Session) -> Residency:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            if _store.dataset_stores(s, ref.id) != held:
+                raise Conflict(f"{name!r} was written to meanwhile; set the policy again")
+            _store.set_regions(s, ref, wanted, self._clock())
+            self._audit.record(
+                s, ctx, f"dataset/{name}", regions=None if wanted is None else list(wanted)
+            )
+            return self._residency(name, wanted, held)
+
+        return self._db.run(work)
+
+    def version_stores(self, principal: Principal, reference: str) -> tuple[str, ...]:
+        """The stores that hold every part of the version ``reference`` names."""
+        found = self.version(principal, reference)
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, found.dataset, Role.VIEWER)
+            held = _store.part_stores(s, ref.id, [p.digest for p in found.parts])
+        return _whole(found, held)
+
+    def copy_version(self, ctx: AuditContext, reference: str, store: str) -> tuple[str, ...]:
+        """Copy the parts of the version ``reference`` names into ``store`` (maintainers;
+        audited), when the dataset's residency policy allows the store's region. Returns
+        the stores that now hold the whole version.
+
+        Raises:
+            NotFound: no such version or store.
+            PermissionDenied: a role below maintainer; the store's region is not allowed
+                (audited; nothing is copied).
+        """
+        principal = ctx.require_principal()
+        found = self.version(principal, reference)
+        known = self._store_regions()
+        if store not in known:
+            raise NotFound(f"no store {store!r}; the stores are: {', '.join(known)}")
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, found.dataset, Role.MAINTAINER)
+            regions = _store.regions_of(s, ref)
+            held = _store.part_stores(s, ref.id, [p.digest for p in found.parts])
+        if not self._allows(regions, known[store]):
+            raise self._refuse(
+                ctx,
+                found.uri,
+                f"store {store!r} is in region {known[store] or 'unlabelled'}, and the "
+                f"residency policy of {found.dataset!r} allows only {', '.join(regions or ())}: "
+                "copy it to a store in an allowed region",
+                store=store,
+                region=known[store],
+            )
+        for part in found.parts:
+            if store not in held[part.digest]:
+                self._artifacts.copy_file(
+                    NAMESPACE, part.path, source=self._source(held[part.digest]), target=store
+                )
+
+        def work(s: Session) -> tuple[str, ...]:
+            if _store.regions_of(s, ref) != regions:
+                raise Conflict(f"the residency policy of {found.dataset!r} changed; copy again")
+            for part in found.parts:
+                _store.add_part_store(s, ref.id, part.digest, store, self._clock())
+            self._audit.record(s, ctx, found.uri, store=store, region=known[store])
+            return _whole(found, _store.part_stores(s, ref.id, [p.digest for p in found.parts]))
+
+        return self._db.run(work)
+
+    def _source(self, holders: Sequence[str]) -> str:
+        known = self._store_regions()
+        for name in known:
+            if name in holders:
+                return name
+        raise NotFound(
+            f"the part is held only in store(s) {', '.join(holders)}, which this server does "
+            "not configure"
+        )
+
+    def allowed_regions(
+        self, principal: Principal, references: Sequence[str]
+    ) -> frozenset[str] | None:
+        """The regions where a job reading every dataset of ``references`` may run: the
+        intersection of their residency policies (None: no policy restricts it; empty: no
+        region is allowed by all of them).
+
+        Raises:
+            NotFound: a dataset the caller cannot read (no such dataset, or another team's).
+        """
+        allowed: frozenset[str] | None = None
+        with self._db.unit_of_work(write=False) as s:
+            for reference in references:
+                ref = self._ref(s, principal, _rules.parse_ref(reference).name, Role.VIEWER)
+                regions = _store.regions_of(s, ref)
+                if regions is not None:
+                    mine = frozenset(regions)
+                    allowed = mine if allowed is None else allowed & mine
+        return allowed
+
+
+def _whole(found: DataVersion, held: dict[str, list[str]]) -> tuple[str, ...]:
+    """The stores holding every part of ``found``."""
+    stores: set[str] | None = None
+    for part in found.parts:
+        mine = set(held.get(part.digest, ()))
+        stores = mine if stores is None else stores & mine
+    return tuple(sorted(stores or ()))

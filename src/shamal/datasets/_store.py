@@ -17,7 +17,13 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
-from shamal.db.models import DataAliasRow, DataSetRow, DataVersionRow, DataVersionTagRow
+from shamal.db.models import (
+    DataAliasRow,
+    DataPartStoreRow,
+    DataSetRow,
+    DataVersionRow,
+    DataVersionTagRow,
+)
 from shamal.errors import AlreadyExists, NotFound
 
 #: Which datasets a caller may see: None = all (platform admins), else these team ids (and
@@ -67,6 +73,7 @@ def _dataset(s: Session, row: DataSetRow) -> DataSet:
         updated_at=row.updated_at,
         latest_version=_latest(s, row.id),
         aliases=_aliases(s, row.id),
+        regions=None if row.regions is None else tuple(row.regions),
     )
 
 
@@ -261,3 +268,62 @@ def set_tag(s: Session, version_id: str, key: str, value: str) -> None:
     else:
         row.value = value
     s.flush()
+
+
+# ---------------------------------------------------------------------- residency
+#: Where a part with no recorded store is: the artifact store (parts written before stores
+#: were recorded, or by a writer that names none).
+DEFAULT_STORE = "default"
+
+
+def regions_of(s: Session, dataset: DataSetRef) -> tuple[str, ...] | None:
+    """The regions the dataset's policy allows (None: anywhere)."""
+    found = s.execute(select(DataSetRow.regions).where(DataSetRow.id == dataset.id)).scalar_one()
+    return None if found is None else tuple(found)
+
+
+def set_regions(
+    s: Session, dataset: DataSetRef, regions: Collection[str] | None, now: datetime
+) -> None:
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(regions=None if regions is None else sorted(regions), updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def part_stores(s: Session, dataset_id: str, digests: Collection[str]) -> dict[str, list[str]]:
+    """The stores holding each of ``digests`` (by name; ``default`` where none is recorded)."""
+    held: dict[str, list[str]] = {digest: [] for digest in digests}
+    rows = s.execute(
+        select(DataPartStoreRow.digest, DataPartStoreRow.store)
+        .where(DataPartStoreRow.dataset_id == dataset_id, DataPartStoreRow.digest.in_(held))
+        .order_by(DataPartStoreRow.store)
+    )
+    for digest, store in rows:
+        held[digest].append(store)
+    return {digest: stores or [DEFAULT_STORE] for digest, stores in held.items()}
+
+
+def dataset_stores(s: Session, dataset_id: str) -> dict[str, int]:
+    """How many distinct parts of the dataset's versions each store holds."""
+    digests = {
+        part["digest"]
+        for parts in s.scalars(
+            select(DataVersionRow.parts).where(DataVersionRow.dataset_id == dataset_id)
+        )
+        for part in parts
+    }
+    counts: dict[str, int] = {}
+    for stores in part_stores(s, dataset_id, digests).values():
+        for store in stores:
+            counts[store] = counts.get(store, 0) + 1
+    return counts
+
+
+def add_part_store(s: Session, dataset_id: str, digest: str, store: str, now: datetime) -> None:
+    """Record that ``store`` holds the part ``digest`` (nothing when it is recorded)."""
+    if s.get(DataPartStoreRow, (dataset_id, digest, store)) is None:
+        s.add(DataPartStoreRow(dataset_id=dataset_id, digest=digest, store=store, created_at=now))
+        s.flush()

@@ -27,7 +27,8 @@ from shamal.api import (
     model_json,
 )
 from shamal.artifacts import consume_body, download_slot
-from shamal.datasets._entities import DataSet, DataVersion, WriteMode
+from shamal.config import STORE_NAME_PATTERN
+from shamal.datasets._entities import DataSet, DataVersion, Residency, WriteMode
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
 from shamal.datasets._service import MAX_LIST, DatasetService
@@ -351,8 +352,106 @@ async def upload_version(
     ctx: Annotated[AuditContext, Depends(audited("dataset.ingest"))],
     fmt: Annotated[str, Query(alias="format", pattern="^(" + "|".join(FORMATS) + ")$")],
     mode: WriteMode = WriteMode.APPEND,
+    store: Annotated[str | None, Query(pattern=STORE_NAME_PATTERN, max_length=64)] = None,
 ) -> VersionOut:
     version = await consume_body(
-        request, lambda chunks: svc.ingest(ctx, name, chunks, fmt, mode=mode)
+        request, lambda chunks: svc.ingest(ctx, name, chunks, fmt, mode=mode, store=store)
     )
     return VersionOut.of(version)
+
+
+# ---------------------------------------------------------------------- residency
+_REGION_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+Region = Annotated[str, Field(pattern=_REGION_PATTERN, max_length=64)]
+
+
+class ResidencyIn(_Model):
+    regions: list[Region] | None = Field(
+        min_length=1,
+        max_length=64,
+        description="the regions the data may be stored and processed in (null: anywhere)",
+        examples=[["ae-dubai", "ae-abudhabi"]],
+    )
+
+
+class StoreOut(BaseModel):
+    name: str
+    region: str | None
+    allowed: bool = Field(description="whether the dataset's policy lets the store hold its data")
+    parts: int = Field(description="how many of the dataset's parts the store holds")
+
+
+class ResidencyOut(BaseModel):
+    dataset: str
+    regions: list[str] | None
+    stores: list[StoreOut]
+
+    @classmethod
+    def of(cls, found: Residency) -> ResidencyOut:
+        return cls(
+            dataset=found.dataset,
+            regions=None if found.regions is None else list(found.regions),
+            stores=[
+                StoreOut(name=s.name, region=s.region, allowed=s.allowed, parts=s.parts)
+                for s in found.stores
+            ],
+        )
+
+
+class CopyIn(_Model):
+    store: str = Field(pattern=STORE_NAME_PATTERN, max_length=64, examples=["dubai"])
+
+
+class VersionStoresOut(BaseModel):
+    uri: str
+    stores: list[str] = Field(description="the stores that hold every part of the version")
+
+
+@router.get(
+    "/datasets/{name}/residency",
+    summary="The dataset's residency policy, and the stores judged by it",
+)
+def get_residency(name: Name, svc: Datasets, principal: CurrentPrincipal) -> ResidencyOut:
+    return ResidencyOut.of(svc.residency(principal, name))
+
+
+@router.put(
+    "/datasets/{name}/residency",
+    summary="Allow the dataset's data only in these regions (maintainers; null: anywhere)",
+)
+def set_residency(
+    name: Name,
+    body: ResidencyIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.residency"))],
+) -> ResidencyOut:
+    return ResidencyOut.of(svc.set_residency(ctx, name, body.regions))
+
+
+@router.get(
+    "/datasets/{name}/versions/{version}/stores",
+    summary="The stores that hold the whole version",
+)
+def version_stores(
+    name: Name, version: Number, svc: Datasets, principal: CurrentPrincipal
+) -> VersionStoresOut:
+    reference = f"{name}/{version}"
+    return VersionStoresOut(
+        uri=f"data:/{reference}", stores=list(svc.version_stores(principal, reference))
+    )
+
+
+@router.post(
+    "/datasets/{name}/versions/{version}/copies",
+    summary="Copy a version into another store (maintainers; refused outside the policy)",
+)
+def copy_version(
+    name: Name,
+    version: Number,
+    body: CopyIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.copy"))],
+) -> VersionStoresOut:
+    reference = f"{name}/{version}"
+    stores = svc.copy_version(ctx, reference, body.store)
+    return VersionStoresOut(uri=f"data:/{reference}", stores=list(stores))

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     )
     from shamal.jobs._rules import MAX_MEMORY_MIB, check_env, check_mig_profile, duration_text
     from shamal.jobs._schemas import JobIn
-    from shamal.jobs._service import NAMESPACE, Capacity, JobService, LogChunk, log_prefix
+    from shamal.jobs._service import (
+        NAMESPACE,
+        Capacity,
+        DataRegions,
+        JobService,
+        LogChunk,
+        log_prefix,
+    )
     from shamal.jobs._store import Attempt, job_statuses
 
 #: Where each name lives: (module, attribute); attribute None: the module itself.
@@ -42,6 +49,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Attempt": ("_store", "Attempt"),
     "Capacity": ("_service", "Capacity"),
     "CostLine": ("_entities", "CostLine"),
+    "DataRegions": ("_service", "DataRegions"),
     "FINAL_STATES": ("_entities", "FINAL_STATES"),
     "MAX_MEMORY_MIB": ("_rules", "MAX_MEMORY_MIB"),
     "Job": ("_entities", "Job"),
@@ -74,6 +82,7 @@ __all__ = [
     "Attempt",
     "Capacity",
     "CostLine",
+    "DataRegions",
     "Job",
     "JobEvent",
     "JobIn",

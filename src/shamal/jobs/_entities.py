@@ -87,6 +87,9 @@ class JobSpec:
     retries: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     snapshot: str | None = None
+    #: The datasets the job reads (``customers``, ``customers@prod``): their residency
+    #: policies decide the regions it may run in.
+    datasets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,10 @@ class Job:
     preemptions: int
     fingerprint: str
     predicted_s: float | None
+    #: The datasets it reads, and the regions their residency policies leave it to run in
+    #: (None: anywhere).
+    datasets: tuple[str, ...] = ()
+    regions: tuple[str, ...] | None = None
 
     @property
     def resources_text(self) -> str:

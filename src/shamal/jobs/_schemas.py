@@ -24,6 +24,8 @@ class Model(BaseModel):
 _NO_NUL = r"^[^\x00]*$"
 _ENV_NAME = r"^(?!SHAMAL_|MLFLOW_TRACKING_TOKEN|CUDA_VISIBLE_DEVICES)[A-Za-z_][A-Za-z0-9_]*$"
 _MIG_PROFILE = r"^[1-7]g\.[0-9]{1,3}gb$"
+_DATASET_REF = r"^(data:/)?[a-z0-9][a-z0-9._-]{0,127}(@[a-z][a-z0-9_-]{0,63}|/[0-9]{1,9})?$"
+_MAX_DATASETS = 32  # as the service's MAX_DATASETS
 
 
 def _no_nul(value: str) -> str:
@@ -78,6 +80,13 @@ class JobIn(Model):
         Annotated[Text, Field(max_length=32768)],
     ] = Field(default={}, max_length=200)
     snapshot: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    datasets: list[Annotated[str, Field(max_length=200, pattern=_DATASET_REF)]] = Field(
+        default=[],
+        max_length=_MAX_DATASETS,
+        description="the datasets the job reads (NAME, NAME@alias, NAME/3): it runs only "
+        "in pools of regions their residency policies allow",
+        examples=[["customers@prod"]],
+    )
 
     # Checked here rather than by a schema pattern so that a refusal says what to write,
     # not which regular expression failed (the schema still documents the patterns).
@@ -111,4 +120,5 @@ class JobIn(Model):
             retries=self.retries,
             env=dict(self.env),
             snapshot=self.snapshot,
+            datasets=tuple(self.datasets),
         )

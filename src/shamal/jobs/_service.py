@@ -42,7 +42,14 @@ from shamal.jobs._entities import (
     JobState,
     QuotaUse,
 )
-from shamal.scheduler.core import GPU_MILLI, Cluster, Request, Resources, RuntimePredictor
+from shamal.scheduler.core import (
+    GPU_MILLI,
+    Cluster,
+    Request,
+    Resources,
+    RuntimePredictor,
+    pools_in_regions,
+)
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 logger = logging.getLogger(__name__)
@@ -51,6 +58,8 @@ NAMESPACE = "jobs"
 """Artifact namespace of snapshots and logs (access is checked here, by job)."""
 MAX_LIST = 1000
 MAX_LOG_READ = 1024 * 1024
+#: The most datasets one job may name as read (its regions are their policies' intersection).
+MAX_DATASETS = 32
 
 
 def snapshot_path(digest: str) -> str:
@@ -97,6 +106,16 @@ class Capacity(Protocol):
         """Why each queued job waits, by job id, given the jobs holding resources."""
 
 
+class DataRegions(Protocol):
+    """The regions where a job reading the datasets ``references`` may run, as the
+    datasets' residency policies say (None: anywhere; empty: nowhere), checking that
+    ``principal`` may read them (NotFound otherwise). Handed in by the server's wiring."""
+
+    def __call__(
+        self, principal: Principal, references: Sequence[str]
+    ) -> frozenset[str] | None: ...
+
+
 class JobService:
     """Submit, list, show, cancel and preempt jobs; read their logs and their cost.
 
@@ -104,7 +123,7 @@ class JobService:
     record their audit entry in the transaction that makes the change.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the services it uses, then keyword-only models
         self,
         db: Database,
         audit: AuditLog,
@@ -115,10 +134,13 @@ class JobService:
         clock: Clock = utc_now,
         *,
         capacity: Capacity | None = None,
+        data_regions: DataRegions | None = None,
     ) -> None:
         """``cluster`` is the configured cluster; with ``capacity`` (the live scheduler's
         model of it), jobs that could never start on it are refused at submission and
-        waiting ones are told why (without: not checked)."""
+        waiting ones are told why (without: not checked). ``data_regions`` resolves the
+        datasets a job reads into the regions it may run in (without: a job naming
+        datasets is refused)."""
         self._db = db
         self._audit = audit
         self._security = security
@@ -127,6 +149,7 @@ class JobService:
         self._pools = dict(cluster.pools)
         self._node_pools = {node.name: node.pool for node in cluster.nodes.values()}
         self._capacity = capacity
+        self._data_regions = data_regions
         self._classes = {c.name: c for c in settings.priority_classes}
         self._clock = clock
 
@@ -261,6 +284,7 @@ class JobService:
         priority, value = self._priority(principal, team, spec.priority)
         if spec.snapshot is not None:
             self._require_snapshot(principal, spec.snapshot, team or None)
+        regions = self._job_regions(ctx, spec.datasets, pool, team)
         now = self._clock()
         retries = self._settings.default_retries if spec.retries is None else spec.retries
         job = Job(
@@ -300,12 +324,10 @@ class JobService:
             preemptions=0,
             fingerprint=_rules.fingerprint(command),
             predicted_s=None,
+            datasets=tuple(spec.datasets),
+            regions=regions,
         )
-
-        if self._capacity is not None:
-            never = self._capacity.refusal(request_of(job), pool, team)
-            if never is not None:
-                raise InvalidParameter(f"this job could never start: {never}")
+        self._check_capacity(job, pool, team)
 
         def work(s: Session) -> Job:
             stored = _store.insert_job(s, job, team_id, principal.name)
@@ -315,6 +337,56 @@ class JobService:
             return stored
 
         return self._db.run(work)
+
+    def _check_capacity(self, job: Job, pool: str | None, team: str) -> None:
+        """Refuse a job that could never start: in its pool, else in any pool of the
+        regions it is held to (any pool at all when it is not)."""
+        if self._capacity is None:
+            return
+        candidates: list[str | None] = [pool]
+        if pool is None and job.regions is not None:
+            candidates = list(pools_in_regions(self._pools, job.regions))
+        reasons = [self._capacity.refusal(request_of(job), p, team) for p in candidates]
+        if all(reason is not None for reason in reasons):
+            raise InvalidParameter(f"this job could never start: {'; '.join(map(str, reasons))}")
+
+    def _job_regions(
+        self, ctx: AuditContext, datasets: Sequence[str], pool: str | None, team: str
+    ) -> tuple[str, ...] | None:
+        """The regions a job reading ``datasets`` may run in (None: anywhere); a job that no
+        pool of those regions could take, or that names a pool outside them, is refused
+        (audited, outcome ``residency_denied``)."""
+        if not datasets:
+            return None
+        if len(datasets) > MAX_DATASETS:
+            raise InvalidParameter(f"a job names at most {MAX_DATASETS} datasets it reads")
+        if self._data_regions is None:
+            raise InvalidParameter("this server cannot resolve datasets for jobs; leave them out")
+        allowed = self._data_regions(ctx.require_principal(), datasets)
+        if allowed is None:
+            return None
+        regions = tuple(sorted(allowed))
+        pools = pools_in_regions(self._pools, allowed)
+        names = ", ".join(datasets)
+        within = ", ".join(regions) or "no region common to all of them"
+        problem = None
+        if not pools:
+            problem = (
+                f"no pool is in a region the residency policies of {names} allow ({within}): "
+                "an operator labels a pool there (labels.region), or read other data"
+            )
+        elif pool is not None and pool not in pools:
+            region = self._pools[pool].labels.get("region") or "unlabelled"
+            problem = (
+                f"pool {pool!r} is in region {region}, and the residency policies of {names} "
+                f"allow only {within}: submit to {', '.join(pools)} (--pool), or name no pool"
+            )
+        if problem is not None:
+            ctx.target = f"team:{team}/job"
+            ctx.detail.update(datasets=list(datasets), regions=list(regions), pool=pool)
+            self._audit.record_outcome(ctx, "residency_denied")
+            raise PermissionDenied(problem)
+        return regions
 
     # ------------------------------------------------------------------ read
     def get(self, principal: Principal, job_id: str) -> Job:

@@ -72,6 +72,8 @@ def _job(row: JobRow) -> Job:
         preemptions=row.preemptions,
         fingerprint=row.fingerprint,
         predicted_s=row.predicted_s,
+        datasets=tuple(row.datasets or ()),
+        regions=None if row.regions is None else tuple(row.regions),
     )
 
 
@@ -120,6 +122,8 @@ def insert_job(s: Session, job: Job, team_id: str | None, actor: str) -> Job:
         preemptions=0,
         fingerprint=job.fingerprint,
         predicted_s=job.predicted_s,
+        datasets=list(job.datasets) or None,
+        regions=None if job.regions is None else list(job.regions),
     )
     s.add(row)
     s.flush()  # the event row refers to it; no ORM relationship orders the inserts

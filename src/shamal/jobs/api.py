@@ -78,6 +78,12 @@ class JobOut(_Model):
     stop_request: str | None
     attained_s: float
     predicted_s: float | None
+    datasets: list[str] = Field(default=[], description="the datasets the job reads")
+    regions: list[str] | None = Field(
+        default=None,
+        description="the regions the residency policies of its datasets leave it to run in "
+        "(null: anywhere)",
+    )
     waiting: str | None = Field(
         default=None,
         description="for a queued job: what it waits for (quota, resources or the "
@@ -121,6 +127,8 @@ class JobOut(_Model):
             stop_request=job.stop_request,
             attained_s=job.attained_s,
             predicted_s=job.predicted_s,
+            datasets=list(job.datasets),
+            regions=None if job.regions is None else list(job.regions),
             waiting=waiting,
         )
 

@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
+from shamal.artifacts import ArtifactService, BlobStore, open_blob_store, open_data_stores
 from shamal.config import Settings
 from shamal.datasets import DatasetService
 from shamal.db import Database, open_database, server_warnings, upgrade
@@ -92,11 +92,22 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     if admin_secret:
         logger.info("created the admin account; its token is in %s", settings.token_file)
     blobs = open_blob_store(settings)
-    artifacts = ArtifactService(db, blobs, audit, security)
+    artifacts = ArtifactService(
+        db,
+        blobs,
+        audit,
+        security,
+        region=settings.artifacts.labels.get("region") or None,
+        data_stores=open_data_stores(settings, blobs.keyring),
+    )
     tracking = TrackingService(db, audit, security, artifacts)
     registry = RegistryService(db, audit, tracking, files=tracking.files, runs=tracking)
     scheduler_settings = effective_settings(settings.scheduler)
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
+    # Sources are spooled and parts written beside upload bodies: one disk, already private.
+    datasets = DatasetService(
+        db, audit, security, artifacts, settings.resolved_upload_spool_dir / "datasets"
+    )
     jobs = JobService(
         db,
         audit,
@@ -105,15 +116,13 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         scheduler_settings,
         cluster,
         capacity=cluster_capacity(scheduler_settings, cluster),
+        # A job reading datasets runs only in the regions their residency policies allow.
+        data_regions=datasets.allowed_regions,
     )
     tune = TuneService(db, audit, settings.resolved_database_url)
     # Keyed by a digest of the database's URL: no password lands in the file.
     database_name = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
     deployments = DeploymentService(db, audit, security, registry)
-    # Sources are spooled and parts written beside upload bodies: one disk, already private.
-    datasets = DatasetService(
-        db, audit, security, artifacts, settings.resolved_upload_spool_dir / "datasets"
-    )
     return Platform(
         settings=settings,
         db=db,

@@ -29,6 +29,8 @@ class DataSetRow(Base):
     description: Mapped[str] = mapped_column(Text)
     #: The expectation suite every new version is validated against (YAML), if any.
     suite: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: The regions its data may be stored and processed in (None: anywhere).
+    regions: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -78,3 +80,17 @@ class DataVersionTagRow(Base):
     )
     key: Mapped[str] = mapped_column(String(250), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class DataPartStoreRow(Base):
+    """A store that holds a part (by digest) of a dataset: where ingestion wrote it, and
+    every store it was copied to. A part with no row is in the artifact store (``default``)."""
+
+    __tablename__ = "data_part_stores"
+
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    store: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -62,6 +62,10 @@ class JobRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     fingerprint: Mapped[str] = mapped_column(String(64))
     predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The datasets the job reads (references as given), and the regions their residency
+    #: policies leave it to run in (None: anywhere).
+    datasets: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    regions: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class JobEventRow(Base):

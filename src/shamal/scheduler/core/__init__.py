@@ -46,6 +46,7 @@ from shamal.scheduler.core._state import (
     TeamQuota,
     job_pool,
     job_shape,
+    pools_in_regions,
 )
 from shamal.scheduler.core._strategies import DEFAULT_STRATEGY, STRATEGIES
 
@@ -92,6 +93,7 @@ __all__ = [
     "policy_names",
     "policy_options",
     "policy_summary",
+    "pools_in_regions",
     "profiles_for",
     "release",
     "schedule",

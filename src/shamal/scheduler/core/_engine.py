@@ -78,6 +78,7 @@ from shamal.scheduler.core._state import (
     Start,
     job_pool,
     job_shape,
+    pools_in_regions,
 )
 
 __all__ = [
@@ -281,7 +282,15 @@ class Work:
         self._log: list[tuple[bool, Placement]] = []
 
     def place(self, job: SchedJob) -> Placement | None:
-        return place(self.cluster, job.request, pool=job.pool)
+        if job.regions is None:
+            return place(self.cluster, job.request, pool=job.pool)
+        # Restricted to regions: the first of its allowed pools (by name) that holds it.
+        for pool in pools_in_regions(self.cluster.pools, job.regions):
+            if job.pool is None or job.pool == pool:
+                found = place(self.cluster, job.request, pool=pool)
+                if found is not None:
+                    return found
+        return None
 
     def take(self, placement: Placement) -> None:
         allocate(self.cluster, placement)

@@ -14,7 +14,14 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shamal.scheduler.core._resources import GPU_MILLI, Cluster, Placement, Request, Resources
+from shamal.scheduler.core._resources import (
+    GPU_MILLI,
+    Cluster,
+    Placement,
+    Pool,
+    Request,
+    Resources,
+)
 
 __all__ = [
     "DEFAULT_PREEMPTION_COST_S",
@@ -28,6 +35,7 @@ __all__ = [
     "Start",
     "TeamQuota",
     "job_pool",
+    "pools_in_regions",
     "job_shape",
 ]
 
@@ -101,6 +109,9 @@ class SchedJob:
     borrowed: bool = False
     attained_as_of: float | None = None
     stopping: bool = False
+    regions: frozenset[str] | None = None
+    """The regions it may run in: only pools whose ``region`` label is one of them (a
+    residency policy of the data it reads); None: anywhere."""
 
     def attained_at(self, now: float) -> float:
         """Seconds of service received up to ``now`` (the running attempt included)."""
@@ -194,8 +205,16 @@ class SchedulerState:
 
 def job_shape(job: SchedJob) -> Hashable:
     """Jobs of one shape compete identically for placement and quota: same request,
-    pool and team. The scheduler walks the queue shape by shape (see ``ordered_by``)."""
-    return (job.request, job.pool, job.team)
+    pool, team and regions. The scheduler walks the queue shape by shape (see
+    ``ordered_by``)."""
+    if job.regions is None:
+        return (job.request, job.pool, job.team)
+    return (job.request, job.pool, job.team, job.regions)
+
+
+def pools_in_regions(pools: Mapping[str, Pool], regions: Collection[str]) -> list[str]:
+    """The names of ``pools`` whose ``region`` label is one of ``regions``, sorted."""
+    return sorted(name for name, pool in pools.items() if pool.labels.get("region") in regions)
 
 
 def job_pool(cluster: Cluster, job: SchedJob) -> str:

@@ -44,6 +44,7 @@ from shamal.scheduler.core import (
     get_policy,
     mig_share_milli,
     place,
+    pools_in_regions,
     profiles_for,
 )
 
@@ -318,15 +319,29 @@ class ClusterCapacity:
                 key = (job.team, now.nodes[placement.slots[0].node].pool)
                 held[key] = held.get(key, Resources()) + request_of(job).total
             book = QuotaBook(self._quotas, held)
-            seen: dict[tuple[Request, str | None, str], str] = {}
+            seen: dict[tuple[object, ...], str] = {}
             reasons: dict[str, str] = {}
             for job in queued:
                 request = request_of(job)
-                shape = (request, job.pool, job.team)
+                shape = (request, job.pool, job.team, job.regions)
                 if shape not in seen:
-                    seen[shape] = self._waiting(now, book, request, job.pool, job.team)
+                    if job.regions is not None and job.pool is None:
+                        seen[shape] = self._waiting_in(now, book, request, job.team, job.regions)
+                    else:
+                        seen[shape] = self._waiting(now, book, request, job.pool, job.team)
                 reasons[job.id] = seen[shape]
             return reasons
+
+    def _waiting_in(
+        self, now: Cluster, book: QuotaBook, request: Request, team: str, regions: Iterable[str]
+    ) -> str:
+        """What a job held to ``regions`` (by the residency of the data it reads) waits for:
+        the first of their pools that would take it now, else the first one's reason."""
+        pools = pools_in_regions(now.pools, set(regions))
+        reasons = [self._waiting(now, book, request, pool, team) for pool in pools]
+        ready = [reason for reason in reasons if reason.startswith("waiting for the scheduler")]
+        said = (ready or reasons or ["can never start: no pool is in its regions"])[0]
+        return f"{said} (the data it reads holds it to pool(s) {', '.join(pools) or 'none'})"
 
     def _waiting(
         self, now: Cluster, book: QuotaBook, request: Request, pool: str | None, team: str

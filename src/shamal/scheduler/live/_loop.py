@@ -297,6 +297,7 @@ class SchedulerLoop:
             # Told to stop and not exited yet: no victim again, and its capacity is awaited.
             stopping=(tracked := self.tracked.get(job.id)) is not None
             and tracked.stopping is not None,
+            regions=None if job.regions is None else frozenset(job.regions),
         )
         sched.predicted_s = self.predictor.predict(sched)
         return sched
