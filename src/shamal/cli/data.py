@@ -283,6 +283,45 @@ def _shift_word(psi: float | None) -> str:
     return "major" if psi > 0.25 else "moderate" if psi > 0.1 else "stable"
 
 
+def _schema_changes(found: dict[str, Any]) -> dict[str, str]:
+    """Column name -> what changed in its schema, for the columns whose schema changed."""
+    changes: dict[str, str] = {}
+    for column in found["added"]:
+        changes[column["name"]] = f"added ({column['type']})"
+    for column in found["removed"]:
+        changes[column["name"]] = f"removed ({column['type']})"
+    for change in found["type_changes"]:
+        changes[change["name"]] = f"type {change['before']} -> {change['after']}"
+    for name in found["nullability_changes"]:
+        changes.setdefault(name, "nullability changed")
+    return changes
+
+
+def _number(value: float | None, spec: str) -> str | None:
+    return None if value is None else format(value, spec)
+
+
+def _diff_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per column: its schema change and the shift of its profile."""
+    changes = _schema_changes(found)
+    rows: list[dict[str, Any]] = [
+        {
+            "column": c["name"],
+            "schema": changes.get(c["name"], "-"),
+            "null_rate_change": _signed(c["null_rate_change"]),
+            "mean_change": _signed(c["mean_change"]),
+            "distinct_change": _number(c["distinct_change"], "+,"),
+            "ks": _number(c["ks"], ".3f"),
+            "psi": _number(c["psi"], ".3f"),
+            "shift": _shift_word(c["psi"]),
+        }
+        for c in found["columns"]
+    ]
+    shifted = {c["name"] for c in found["columns"]}
+    rows += [{"column": n, "schema": what} for n, what in changes.items() if n not in shifted]
+    return rows
+
+
 @app.command("diff")
 @handle_errors
 def diff(
@@ -307,15 +346,6 @@ def diff(
         f"[bold]{escape(found['before'])}[/] -> [bold]{escape(found['after'])}[/]{same}: "
         f"rows {found['rows_before']:,} -> {found['rows_after']:,} ({found['row_change']:+,})"
     )
-    changes: dict[str, str] = {}
-    for column in found["added"]:
-        changes[column["name"]] = f"added ({column['type']})"
-    for column in found["removed"]:
-        changes[column["name"]] = f"removed ({column['type']})"
-    for change in found["type_changes"]:
-        changes[change["name"]] = f"type {change['before']} -> {change['after']}"
-    for name_ in found["nullability_changes"]:
-        changes.setdefault(name_, "nullability changed")
     if not found["schema_changed"]:
         console.print("schema: unchanged")
     if "write" in found["profile_scopes"]:
@@ -323,23 +353,7 @@ def diff(
             "[yellow]a profile covers only the rows its write added (a concurrent append): "
             "shifts compare those rows[/]"
         )
-    rows = [
-        {
-            "column": c["name"],
-            "schema": changes.get(c["name"], "-"),
-            "null_rate_change": _signed(c["null_rate_change"]),
-            "mean_change": _signed(c["mean_change"]),
-            "distinct_change": None
-            if c["distinct_change"] is None
-            else f"{c['distinct_change']:+,}",
-            "ks": None if c["ks"] is None else f"{c['ks']:.3f}",
-            "psi": None if c["psi"] is None else f"{c['psi']:.3f}",
-            "shift": _shift_word(c["psi"]),
-        }
-        for c in found["columns"]
-    ]
-    shifted = {c["name"] for c in found["columns"]}
-    rows += [{"column": n, "schema": what} for n, what in changes.items() if n not in shifted]
+    rows = _diff_rows(found)
     print_table(
         f"Columns of {name}",
         [
