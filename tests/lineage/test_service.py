@@ -185,6 +185,9 @@ HOSTILE = (
     "data:/customers/0",
     "data:/customers/1/../2",
     "runs:/../../x",
+    "runs:/" + "a" * 32 + "/../../etc/passwd",
+    "runs:/" + "a" * 32 + "/model/..",
+    "runs:/" + "a" * 32 + "/%2e%2e/x",
     "runs:/not-a-run-id",
     "models:/../1",
     "models:/a/b/1",
@@ -209,6 +212,7 @@ def test_unknown_objects_are_not_found(service: LineageService, people: People) 
     for uri in (
         "data:/nothing/1",
         "runs:/" + "0" * 32,
+        "runs:/" + "0" * 32 + "/model",
         "models:/m-" + "0" * 32,
         "models:/nothing/1",
         "models:/nothing@prod",

@@ -23,7 +23,12 @@ _MODEL_BEFORE_ALIAS = r"(?P<name>[^/:@\x00-\x1f\x7f]{1,256})"
 _PATTERNS: tuple[tuple[NodeKind, re.Pattern[str]], ...] = (
     (NodeKind.DATASET_VERSION, re.compile(rf"data:/{_DATASET}(?:/{_NUMBER}|@{_ALIAS})?")),
     (NodeKind.SOURCE, re.compile(rf"source:/{_DATASET}/{_NUMBER}")),
-    (NodeKind.RUN, re.compile(r"runs:/(?P<name>[0-9a-f]{32})(?:/[^\x00-\x1f\x7f]*)?")),
+    # A run, or a path in its artifacts (``runs:/ID/model``, as model sources name them): the
+    # path is dropped, never read, and must still be a plain relative one.
+    (
+        NodeKind.RUN,
+        re.compile(r"runs:/(?P<name>[0-9a-f]{32})(?P<path>/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*)?"),
+    ),
     (NodeKind.LOGGED_MODEL, re.compile(r"models:/(?P<name>m-[0-9a-f]{32})")),
     (NodeKind.MODEL_VERSION, re.compile(rf"models:/{_MODEL}/{_NUMBER}")),
     (NodeKind.MODEL_VERSION, re.compile(rf"models:/{_MODEL_BEFORE_ALIAS}@{_ALIAS}")),
@@ -61,6 +66,8 @@ def parse_uri(uri: str) -> NodeRef:
         parts = match.groupdict()
         name, number = parts["name"], parts.get("number")
         if kind is NodeKind.MODEL_VERSION and name.strip() in ("", ".", ".."):
+            break
+        if set((parts.get("path") or "").split("/")) & {".", ".."}:
             break
         return NodeRef(kind, name, int(number) if number else None, parts.get("alias"))
     raise InvalidParameter(f"not a URI lineage can start from; {_HELP}")
