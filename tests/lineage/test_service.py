@@ -221,3 +221,27 @@ def test_unknown_objects_are_not_found(service: LineageService, people: People) 
     ):
         with pytest.raises(NotFound):
             service.lineage(people.principals["vi"], uri)
+
+
+def test_runs_reading_matches_the_uri_exactly(platform: Platform, people: People) -> None:
+    """LIKE wildcards in a name (``_``) and longer or differently keyed sources never match."""
+    ctx, principal = people.ctx("mo"), people.principals["mo"]
+    tracking = platform.tracking
+    exp = tracking.create_experiment(ctx, "exact", {"shamal.team": "red"}).experiment_id
+    sources = {
+        "exact": {"uri": "data:/a_b/1"},
+        "wildcard": {"uri": "data:/axb/1"},
+        "longer": {"uri": "data:/a_b/10"},
+        "other-key": {"path": "data:/a_b/1"},
+    }
+    runs = {}
+    for label, source in sources.items():
+        run = tracking.create_run(ctx, exp, label, None, {}).info.run_id
+        used = Dataset(label, "0" * 64, "shamal", json.dumps(source))
+        tracking.log_inputs(principal, run, [DatasetInput(used)], [])
+        runs[label] = run
+    found = tracking.runs_reading(principal, "data:/a_b/1")
+    assert [info.run_id for info, _ in found] == [runs["exact"]]
+    assert tracking.runs_reading(people.principals["bo"], "data:/a_b/1") == []
+    with pytest.raises(InvalidParameter):
+        tracking.runs_reading(principal, "data:/a_b/1", limit=0)
