@@ -36,7 +36,16 @@ def api_schema(fuzz_platform: Platform) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
-GRAMMAR_PARAMETERS = {"filter", "order_by", "prefix", "path", "digest", "since", "page_token"}
+GRAMMAR_PARAMETERS = {
+    "filter",
+    "order_by",
+    "prefix",
+    "path",
+    "digest",
+    "since",
+    "page_token",
+    "uri",
+}
 CROSS_FIELD = {("POST", "/api/v1/jobs")}
 #: Bodies that are files of a named format: no schema states "a readable CSV".
 FILE_BODIES = {
@@ -58,6 +67,8 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     exclude each other; pools and priority classes are configuration): tests/jobs covers them;
     and a dataset source (the body must be a readable file of its ``format``) or expectation
     suite (YAML that parses as one): tests/datasets covers them, hostile files included.
+    A lineage ``uri`` names an object in one of six schemes, each with its domain's name
+    rules: tests/lineage covers it, hostile URIs included.
     Every other check still runs there.
 
     A read whose only inputs are optional query filters has one negative case left, an

@@ -23,6 +23,7 @@ from shamal.cli import (
     tracking,
     user,
 )
+from shamal.cli import lineage as lineage_cmd
 from shamal.cli import tune as tune_cmd
 from shamal.cli._common import ShamalGroup
 from shamal.cli.server import server
@@ -78,6 +79,7 @@ app.command("serve")(serve.serve)
 app.command("deploy")(deploy.deploy)
 app.add_typer(deploy.deployments, name="deployments")
 app.add_typer(data.app, name="data")
+app.command("lineage")(lineage_cmd.lineage)
 
 
 def main() -> None:

@@ -335,3 +335,114 @@ def copy(
         typer.echo(json.dumps(copied))
         return
     console.print(f"{escape(copied['uri'])} is held in: {escape(', '.join(copied['stores']))}")
+
+
+def _split_ref(reference: str) -> tuple[str, str]:
+    """``NAME/3``, ``NAME@alias`` or ``NAME`` as (name, version within it)."""
+    body = reference.removeprefix("data:/")
+    if "@" in body:
+        name, _, alias = body.partition("@")
+        return name, alias
+    name, sep, number = body.partition("/")
+    return name, number if sep else "latest"
+
+
+def _signed(value: float | None, digits: int = 4) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return f"{value:+.{digits}g}"
+
+
+def _shift_word(psi: float | None) -> str:
+    if psi is None:
+        return "-"
+    return "major" if psi > 0.25 else "moderate" if psi > 0.1 else "stable"
+
+
+def _schema_changes(found: dict[str, Any]) -> dict[str, str]:
+    """Column name -> what changed in its schema, for the columns whose schema changed."""
+    changes: dict[str, str] = {}
+    for column in found["added"]:
+        changes[column["name"]] = f"added ({column['type']})"
+    for column in found["removed"]:
+        changes[column["name"]] = f"removed ({column['type']})"
+    for change in found["type_changes"]:
+        changes[change["name"]] = f"type {change['before']} -> {change['after']}"
+    for name in found["nullability_changes"]:
+        changes.setdefault(name, "nullability changed")
+    return changes
+
+
+def _number(value: float | None, spec: str) -> str | None:
+    return None if value is None else format(value, spec)
+
+
+def _diff_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per column: its schema change and the shift of its profile."""
+    changes = _schema_changes(found)
+    rows: list[dict[str, Any]] = [
+        {
+            "column": c["name"],
+            "schema": changes.get(c["name"], "-"),
+            "null_rate_change": _signed(c["null_rate_change"]),
+            "mean_change": _signed(c["mean_change"]),
+            "distinct_change": _number(c["distinct_change"], "+,"),
+            "ks": _number(c["ks"], ".3f"),
+            "psi": _number(c["psi"], ".3f"),
+            "shift": _shift_word(c["psi"]),
+        }
+        for c in found["columns"]
+    ]
+    shifted = {c["name"] for c in found["columns"]}
+    rows += [{"column": n, "schema": what} for n, what in changes.items() if n not in shifted]
+    return rows
+
+
+@app.command("diff")
+@handle_errors
+def diff(
+    before: Annotated[str, typer.Argument(help="NAME/1, NAME@alias or NAME (latest valid).")],
+    after: Annotated[str, typer.Argument(help="Another version of the same dataset.")],
+    as_json: bool = JsonOption,
+) -> None:
+    """How version AFTER differs from BEFORE: schema changes, rows, and each column's shift
+    (null rate, mean, distinct count, KS and PSI between their profiles)."""
+    name, old = _split_ref(before)
+    other, new = _split_ref(after)
+    if other != name:
+        raise InvalidParameter(
+            f"compare two versions of one dataset, e.g. `shamal data diff {name}/1 {name}/2`"
+        )
+    found = client().diff_dataset_versions(name, old, new)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    same = " (the same content)" if found["same_content"] else ""
+    console.print(
+        f"[bold]{escape(found['before'])}[/] -> [bold]{escape(found['after'])}[/]{same}: "
+        f"rows {found['rows_before']:,} -> {found['rows_after']:,} ({found['row_change']:+,})"
+    )
+    if not found["schema_changed"]:
+        console.print("schema: unchanged")
+    if "write" in found["profile_scopes"]:
+        console.print(
+            "[yellow]a profile covers only the rows its write added (a concurrent append): "
+            "shifts compare those rows[/]"
+        )
+    rows = _diff_rows(found)
+    print_table(
+        f"Columns of {name}",
+        [
+            "column",
+            "schema",
+            "null_rate_change",
+            "mean_change",
+            "distinct_change",
+            "ks",
+            "psi",
+            "shift",
+        ],
+        rows,
+        rank=["column", "shift", "psi", "schema"],
+        right=["null_rate_change", "mean_change", "distinct_change", "ks", "psi"],
+    )

@@ -32,6 +32,7 @@ from shamal.client._compare import (
 )
 from shamal.client._datasets import DatasetCalls, source_format
 from shamal.client._deployments import DeploymentCalls
+from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
 from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
@@ -40,6 +41,7 @@ from shamal.jobs import snapshot
 __all__ = [
     "DEFAULT_URL",
     "DatasetCalls",
+    "LineageCalls",
     "source_format",
     "best_value",
     "extremes",
@@ -74,7 +76,7 @@ def default_token() -> str | None:
         return None
 
 
-class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls):
+class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls, LineageCalls):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 
     Args:

@@ -137,6 +137,14 @@ class DatasetCalls(ClientCalls):
     def delete_dataset_alias(self, name: str, alias: str) -> None:
         self.request("DELETE", _path(name, "aliases", quote(alias, safe="")))
 
+    def diff_dataset_versions(self, name: str, before: str, after: str) -> dict[str, Any]:
+        """How version ``after`` of ``name`` differs from ``before`` (each a number, an alias
+        or ``latest``): ``added``, ``removed``, ``type_changes``, ``row_change`` and, per
+        column, ``null_rate_change``, ``mean_change``, ``distinct_change``, ``ks``, ``psi``."""
+        params = {"from": before, "to": after}
+        result: dict[str, Any] = self.request("GET", _path(name, "diff"), params=params)
+        return result
+
     def download_dataset_part(self, name: str, version: int, index: int, dest: Path) -> Path:
         """Write part ``index`` of version ``version`` (a Parquet file) to ``dest``."""
         url = _path(name, "versions", str(version), "parts", str(index))

@@ -7,6 +7,10 @@
 it), the version read is logged as the run's input, as MLflow's ``log_input`` does: its
 ``source`` is the version's ``data:/NAME/N`` URI and its digest the version's, so a run's
 lineage starts at the exact data it read.
+
+With the stock MLflow client, ``mlflow.log_input(shamal.data.mlflow_dataset("customers@prod"))``
+logs the same input (the same source, digest and columns), so lineage links that run to the
+same version.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pyarrow.parquet as pq
 
 from shamal.client import ShamalClient
 
-__all__ = ["SOURCE_TYPE", "batches", "load", "log_read", "version"]
+__all__ = ["SOURCE_TYPE", "batches", "load", "log_read", "mlflow_dataset", "version"]
 
 #: The ``source_type`` of a Shamal dataset in a run's inputs.
 SOURCE_TYPE = "shamal"
@@ -37,6 +41,27 @@ def version(reference: str, *, client: ShamalClient | None = None) -> dict[str, 
         return client.dataset_version(reference)
     with ShamalClient() as own:
         return own.dataset_version(reference)
+
+
+def mlflow_dataset(reference: str, *, client: ShamalClient | None = None) -> Any:
+    """The version ``reference`` names (``NAME``, ``NAME/3``, ``NAME@alias``) as an MLflow
+    dataset (an ``mlflow.data.dataset.Dataset``), for ``mlflow.log_input``: its source is
+    the concrete version's ``data:/NAME/N`` (an alias is resolved now), its digest the
+    version's. Needs MLflow installed; registers the ``shamal`` source type with it, so
+    ``mlflow.data.from_pandas(df, source="data:/NAME/N")`` resolves too.
+
+    Raises:
+        NotFound: no such dataset, version or alias.
+    """
+    from mlflow.data.dataset_source_registry import get_registered_sources, register_dataset_source
+
+    from shamal.data._mlflow import ShamalDataset, ShamalDatasetSource
+
+    known: list[Any] = list(get_registered_sources())  # classes, whatever MLflow's hints say
+    if ShamalDatasetSource not in known:
+        source_class: Any = ShamalDatasetSource
+        register_dataset_source(source_class)
+    return ShamalDataset(version(reference, client=client))
 
 
 def _active_run(run_id: str | None) -> str | None:

@@ -38,7 +38,14 @@ from shamal.datasets._rules import DataRef, check_alias, check_name, parse_ref
 
 if TYPE_CHECKING:
     from shamal.datasets._columns import Kind, Scalar
-    from shamal.datasets._diff import ColumnShift, ProfileDiff, TypeChange, diff
+    from shamal.datasets._diff import (
+        ColumnShift,
+        ProfileDiff,
+        TypeChange,
+        VersionDiff,
+        diff,
+        diff_versions,
+    )
     from shamal.datasets._expectations import (
         KINDS,
         MAX_EXPECTATIONS,
@@ -95,7 +102,9 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "TopValue": ("_profile", "TopValue"),
     "TypeChange": ("_diff", "TypeChange"),
     "Unique": ("_expectations", "Unique"),
+    "VersionDiff": ("_diff", "VersionDiff"),
     "diff": ("_diff", "diff"),
+    "diff_versions": ("_diff", "diff_versions"),
     "validate": ("_validation", "validate"),
 }
 
@@ -138,11 +147,13 @@ __all__ = [
     "TopValue",
     "TypeChange",
     "Unique",
+    "VersionDiff",
     "VersionStatus",
     "WriteMode",
     "check_alias",
     "check_name",
     "diff",
+    "diff_versions",
     "parse_ref",
     "validate",
 ]

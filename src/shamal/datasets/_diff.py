@@ -16,9 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shamal.datasets._columns import Scalar, float_to_json
+from shamal.datasets._entities import DataVersion
 from shamal.datasets._profile import ColumnProfile, Profile
 
-__all__ = ["ColumnShift", "ProfileDiff", "TypeChange", "diff"]
+__all__ = ["ColumnShift", "ProfileDiff", "TypeChange", "VersionDiff", "diff", "diff_versions"]
 
 #: Proportions below this count as this, so that an empty bin does not make PSI infinite.
 _FLOOR: Final = 1e-4
@@ -182,3 +183,86 @@ def _categorical_psi(a: ColumnProfile, b: ColumnProfile) -> float:
 
     keys = list(dict.fromkeys([t.value for t in a.top_values] + [t.value for t in b.top_values]))
     return _psi(shares(a, keys), shares(b, keys))
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDiff:
+    """How version ``after`` of a dataset differs from version ``before``.
+
+    The schema changes are read from the versions' schemas (names, Arrow types and
+    nullability, as stored); the row change from their row counts; the per-column shifts from
+    their profiles (:func:`diff`). A profile's ``scope`` is ``version`` when it covers every row
+    of its version, ``write`` when a concurrent append left it covering only the rows that
+    write added: shifts between such profiles compare those rows.
+    """
+
+    before: str
+    after: str
+    same_content: bool
+    rows_before: int
+    rows_after: int
+    added: tuple[dict[str, Any], ...]
+    removed: tuple[dict[str, Any], ...]
+    type_changes: tuple[TypeChange, ...]
+    nullability_changes: tuple[str, ...]
+    profile_scopes: tuple[str, str]
+    profile: ProfileDiff
+
+    @property
+    def row_change(self) -> int:
+        return self.rows_after - self.rows_before
+
+    @property
+    def schema_changed(self) -> bool:
+        return bool(self.added or self.removed or self.type_changes or self.nullability_changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "before": self.before,
+            "after": self.after,
+            "same_content": self.same_content,
+            "rows_before": self.rows_before,
+            "rows_after": self.rows_after,
+            "row_change": self.row_change,
+            "schema_changed": self.schema_changed,
+            "added": [dict(c) for c in self.added],
+            "removed": [dict(c) for c in self.removed],
+            "type_changes": [t.to_json() for t in self.type_changes],
+            "nullability_changes": list(self.nullability_changes),
+            "profile_scopes": list(self.profile_scopes),
+            "columns": [c.to_json() for c in self.profile.columns],
+        }
+
+
+def diff_versions(before: DataVersion, after: DataVersion) -> VersionDiff:
+    """How ``after`` differs from ``before``: schema, rows and profile shift per column.
+
+    Raises:
+        InvalidParameter: a stored profile is malformed.
+    """
+    old = {str(c["name"]): c for c in before.schema}
+    new = {str(c["name"]): c for c in after.schema}
+    common = [name for name in old if name in new]
+    return VersionDiff(
+        before=before.uri,
+        after=after.uri,
+        same_content=before.digest == after.digest,
+        rows_before=before.row_count,
+        rows_after=after.row_count,
+        added=tuple(new[n] for n in new if n not in old),
+        removed=tuple(old[n] for n in old if n not in new),
+        type_changes=tuple(
+            TypeChange(n, str(old[n]["type"]), str(new[n]["type"]))
+            for n in common
+            if old[n]["type"] != new[n]["type"]
+        ),
+        nullability_changes=tuple(
+            n for n in common if bool(old[n].get("nullable")) != bool(new[n].get("nullable"))
+        ),
+        profile_scopes=(_scope(before), _scope(after)),
+        profile=diff(Profile.from_json(before.profile), Profile.from_json(after.profile)),
+    )
+
+
+def _scope(version: DataVersion) -> str:
+    return str(version.profile.get("scope", "version"))

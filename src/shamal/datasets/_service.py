@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from shamal.artifacts import ArtifactService
 from shamal.clock import Clock, utc_now
 from shamal.datasets import _ingest, _rules, _store
+from shamal.datasets._diff import VersionDiff, diff_versions
 from shamal.datasets._entities import (
     DataSet,
     DataVersion,
@@ -433,6 +434,16 @@ class DatasetService:
             raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
         with self._db.unit_of_work(write=False) as s:
             return _store.versions(s, self._ref(s, principal, name, Role.VIEWER), before, limit)
+
+    def diff(self, principal: Principal, before: str, after: str) -> VersionDiff:
+        """How the version ``after`` names differs from the one ``before`` names (references
+        as :meth:`version` takes them): schema changes, row change and the shift of each
+        column's profile. Read from what the versions keep: no data is read.
+
+        Raises:
+            NotFound: either version is not there (or not the caller's to read).
+        """
+        return diff_versions(self.version(principal, before), self.version(principal, after))
 
     def open_part(self, principal: Principal, reference: str, index: int) -> Iterator[bytes]:
         """The bytes of part ``index`` of the version ``reference`` names (Parquet)."""

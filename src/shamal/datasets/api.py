@@ -28,6 +28,7 @@ from shamal.api import (
 )
 from shamal.artifacts import consume_body, download_slot
 from shamal.config import STORE_NAME_PATTERN
+from shamal.datasets._diff import VersionDiff
 from shamal.datasets._entities import DataSet, DataVersion, Residency, WriteMode
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
@@ -455,3 +456,67 @@ def copy_version(
     reference = f"{name}/{version}"
     stores = svc.copy_version(ctx, reference, body.store)
     return VersionStoresOut(uri=f"data:/{reference}", stores=list(stores))
+
+
+#: A version within a dataset: its number, an alias, or ``latest`` (the latest valid one).
+_WITHIN_PATTERN = r"^([1-9][0-9]{0,8}|[a-z][a-z0-9_-]{0,63})$"
+_WITHIN_HELP = "A version number, an alias, or latest (the latest valid version)"
+
+
+def _within(name: str, ref: str) -> str:
+    if ref.isdigit():
+        return f"{name}/{ref}"
+    return name if ref == "latest" else f"{name}@{ref}"
+
+
+class TypeChangeOut(BaseModel):
+    name: str
+    before: str
+    after: str
+
+
+class ColumnShiftOut(BaseModel):
+    name: str
+    null_rate_change: float
+    mean_change: float | str | None = Field(description="A number, or 'NaN' / 'Infinity'")
+    distinct_change: int | None
+    ks: float | None = Field(description="Kolmogorov-Smirnov statistic between the profiles")
+    psi: float | None = Field(description="Population stability index (> 0.25: a major shift)")
+
+
+class DiffOut(BaseModel):
+    before: str
+    after: str
+    same_content: bool
+    rows_before: int
+    rows_after: int
+    row_change: int
+    schema_changed: bool
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+    type_changes: list[TypeChangeOut]
+    nullability_changes: list[str]
+    profile_scopes: list[str]
+    columns: list[ColumnShiftOut]
+
+    @classmethod
+    def of(cls, found: VersionDiff) -> DiffOut:
+        return cls.model_validate(found.to_json())
+
+
+@router.get(
+    "/datasets/{name}/diff",
+    summary="How one version differs from another: schema, rows, profile shift per column",
+)
+def diff_versions(
+    name: Name,
+    svc: Datasets,
+    principal: CurrentPrincipal,
+    before: Annotated[
+        str, Query(alias="from", pattern=_WITHIN_PATTERN, max_length=64, description=_WITHIN_HELP)
+    ],
+    after: Annotated[
+        str, Query(alias="to", pattern=_WITHIN_PATTERN, max_length=64, description=_WITHIN_HELP)
+    ],
+) -> DiffOut:
+    return DiffOut.of(svc.diff(principal, _within(name, before), _within(name, after)))

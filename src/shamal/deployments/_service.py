@@ -446,6 +446,21 @@ class DeploymentService:
         with self._db.unit_of_work(write=False) as s:
             return _store.list_deployments(s, visible, limit, after)
 
+    def serving(
+        self, principal: Principal, model_name: str, version: int, *, limit: int = 100
+    ) -> list[Deployment]:
+        """The deployments the caller may see that serve ``version`` of ``model_name`` (as a
+        primary, the canary or a shadow), by name: lineage downstream of a model version.
+
+        Raises:
+            InvalidParameter: a limit outside 1..1000.
+        """
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidParameter(f"limit must be between 1 and {MAX_LIST}")
+        visible = None if principal.user.is_admin else frozenset(principal.team_ids.values())
+        with self._db.unit_of_work(write=False) as s:
+            return _store.serving(s, visible, model_name, version, limit)
+
     def events(self, principal: Principal, name: str, *, limit: int = 100) -> list[DeploymentEvent]:
         """The newest ``limit`` changes, oldest first."""
         if not 1 <= limit <= MAX_EVENTS:

@@ -177,6 +177,25 @@ def list_deployments(
     return [_deployment(row) for row in s.scalars(query)]
 
 
+def serving(
+    s: Session, visible: Visibility, model_name: str, version: int, limit: int
+) -> list[Deployment]:
+    """Deployments ``visible`` allows whose routes (primary, canary or shadow) serve
+    ``version`` of ``model_name``, by name, at most ``limit``. The routes are JSON, read here
+    rather than matched in SQL: deployments are few."""
+    query = select(DeploymentRow).order_by(DeploymentRow.name)
+    if visible is not None:
+        query = query.where(DeploymentRow.team_id.in_(visible))
+    found: list[Deployment] = []
+    for row in s.scalars(query):
+        served = {(r.get("model"), r.get("version")) for r in row.routes}
+        if (model_name, version) in served:
+            found.append(_deployment(row))
+            if len(found) == limit:
+                break
+    return found
+
+
 def progressing(s: Session) -> list[str]:
     """Names of the deployments whose canary is progressing."""
     query = select(DeploymentRow.name).where(DeploymentRow.phase == RolloutPhase.PROGRESSING.value)

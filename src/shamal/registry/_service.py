@@ -661,6 +661,27 @@ class RegistryService:
             found, found.run_id, info.run_name, info.experiment_id, True, datasets
         )
 
+    def versions_from(
+        self,
+        principal: Principal,
+        *,
+        run_ids: Sequence[str] = (),
+        model_ids: Sequence[str] = (),
+        limit: int = 100,
+    ) -> list[ModelVersion]:
+        """The versions the caller may see that were made from one of ``run_ids`` or of the
+        logged models ``model_ids`` (lineage downstream of runs), newest first.
+
+        Raises:
+            InvalidParameter: a limit outside 1..1000, or more than 1000 ids.
+        """
+        if not 1 <= limit <= 1000:
+            raise InvalidParameter("limit must be between 1 and 1000")
+        if len(run_ids) + len(model_ids) > 1000:
+            raise InvalidParameter("name at most 1000 runs and logged models at once")
+        with self._reading() as s:
+            return _store.versions_from(s, run_ids, model_ids, _visibility(principal), limit)
+
     def _insert_version(
         self, s: Session, ctx: AuditContext, draft: ModelVersion, location: str
     ) -> ModelVersion:

@@ -698,6 +698,34 @@ def search_versions(
     return _versions(s, page, names), len(rows) > limit
 
 
+def versions_from(
+    s: Session,
+    run_ids: Sequence[str],
+    model_ids: Sequence[str],
+    visible: Visibility,
+    limit: int,
+) -> list[ModelVersion]:
+    """Versions (of models ``visible`` allows) made from one of ``run_ids`` or of the logged
+    models ``model_ids``, newest first, at most ``limit``."""
+    if not run_ids and not model_ids:
+        return []
+    query = (
+        select(ModelVersionRow)
+        .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
+        .where(
+            or_(
+                ModelVersionRow.run_id.in_(list(run_ids)),
+                ModelVersionRow.logged_model_id.in_(list(model_ids)),
+            ),
+            _visible(visible),
+        )
+        .order_by(ModelVersionRow.creation_timestamp.desc(), RegisteredModelRow.name)
+        .limit(limit)
+    )
+    rows = list(s.scalars(query))
+    return _versions(s, rows, _names(s, {r.model_id for r in rows}))
+
+
 def _names(s: Session, ids: Iterable[str]) -> dict[str, str]:
     names: dict[str, str] = {}
     for chunk in _chunks(sorted(ids)):

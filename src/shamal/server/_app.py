@@ -20,6 +20,7 @@ from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
+from shamal.lineage import api as lineage_api
 from shamal.mlflow import registry_router, tracking_router
 from shamal.registry import api as registry_api
 from shamal.security import api as security_api
@@ -75,6 +76,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.tune = platform.tune
     app.state.deployments = platform.deployments
     app.state.datasets = platform.datasets
+    app.state.lineage = platform.lineage
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -138,6 +140,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(tune_api.router)
     app.include_router(deployments_api.router)
     app.include_router(datasets_api.router)
+    app.include_router(lineage_api.router)
     return app
 
 

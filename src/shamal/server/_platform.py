@@ -15,6 +15,7 @@ from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
 from shamal.executors import detect_local_gpus
 from shamal.jobs import JobService
+from shamal.lineage import LineageService
 from shamal.registry import RegistryService
 from shamal.scheduler.core import Cluster
 from shamal.scheduler.live import (
@@ -58,6 +59,7 @@ class Platform:
     tune: TuneService
     deployments: DeploymentService
     datasets: DatasetService
+    lineage: LineageService
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
@@ -137,6 +139,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         tune=tune,
         deployments=deployments,
         datasets=datasets,
+        lineage=LineageService(datasets, tracking, registry, deployments),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )

@@ -528,6 +528,24 @@ class TrackingService:
 
         self._db.run(work)
 
+    def runs_reading(
+        self, principal: Principal, uri: str, *, limit: int = 100
+    ) -> list[tuple[RunInfo, DatasetInput]]:
+        """The runs the caller may see that read the data ``uri`` names (a ``data:/NAME/N``
+        version): those with an input whose source is ``{"uri": uri}``, however it was logged
+        (``shamal.data``, or the stock client's ``mlflow.log_input``), newest first, at most
+        ``limit``, each with the input as logged (its digest says what the run saw).
+
+        Raises:
+            InvalidParameter: a limit outside 1..1000, or a blank or overlong URI.
+        """
+        if not 1 <= limit <= 1000:
+            raise InvalidParameter("limit must be between 1 and 1000")
+        if not uri or len(uri) > 1000:
+            raise InvalidParameter("name the data read with a URI of 1 to 1000 characters")
+        with self._db.unit_of_work(write=False) as s:
+            return _store.runs_reading(s, uri, visible_teams(principal), limit)
+
     def log_outputs(
         self, principal: Principal, run_id: str, outputs: Sequence[tuple[str, int]]
     ) -> None:

@@ -686,6 +686,43 @@ def log_inputs(s: Session, run_id: str, experiment_id: str, inputs: Iterable[Dat
         )
 
 
+def _like_literal(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def runs_reading(
+    s: Session, uri: str, team_ids: list[str] | None, limit: int
+) -> list[tuple[RunInfo, DatasetInput]]:
+    """Runs of experiments visible to ``team_ids`` (as :func:`visible_experiments`) with an
+    input whose source is a JSON object whose ``uri`` is ``uri``, newest first: the text is
+    narrowed in SQL, then each candidate's source parsed and compared exactly."""
+    pattern = "%" + _like_literal(json.dumps(uri)) + "%"
+    query = (
+        select(RunRow, RunInputRow.tags, DatasetRow)
+        .join(RunInputRow, RunInputRow.run_id == RunRow.run_id)
+        .join(DatasetRow, DatasetRow.dataset_id == RunInputRow.dataset_id)
+        .join(ExperimentRow, ExperimentRow.experiment_id == RunRow.experiment_id)
+        .where(DatasetRow.source.like(pattern, escape="\\"))
+        .order_by(RunRow.start_time.desc(), RunRow.run_id)
+    )
+    if team_ids is not None:
+        query = query.where(ExperimentRow.team_id.is_(None) | ExperimentRow.team_id.in_(team_ids))
+    found: list[tuple[RunInfo, DatasetInput]] = []
+    for run, tags, d in s.execute(query.limit(limit * 4)):
+        try:
+            named = json.loads(d.source).get("uri")
+        except (ValueError, AttributeError):
+            continue
+        if named != uri:
+            continue
+        dataset = Dataset(d.name, d.digest, d.source_type, d.source, d.schema, d.profile)
+        pairs = tuple((t["key"], t["value"]) for t in json.loads(tags))
+        found.append((_info(run), DatasetInput(dataset, pairs)))
+        if len(found) == limit:
+            break
+    return found
+
+
 def link_models(s: Session, run_id: str, links: Iterable[tuple[str, str, int]]) -> None:
     rows = [{"run_id": run_id, "model_id": m, "direction": d, "step": step} for m, d, step in links]
     if rows:
