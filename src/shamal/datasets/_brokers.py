@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from shamal.datasets._batcher import Message, fit_key
-from shamal.errors import InvalidParameter, ServiceUnavailable
+from shamal.errors import InvalidParameter, NotImplementedFeature, ServiceUnavailable
 
 __all__ = ["SCHEMES", "Broker", "BrokerUrl", "describe", "open_broker", "parse_url"]
 
@@ -371,6 +371,8 @@ class RedisBroker:
 
     def __init__(self, url: BrokerUrl) -> None:
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         self._key = url.name
         self.stream = f"redis:{url.name}"
@@ -385,7 +387,9 @@ class RedisBroker:
             username=url.user,
             socket_connect_timeout=_CONNECT_SECONDS,
             socket_timeout=60,
+            retry=Retry(NoBackoff(), 0),  # a drop must surface: what was read is read again
         )
+        self._where = describe(url)
         try:
             self._client.xgroup_create(self._key, self._group, id="0", mkstream=True)
         except redis.ResponseError as exc:
@@ -419,7 +423,19 @@ class RedisBroker:
             return self._read(">", limit, max(1, int(timeout * 1000)))
         except redis.ConnectionError:
             self._backlog = "0"  # read what was delivered before the drop again
+            self._reconnect()
             return []
+
+    def _reconnect(self) -> None:
+        import redis
+
+        try:
+            self._client.ping()
+        except redis.RedisError:
+            raise ServiceUnavailable(
+                f"lost Redis at {self._where}; start the consumer again once it is back "
+                "(nothing unacknowledged is lost)"
+            ) from None
 
     def ack(self, messages: Sequence[Message]) -> None:
         import redis
@@ -442,10 +458,16 @@ def open_broker(url: str, *, batch: int = 1000) -> Broker:
         ServiceUnavailable: the broker cannot be reached.
     """
     parsed = parse_url(url)
-    if parsed.scheme == "mqtt":
-        return MqttBroker(parsed)
-    if parsed.scheme == "nats":
-        return NatsBroker(parsed)
-    if parsed.scheme == "amqp":
-        return RabbitBroker(parsed, batch)
-    return RedisBroker(parsed)
+    try:
+        if parsed.scheme == "mqtt":
+            return MqttBroker(parsed)
+        if parsed.scheme == "nats":
+            return NatsBroker(parsed)
+        if parsed.scheme == "amqp":
+            return RabbitBroker(parsed, batch)
+        return RedisBroker(parsed)
+    except ModuleNotFoundError as exc:
+        raise NotImplementedFeature(
+            f"consuming {parsed.scheme} needs {exc.name}, which this install lacks: "
+            "pip install 'shamal[streams]'"
+        ) from None

@@ -64,6 +64,11 @@ class Consumer:
         #: When the last delivery came (the clock's time).
         self.last_delivery = clock()
 
+    @property
+    def pending(self) -> int:
+        """Deliveries in the open batch (duplicates included)."""
+        return self._batcher.pending
+
     def step(self) -> Mapping[str, Any] | None:
         """Receive once (at most ``poll`` seconds); commit the batch if it is due. The
         server's answer for a committed batch, else None."""
