@@ -232,6 +232,30 @@ def _shape_problem(row: Any, schema: pa.Schema) -> str:
     return f"the record's columns differ from the dataset's ({'; '.join(filter(None, said))})"
 
 
+def _plain(value: Any, kind: pa.DataType) -> bool:
+    """Whether ``value``'s JSON type may become ``kind`` (Arrow itself would truncate 1.5
+    to 1 in an integer column, and take true as 1)."""
+    if value is None or isinstance(value, bool):
+        return value is None or bool(pa.types.is_boolean(kind))
+    if pa.types.is_integer(kind):
+        return isinstance(value, int | str) or (isinstance(value, float) and value.is_integer())
+    allowed: tuple[type, ...] | None = None
+    if pa.types.is_boolean(kind):
+        allowed = ()
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        allowed = (str,)
+    elif pa.types.is_floating(kind):
+        allowed = (int, float, str)
+    return allowed is None or isinstance(value, allowed)
+
+
+def _gate_problem(row: dict[str, Any], schema: pa.Schema) -> str:
+    for column in schema:
+        if not _plain(row[column.name], column.type):
+            return f"column {column.name!r} is not a {column.type}"
+    return ""
+
+
 def _type_problem(row: dict[str, Any], schema: pa.Schema) -> str:
     for column in schema:
         try:
@@ -268,7 +292,7 @@ def to_table(records: Sequence[tuple[str, Any]], schema: pa.Schema | None) -> Co
     dead: list[DeadLetter] = []
     fit: list[tuple[str, dict[str, Any]]] = []
     for key, row in records:
-        reason = _shape_problem(row, schema)
+        reason = _shape_problem(row, schema) or _gate_problem(row, schema)
         if reason:
             dead.append(_parked(key, row, reason))
         else:
