@@ -302,15 +302,20 @@ def to_table(records: Sequence[tuple[str, Any]], schema: pa.Schema | None) -> Co
     try:
         table = pa.Table.from_pylist([row for _key, row in fit], schema=schema)
     except _CONVERT_ERRORS:  # some value will not convert: find which rows, one by one
-        typed = []
-        for key, row in fit:
-            reason = _type_problem(row, schema)
-            if reason:
-                dead.append(_parked(key, row, reason))
-            else:
-                typed.append((key, row))
-        fit = typed
-        if not fit:
-            return Converted(None, [], dead)
-        table = _as_table([row for _key, row in fit], schema)
+        return _one_by_one(fit, schema, dead)
     return Converted(table, [key for key, _row in fit], dead)
+
+
+def _one_by_one(
+    fit: list[tuple[str, dict[str, Any]]], schema: pa.Schema, dead: list[DeadLetter]
+) -> Converted:
+    typed = []
+    for key, row in fit:
+        reason = _type_problem(row, schema)
+        if reason:
+            dead.append(_parked(key, row, reason))
+        else:
+            typed.append((key, row))
+    if not typed:
+        return Converted(None, [], dead)
+    return Converted(_as_table([row for _key, row in typed], schema), [k for k, _ in typed], dead)
