@@ -26,6 +26,7 @@ from shamal.datasets._entities import DeadLetter
 __all__ = [
     "MAX_KEY",
     "MAX_PAYLOAD",
+    "STREAM_PATTERN",
     "Batch",
     "Converted",
     "Message",
@@ -40,6 +41,9 @@ __all__ = [
 MAX_PAYLOAD = 1 << 20
 #: The longest idempotency key (a longer one is hashed to fit).
 MAX_KEY = 256
+#: What a stream's keys are unique within: ``scheme:name``, printable, no ``@`` (so never a
+#: URL's user info), or ``push``.
+STREAM_PATTERN = r"^(push|[a-z][a-z0-9+.-]{0,15}:[\x21-\x3f\x41-\x7e]{1,238})$"
 _TZ_TIMESTAMP = re.compile(r"^timestamp\[(s|ms|us|ns), tz=([A-Za-z0-9_/+:-]+)\]$")
 _CONVERT_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
@@ -61,6 +65,14 @@ class Batch:
 
     unique: list[Message] = field(default_factory=list)
     all: list[Message] = field(default_factory=list)
+
+
+def stream_name(scheme: str, name: str) -> str:
+    """``scheme:name`` when it fits :data:`STREAM_PATTERN`, else ``scheme:sha256-...``."""
+    candidate = f"{scheme}:{name}"
+    if re.match(STREAM_PATTERN, candidate):
+        return candidate
+    return f"{scheme}:sha256-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
 def fit_key(key: str) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from shamal.datasets._batcher import Message, fit_key
+from shamal.datasets._batcher import Message, fit_key, stream_name
 from shamal.errors import InvalidParameter, NotImplementedFeature, ServiceUnavailable
 
 __all__ = ["SCHEMES", "Broker", "BrokerUrl", "describe", "open_broker", "parse_url"]
@@ -141,7 +141,7 @@ class MqttBroker:
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
-        self.stream = f"mqtt:{url.name}"
+        self.stream = stream_name("mqtt", url.name)
         self._topic = url.name
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._connected = threading.Event()
@@ -225,7 +225,7 @@ class NatsBroker:
         except ValueError:
             raise InvalidParameter("ack_wait is a number of seconds") from None
         stream = url.options.get("stream") or None
-        self.stream = f"nats:{stream or url.name}"
+        self.stream = stream_name("nats", stream or url.name)
         try:
             self._nc = self._run(
                 nats.connect(
@@ -282,7 +282,7 @@ class RabbitBroker:
     def __init__(self, url: BrokerUrl, prefetch: int) -> None:
         import pika
 
-        self.stream = f"amqp:{url.name}"
+        self.stream = stream_name("amqp", url.name)
         self._queue = url.name
         self._prefetch = max(1, min(prefetch, 65_535))
         credentials = pika.PlainCredentials(url.user or "guest", url.password or "guest")
@@ -375,7 +375,7 @@ class RedisBroker:
         from redis.retry import Retry
 
         self._key = url.name
-        self.stream = f"redis:{url.name}"
+        self.stream = stream_name("redis", url.name)
         self._group = url.option("group", "shamal")
         self._consumer = url.option("consumer", "shamal")
         self._field = url.option("field", "data").encode()

@@ -29,6 +29,7 @@ from shamal.api import (
     model_json,
 )
 from shamal.artifacts import consume_body, download_slot
+from shamal.datasets._batcher import STREAM_PATTERN
 from shamal.datasets._entities import DataSet, DataVersion, DeadLetter, WriteMode
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
@@ -396,6 +397,7 @@ class DeadIn(_Model):
 class StreamBatchIn(_Model):
     stream: str = Field(
         max_length=255,
+        pattern=STREAM_PATTERN,
         examples=["redis:events"],
         description="What the keys are unique within ('scheme:name'); never credentials",
     )
