@@ -23,13 +23,17 @@ from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
+LIMIT = 64 * 1024
+
 pika = needs.module("pika")
 redis = needs.module("redis")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("stream-cli-home")) as live:
+    # A small request limit, for the batch that must be split to fit.
+    home = tmp_path_factory.mktemp("stream-cli-home")
+    with LiveServer(home, env={"SHAMAL_MAX_REQUEST_BYTES": str(LIMIT)}) as live:
         with ShamalClient(live.url, live.token) as api:
             api.create_team("iot")
         yield live
@@ -149,6 +153,45 @@ def test_a_drain_with_idle_exit_and_the_dead_letters_it_parked(
         code, out = shamal("data", "stream", dataset, "--from", "kafka://host/topic")
         assert code == 1
         assert "mqtt" in out
+    finally:
+        with redis.Redis("127.0.0.1", 6379) as client:
+            client.delete(key)
+
+
+def test_a_batch_over_the_request_limit_is_split_and_a_huge_record_parked(
+    server: LiveServer, api: ShamalClient, dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = f"shamal-cli-{uuid.uuid4().hex[:10]}"
+    with redis.Redis("127.0.0.1", 6379) as client:
+        for i in range(40):  # 40 x 4 KiB: over the 64 KiB a request may carry
+            client.xadd(key, {"data": json.dumps({"id": i, "name": "x" * 4096})})
+        client.xadd(key, {"data": json.dumps({"id": 99, "name": "y" * (LIMIT * 2)})})
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    try:
+        code, out = _runner()(
+            "data",
+            "stream",
+            dataset,
+            "--from",
+            f"redis://127.0.0.1:6379/0?stream={key}&group=big",
+            "--max-rows",
+            "100",
+            "--max-seconds",
+            "0.5",
+            "--idle-exit",
+            "0.5",
+            "--json",
+        )
+        assert code == 0, out
+        totals = json.loads(out.splitlines()[-1])["totals"]
+        assert (totals["written"], totals["parked"]) == (40, 1)
+        assert _rows(api, dataset) == 40
+        assert api.get_dataset(dataset)["latest_version"] >= 3  # written in parts
+        letters = api.dead_letters(dataset)
+        assert [d["reason"] for d in letters] == [
+            "the record is larger than the server takes in one request"
+        ]
     finally:
         with redis.Redis("127.0.0.1", 6379) as client:
             client.delete(key)

@@ -11,17 +11,21 @@ unacknowledged, for the broker to deliver again.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shamal.datasets._batcher import MicroBatcher, decode
+from shamal.datasets._batcher import MicroBatcher, decode, row_digest
 from shamal.datasets._brokers import Broker
 from shamal.datasets._entities import DeadLetter
+from shamal.errors import PayloadTooLarge
 
 __all__ = ["Consumer", "Sink", "Totals"]
+
+_TOO_LARGE = "the record is larger than the server takes in one request"
 
 #: Commits a batch: (stream, [(key, row)], [dead letter]) -> the server's answer
 #: (``written``, ``skipped``, ``parked``, ``version``).
@@ -87,13 +91,31 @@ class Consumer:
             return None
         batch = self._batcher.take()
         rows, dead = decode(batch.unique)
-        answer = self._sink(self._broker.stream, rows, dead)
+        answer = self._commit(rows, dead)
         self._broker.ack(batch.all)  # only now: the batch is committed
         self.totals.batches += 1
         self.totals.written += int(answer.get("written", 0))
         self.totals.skipped += int(answer.get("skipped", 0))
         self.totals.parked += int(answer.get("parked", 0))
         return answer
+
+    def _commit(
+        self, rows: list[tuple[str, dict[str, Any]]], dead: list[DeadLetter]
+    ) -> Mapping[str, Any]:
+        """Write a batch; one the server finds too large is written in halves (each half's
+        keys commit with its own version), and a single record too large is parked."""
+        try:
+            return self._sink(self._broker.stream, rows, dead)
+        except PayloadTooLarge:
+            if len(rows) > 1:
+                half = len(rows) // 2
+                return _added(self._commit(rows[:half], dead), self._commit(rows[half:], []))
+            if not rows:
+                raise
+        key, row = rows[0]
+        size = len(json.dumps(row, default=str))
+        letter = DeadLetter(key, _TOO_LARGE, row_digest(row), size)
+        return self._sink(self._broker.stream, [], [*dead, letter])
 
     def run(
         self,
@@ -115,3 +137,12 @@ class Consumer:
         if answer is not None and on_batch is not None:
             on_batch(answer)
         return self.totals
+
+
+def _added(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """Two answers as one: counts summed, the later version."""
+    total = {key: int(first.get(key, 0)) + int(second.get(key, 0)) for key in _COUNTS}
+    return {**total, "version": second.get("version") or first.get("version"), "replayed": False}
+
+
+_COUNTS = ("written", "skipped", "parked")
