@@ -180,3 +180,24 @@ def test_a_push_is_written_once_per_key_and_all_or_nothing(
     fixed = streams.push_rows(people.ctx("mo"), "orders", "push-3", bad[:1])
     assert fixed.version is not None
     assert fixed.version.row_count == 6
+
+
+def test_rows_of_a_nested_dataset_append_or_are_parked_by_their_types(
+    platform: Platform, streams: StreamService, people: People
+) -> None:
+    platform.datasets.create(people.ctx("mo"), "tagged", "red")
+    table = pa.table({"id": [1], "tags": pa.array([[1, 2]], pa.list_(pa.int64()))})
+    platform.datasets.ingest_batches(
+        people.ctx("mo"), "tagged", table.to_batches(), source={"kind": "test"}
+    )
+    fits = streams.write_records(
+        people.ctx("mo"), "tagged", "redis:t", [("a", {"id": 2, "tags": [3]})]
+    )
+    assert fits.written == 1
+    wrong = streams.write_records(
+        people.ctx("mo"), "tagged", "redis:t", [("b", {"id": 3, "tags": ["Fatima"]})]
+    )
+    assert (wrong.version, wrong.written, wrong.parked) == (None, 0, 1)
+    (letter,) = streams.dead_letters(people.principals["mo"], "tagged")
+    assert letter.reason == "the record's values do not have the dataset's column types"
+    assert platform.datasets.version(people.principals["vi"], "tagged").row_count == 2

@@ -165,24 +165,22 @@ class StreamService:
                 _store.park(s, ref.id, stream, parked, now)
                 self._audit.record(s, ctx, f"dataset/{name}", stream=stream, parked=len(parked))
 
-        source = {"kind": "stream", "stream": stream, "records": len(converted.keys)}
-        try:
-            version = self._datasets.ingest_batches(
-                ctx,
-                name,
-                converted.table.to_batches(max_chunksize=65_536),
-                source=source,
-                mode=WriteMode.APPEND,
-                within=within,
-            )
-        except InvalidParameter as exc:
-            # Rows that fit no version (the columns changed meanwhile, a nested type): the
-            # same batch would fail every time, so it is parked rather than retried.
-            reason = f"the rows cannot be appended: {exc.message}"
+        if base is not None and not _same_columns(base, converted.table.schema):
+            # Typed as Arrow inferred them (a nested type), and not as the dataset's: the
+            # same rows would fail every time, so they are parked rather than retried.
+            reason = "the record's values do not have the dataset's column types"
             rows = dict(fresh)
             every = [DeadLetter(k, reason, row_digest(rows[k]), 0) for k in converted.keys]
             self._park(ctx, ref, stream, [*parked, *every], skipped)
             return StreamWrite(None, 0, skipped, len(parked) + len(every))
+        version = self._datasets.ingest_batches(
+            ctx,
+            name,
+            converted.table.to_batches(max_chunksize=65_536),
+            source={"kind": "stream", "stream": stream, "records": len(converted.keys)},
+            mode=WriteMode.APPEND,
+            within=within,
+        )
         return StreamWrite(version, len(converted.keys), skipped, len(parked))
 
     def _park(
@@ -296,3 +294,9 @@ class StreamService:
 
 def _read(path: Path) -> Iterator[pa.RecordBatch]:
     yield from _ingest.read_batches(path, "arrow")
+
+
+def _same_columns(base: DataVersion, schema: pa.Schema) -> bool:
+    """Whether rows of ``schema`` append to ``base`` (names and types, in order)."""
+    have = [(str(c.get("name")), str(c.get("type"))) for c in base.schema]
+    return have == [(field.name, str(field.type)) for field in schema]
