@@ -55,6 +55,12 @@ def test_a_batch_closes_by_size_or_by_age_and_drops_duplicate_keys() -> None:
     assert batcher.due()  # by age
     with pytest.raises(ValueError, match="max_rows"):
         MicroBatcher(0, 1.0)
+    by_bytes = MicroBatcher(1000, 60.0, clock, max_bytes=10)
+    by_bytes.add(Message("x", b"12345"))
+    assert not by_bytes.due()
+    by_bytes.add(Message("y", b"67890"))
+    assert by_bytes.due()  # by payload bytes
+    assert by_bytes.room() == 0
 
 
 def test_payloads_that_are_not_one_json_object_are_parked_without_their_values() -> None:

@@ -24,6 +24,7 @@ import pyarrow as pa
 from shamal.datasets._entities import DeadLetter
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "MAX_KEY",
     "MAX_PAYLOAD",
     "STREAM_PATTERN",
@@ -39,6 +40,9 @@ __all__ = [
 
 #: The largest payload taken as a record (a larger one is parked).
 MAX_PAYLOAD = 1 << 20
+#: Payload bytes that close a batch whatever its row count (under the server's request limit,
+#: so a batch rarely needs splitting; memory stays bounded by it, not by ``max_rows``).
+MAX_BATCH_BYTES = 8 << 20
 #: The longest idempotency key (a longer one is hashed to fit).
 MAX_KEY = 256
 #: What a stream's keys are unique within: ``scheme:name``, printable, no ``@`` (so never a
@@ -83,19 +87,26 @@ def fit_key(key: str) -> str:
 
 
 class MicroBatcher:
-    """Collects messages into batches closed at ``max_rows`` distinct records or
-    ``max_seconds`` after the first one arrived, whichever comes first."""
+    """Collects messages into batches closed at ``max_rows`` distinct records, ``max_bytes``
+    of their payloads, or ``max_seconds`` after the first one arrived, whichever comes
+    first."""
 
     def __init__(
-        self, max_rows: int, max_seconds: float, clock: Callable[[], float] = time.monotonic
+        self,
+        max_rows: int,
+        max_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = MAX_BATCH_BYTES,
     ) -> None:
-        if max_rows < 1 or max_seconds <= 0:
-            raise ValueError("max_rows must be at least 1 and max_seconds above 0")
+        if max_rows < 1 or max_seconds <= 0 or max_bytes < 1:
+            raise ValueError("max_rows and max_bytes must be at least 1 and max_seconds above 0")
         self.max_rows = max_rows
         self.max_seconds = max_seconds
+        self.max_bytes = max_bytes
         self._clock = clock
         self._batch = Batch()
         self._keys: set[str] = set()
+        self._bytes = 0
         self._opened: float | None = None
 
     def add(self, message: Message) -> bool:
@@ -107,6 +118,7 @@ class MicroBatcher:
             return False
         self._keys.add(message.key)
         self._batch.unique.append(message)
+        self._bytes += len(message.payload)
         return True
 
     @property
@@ -122,15 +134,19 @@ class MicroBatcher:
     def due(self) -> bool:
         if not self._batch.all:
             return False
-        return len(self._batch.unique) >= self.max_rows or self.time_left() <= 0
+        full = len(self._batch.unique) >= self.max_rows or self._bytes >= self.max_bytes
+        return full or self.time_left() <= 0
 
     def room(self) -> int:
         """How many more distinct records the open batch takes."""
+        if self._bytes >= self.max_bytes:
+            return 0
         return max(0, self.max_rows - len(self._batch.unique))
 
     def take(self) -> Batch:
         """The open batch, closed; a new one opens with the next message."""
         batch, self._batch, self._keys, self._opened = self._batch, Batch(), set(), None
+        self._bytes = 0
         return batch
 
 
