@@ -51,6 +51,7 @@ CROSS_FIELD = {("POST", "/api/v1/jobs")}
 FILE_BODIES = {
     ("POST", "/api/v1/dataset-uploads/{name}"),
     ("PUT", "/api/v1/datasets/{name}/suite"),  # YAML that must parse as a suite
+    ("POST", "/api/v1/datasets/{name}/push"),  # JSON rows or Arrow IPC, by Content-Type
 }
 
 

@@ -1,13 +1,18 @@
-"""`shamal data`: governed datasets: create, ingest, list, show versions, alias, download.
+"""`shamal data`: governed datasets: create, ingest, stream, list, show versions, alias, download.
 
 `shamal data ingest customers --from customers.csv` writes a version (the format is told by the
 suffix, or `--format`); `--mode overwrite` replaces the rows instead of appending. Versions are
 named `customers` (the latest valid one), `customers/3`, or `customers@prod`.
+`shamal data stream customers --from redis://host:6379/0?stream=events` consumes a broker
+(MQTT, NATS JetStream, RabbitMQ, Redis Streams) into micro-batched versions, each record once.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -38,6 +43,7 @@ app = typer.Typer(
 )
 
 _MODES = ("append", "overwrite")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _size(size: int) -> str:
@@ -445,4 +451,97 @@ def diff(
         rows,
         rank=["column", "shift", "psi", "schema"],
         right=["null_rate_change", "mean_change", "distinct_change", "ks", "psi"],
+    )
+
+
+_FROM_HELP = (
+    "The broker: mqtt://host:1883/TOPIC, nats://host:4222/SUBJECT?stream=S, "
+    "amqp://USER:PASSWORD@host:5672/QUEUE or redis://host:6379/0?stream=KEY&group=G "
+    "(SHAMAL_STREAM_FROM keeps a password off the command line; it is never printed)."
+)
+
+
+@app.command("stream")
+@handle_errors
+def stream(
+    name: str,
+    url: Annotated[
+        str,
+        typer.Option("--from", envvar="SHAMAL_STREAM_FROM", show_envvar=False, help=_FROM_HELP),
+    ],
+    max_rows: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Close a batch at this many records.")
+    ] = 1000,
+    max_seconds: Annotated[
+        float,
+        typer.Option(min=0.05, max=86_400, help="Close a batch this long after its first record."),
+    ] = 5.0,
+    idle_exit: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Stop once nothing came for this many seconds (drain, exit)."),
+    ] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Consume a broker into NAME: each micro-batch becomes a version (append), each record
+    is written once (acknowledged only after its version commits; redeliveries are skipped),
+    and a record that is not a row is parked (see `shamal data dead-letters`). SIGTERM or
+    Ctrl-C stops after committing the open batch."""
+    from shamal.datasets import Consumer, describe, open_broker, parse_url
+
+    where = describe(parse_url(url))
+    calls = client()
+    broker = open_broker(url, batch=max_rows)
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
+
+    def sink(stream: str, rows: Any, dead: Any) -> dict[str, Any]:
+        return calls.write_stream_batch(name, stream, rows, dead)
+
+    def show(answer: Any) -> None:
+        if as_json:
+            typer.echo(json.dumps(answer))
+            return
+        made = answer["version"]["uri"] if answer["version"] else "no new version"
+        console.print(
+            f"{escape(made)}: +{answer['written']:,} rows, {answer['skipped']:,} skipped "
+            f"(already written), {answer['parked']:,} parked"
+        )
+
+    try:
+        if not as_json:
+            err_console.print(f"consuming {escape(where)} into {escape(name)}; Ctrl-C stops")
+        consumer = Consumer(broker, sink, max_rows=max_rows, max_seconds=max_seconds)
+        totals = consumer.run(stop, on_batch=show, idle_exit=idle_exit)
+    finally:
+        broker.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if as_json:
+        typer.echo(json.dumps({"totals": asdict(totals)}))
+        return
+    console.print(
+        f"stopped: {totals.batches} batch(es), {totals.written:,} rows written, "
+        f"{totals.skipped:,} skipped, {totals.parked:,} parked"
+    )
+
+
+@app.command("dead-letters")
+@handle_errors
+def dead_letters(
+    name: str,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+    as_json: bool = JsonOption,
+) -> None:
+    """Stream records of NAME that were parked (not a row): the reason and the payload's
+    sha256, never the payload."""
+    found = client().dead_letters(name, limit=limit)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    rows = [{**d, "digest": d["digest"][:16]} for d in found]
+    print_table(
+        f"Parked records of {name}",
+        ["created_at", "stream", "key", "reason", "size", "digest"],
+        rows,
+        rank=["key", "reason", "stream", "created_at"],
     )

@@ -8,7 +8,7 @@ downloaded as they are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -186,3 +186,41 @@ class DatasetCalls(ClientCalls):
             "stores"
         ]
         return stores
+
+    def write_stream_batch(
+        self,
+        name: str,
+        stream: str,
+        records: Sequence[tuple[str, dict[str, Any]]],
+        dead: Sequence[Any] = (),
+    ) -> dict[str, Any]:
+        """Append a consumer's micro-batch to ``name``, exactly once by key within
+        ``stream``; ``dead`` are records that could not be decoded (key, reason, digest and
+        size, never the payload), parked on the server. Answers ``written``, ``skipped``,
+        ``parked`` and the ``version`` written (None when nothing was)."""
+        body = {
+            "stream": stream,
+            "records": [{"key": key, "row": row} for key, row in records],
+            "dead": [
+                {"key": d.key, "reason": d.reason, "digest": d.digest, "size": d.size} for d in dead
+            ],
+        }
+        result: dict[str, Any] = self.request(
+            "POST", _path(name, "stream-batches"), json=body, timeout=httpx.Timeout(30.0, read=None)
+        )
+        return result
+
+    def push_rows(self, name: str, rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+        """Append ``rows`` to ``name`` once per idempotency ``key`` (a retry with the same
+        key answers with the version the first push wrote, ``replayed`` true)."""
+        result: dict[str, Any] = self.request(
+            "POST", _path(name, "push"), json=list(rows), headers={"Idempotency-Key": key}
+        )
+        return result
+
+    def dead_letters(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        """The records of ``name``'s streams that were parked, newest first."""
+        result: list[dict[str, Any]] = self.request(
+            "GET", _path(name, "dead-letters"), params={"limit": limit}
+        )
+        return result

@@ -28,6 +28,7 @@ from shamal import lazy
 from shamal.datasets._entities import (
     DataSet,
     DataVersion,
+    DeadLetter,
     Part,
     Residency,
     StoreResidency,
@@ -37,7 +38,10 @@ from shamal.datasets._entities import (
 from shamal.datasets._rules import DataRef, check_alias, check_name, parse_ref
 
 if TYPE_CHECKING:
+    from shamal.datasets._batcher import Message, MicroBatcher
+    from shamal.datasets._brokers import Broker, describe, open_broker, parse_url
     from shamal.datasets._columns import Kind, Scalar
+    from shamal.datasets._consumer import Consumer
     from shamal.datasets._diff import (
         ColumnShift,
         ProfileDiff,
@@ -67,12 +71,14 @@ if TYPE_CHECKING:
     from shamal.datasets._ingest import FORMATS
     from shamal.datasets._profile import QUANTILES, ColumnProfile, Profile, Profiler, TopValue
     from shamal.datasets._service import NAMESPACE, DatasetService
+    from shamal.datasets._streams import StreamService, StreamWrite
     from shamal.datasets._validation import REDACTED, ExpectationResult, Report, validate
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "ColumnProfile": ("_profile", "ColumnProfile"),
     "ColumnShift": ("_diff", "ColumnShift"),
     "ColumnType": ("_expectations", "ColumnType"),
+    "Consumer": ("_consumer", "Consumer"),
     "CustomSql": ("_expectations", "CustomSql"),
     "DatasetService": ("_service", "DatasetService"),
     "Expectation": ("_expectations", "Expectation"),
@@ -83,6 +89,11 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "InSet": ("_expectations", "InSet"),
     "KINDS": ("_expectations", "KINDS"),
     "Kind": ("_columns", "Kind"),
+    "Broker": ("_brokers", "Broker"),
+    "Message": ("_batcher", "Message"),
+    "MicroBatcher": ("_batcher", "MicroBatcher"),
+    "StreamService": ("_streams", "StreamService"),
+    "StreamWrite": ("_streams", "StreamWrite"),
     "MAX_EXPECTATIONS": ("_expectations", "MAX_EXPECTATIONS"),
     "MAX_SUITE_BYTES": ("_expectations", "MAX_SUITE_BYTES"),
     "MatchesRegex": ("_expectations", "MatchesRegex"),
@@ -105,6 +116,9 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "VersionDiff": ("_diff", "VersionDiff"),
     "diff": ("_diff", "diff"),
     "diff_versions": ("_diff", "diff_versions"),
+    "describe": ("_brokers", "describe"),
+    "open_broker": ("_brokers", "open_broker"),
+    "parse_url": ("_brokers", "parse_url"),
     "validate": ("_validation", "validate"),
 }
 
@@ -118,12 +132,15 @@ __all__ = [
     "REDACTED",
     "ColumnProfile",
     "ColumnShift",
+    "Broker",
     "ColumnType",
+    "Consumer",
     "CustomSql",
     "DataRef",
     "DataSet",
     "DataVersion",
     "DatasetService",
+    "DeadLetter",
     "Expectation",
     "ExpectationResult",
     "Fresh",
@@ -131,6 +148,8 @@ __all__ = [
     "InSet",
     "Kind",
     "MatchesRegex",
+    "Message",
+    "MicroBatcher",
     "NotNull",
     "Part",
     "Profile",
@@ -142,6 +161,8 @@ __all__ = [
     "Scalar",
     "Severity",
     "StoreResidency",
+    "StreamService",
+    "StreamWrite",
     "Suite",
     "SuiteBuilder",
     "TopValue",
@@ -152,9 +173,12 @@ __all__ = [
     "WriteMode",
     "check_alias",
     "check_name",
+    "describe",
     "diff",
     "diff_versions",
+    "open_broker",
     "parse_ref",
+    "parse_url",
     "validate",
 ]
 

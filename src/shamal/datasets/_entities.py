@@ -102,3 +102,17 @@ class Residency:
     dataset: str
     regions: tuple[str, ...] | None
     stores: tuple[StoreResidency, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A stream record that cannot be a row (unparseable, wrong columns), parked with the
+    reason and its payload's sha256 and size, never the payload (it may hold personal
+    values): it is acknowledged, not retried for ever, and blocks nothing behind it."""
+
+    key: str
+    reason: str
+    digest: str
+    size: int
+    stream: str = ""
+    created_at: datetime | None = None

@@ -45,7 +45,7 @@ from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
-__all__ = ["NAMESPACE", "BatchHook", "DatasetService", "Ingested"]
+__all__ = ["NAMESPACE", "BatchHook", "DatasetService", "Ingested", "Within"]
 
 #: The artifact namespace of dataset parts: ``<dataset id>/parts/<sha256>.parquet``.
 NAMESPACE = "datasets"
@@ -53,6 +53,8 @@ MAX_LIST = 1000
 #: Called with each batch on its way to storage (pseudonymization, profiling); returns the
 #: batch to store.
 BatchHook = Callable[[pa.RecordBatch], pa.RecordBatch]
+#: Called inside the transaction that commits a version, with it (see ``ingest_batches``).
+Within = Callable[[Session, DataVersion], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +226,13 @@ class DatasetService:
         mode: WriteMode = WriteMode.APPEND,
         on_batch: BatchHook | None = None,
         store: str | None = None,
+        within: Within | None = None,
     ) -> DataVersion:
         """A new version of ``name`` from Arrow ``batches`` (a SQL cursor, a stream's
         micro-batch): as :meth:`ingest`, whose rules all apply. ``source`` describes where the
         rows came from (``kind`` and what names it, never credentials); it is stored with the
-        version."""
+        version. ``within`` runs in the transaction that commits the version, after its row is
+        written (a stream records its idempotency keys there): if it raises, no version."""
         return self._write_version(
             ctx,
             name,
@@ -237,6 +241,7 @@ class DatasetService:
             mode=mode,
             on_batch=on_batch,
             store=store,
+            within=within,
         )
 
     def _write_version(
@@ -249,6 +254,7 @@ class DatasetService:
         mode: WriteMode,
         on_batch: BatchHook | None,
         store: str | None = None,
+        within: Within | None = None,
     ) -> DataVersion:
         principal = ctx.require_principal()
         with self._db.unit_of_work(write=False) as s:
@@ -303,6 +309,8 @@ class DatasetService:
                     "created_at": self._clock(),
                 },
             )
+            if within is not None:
+                within(s, version)
             self._audit.record(
                 s,
                 ctx,

@@ -8,7 +8,7 @@ under the dataset row's lock, so concurrent writers get distinct, gapless number
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,11 +16,20 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    DeadLetter,
+    Part,
+    VersionStatus,
+    WriteMode,
+)
 from shamal.db.models import (
     DataAliasRow,
+    DataDeadLetterRow,
     DataPartStoreRow,
     DataSetRow,
+    DataStreamKeyRow,
     DataVersionRow,
     DataVersionTagRow,
 )
@@ -327,3 +336,87 @@ def add_part_store(s: Session, dataset_id: str, digest: str, store: str, now: da
     if s.get(DataPartStoreRow, (dataset_id, digest, store)) is None:
         s.add(DataPartStoreRow(dataset_id=dataset_id, digest=digest, store=store, created_at=now))
         s.flush()
+
+
+# ---------------------------------------------------------------------- streams
+#: Keys looked up per query (well under every backend's bound-parameter limit).
+_KEY_CHUNK = 500
+
+
+def committed_keys(s: Session, dataset_id: str, stream: str, keys: Iterable[str]) -> set[str]:
+    """Which of ``keys`` a committed version (or dead letter) of the stream already holds."""
+    wanted = list(dict.fromkeys(keys))
+    found: set[str] = set()
+    for start in range(0, len(wanted), _KEY_CHUNK):
+        chunk = wanted[start : start + _KEY_CHUNK]
+        found.update(
+            s.scalars(
+                select(DataStreamKeyRow.key).where(
+                    DataStreamKeyRow.dataset_id == dataset_id,
+                    DataStreamKeyRow.stream == stream,
+                    DataStreamKeyRow.key.in_(chunk),
+                )
+            )
+        )
+    return found
+
+
+def key_version(s: Session, dataset_id: str, stream: str, key: str) -> tuple[bool, int | None]:
+    """(whether ``key`` is committed, the version that holds it: None if it was parked)."""
+    row = s.get(DataStreamKeyRow, (dataset_id, stream, key))
+    return (False, None) if row is None else (True, row.version)
+
+
+def record_keys(
+    s: Session,
+    dataset_id: str,
+    stream: str,
+    keys: Iterable[str],
+    version: int | None,
+    now: datetime,
+) -> None:
+    """Mark ``keys`` committed with ``version`` (None: parked), in the caller's transaction;
+    a key committed meanwhile by another writer is a unique violation (the whole write rolls
+    back)."""
+    s.add_all(
+        DataStreamKeyRow(
+            dataset_id=dataset_id, stream=stream, key=key, version=version, created_at=now
+        )
+        for key in keys
+    )
+    s.flush()
+
+
+def park(
+    s: Session, dataset_id: str, stream: str, letters: Iterable[DeadLetter], now: datetime
+) -> None:
+    """Keep ``letters`` as dead letters, and their keys as committed (redeliveries skip)."""
+    letters = list(letters)
+    s.add_all(
+        DataDeadLetterRow(
+            id=uuid.uuid4().hex,
+            dataset_id=dataset_id,
+            stream=stream,
+            key=letter.key,
+            reason=letter.reason[:500],
+            digest=letter.digest,
+            size=letter.size,
+            created_at=now,
+        )
+        for letter in letters
+    )
+    record_keys(s, dataset_id, stream, (letter.key for letter in letters), None, now)
+
+
+def dead_letters(s: Session, dataset: DataSetRef, limit: int) -> list[DeadLetter]:
+    """The dataset's parked records, newest first, at most ``limit``."""
+    rows = s.scalars(
+        select(DataDeadLetterRow)
+        .where(DataDeadLetterRow.dataset_id == dataset.id)
+        .order_by(DataDeadLetterRow.created_at.desc(), DataDeadLetterRow.id)
+        .limit(limit)
+    )
+    return [
+        DeadLetter(row.key, row.reason, row.digest, row.size, row.stream, row.created_at)
+        for row in rows
+    ]

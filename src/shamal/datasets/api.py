@@ -7,10 +7,12 @@ keys are refused). Version parts download as the Parquet files they are.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,11 +30,14 @@ from shamal.api import (
 )
 from shamal.artifacts import consume_body, download_slot
 from shamal.config import STORE_NAME_PATTERN
+from shamal.datasets._batcher import STREAM_PATTERN
 from shamal.datasets._diff import VersionDiff
-from shamal.datasets._entities import DataSet, DataVersion, Residency, WriteMode
+from shamal.datasets._entities import DataSet, DataVersion, DeadLetter, Residency, WriteMode
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
 from shamal.datasets._service import MAX_LIST, DatasetService
+from shamal.datasets._streams import MAX_RECORDS, StreamService, StreamWrite
+from shamal.errors import InvalidParameter
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 
@@ -520,3 +525,147 @@ def diff_versions(
     ],
 ) -> DiffOut:
     return DiffOut.of(svc.diff(principal, _within(name, before), _within(name, after)))
+
+
+# ---------------------------------------------------------------------- streams
+_KEY_PATTERN = r"^[^\x00-\x1f\x7f]{1,256}$"
+_ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def get_streams(request: Request) -> StreamService:
+    """The stream writer, made once per app beside the dataset service."""
+    state = request.app.state
+    found: StreamService | None = getattr(state, "dataset_streams", None)
+    if found is None:
+        spool = state.settings.resolved_upload_spool_dir / "dataset-streams"
+        found = StreamService(state.db, state.audit, state.datasets, spool)
+        state.dataset_streams = found
+    return found
+
+
+Streams = Annotated[StreamService, Depends(get_streams)]
+
+
+class RecordIn(_Model):
+    key: str = Field(pattern=_KEY_PATTERN, description="The record's idempotency key")
+    row: dict[str, Any] = Field(description="The row: column name to value")
+
+
+class DeadIn(_Model):
+    key: str = Field(pattern=_KEY_PATTERN)
+    reason: str = Field(max_length=500, pattern=r"^[^\x00]*$")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the payload")
+    size: int = Field(ge=0, le=1 << 40)
+
+
+class StreamBatchIn(_Model):
+    stream: str = Field(
+        max_length=255,
+        pattern=STREAM_PATTERN,
+        examples=["redis:events"],
+        description="What the keys are unique within ('scheme:name'); never credentials",
+    )
+    records: list[RecordIn] = Field(max_length=MAX_RECORDS)
+    dead: list[DeadIn] = Field(default_factory=list, max_length=MAX_RECORDS)
+
+
+class StreamWriteOut(BaseModel):
+    version: VersionOut | None
+    written: int
+    skipped: int
+    parked: int
+    replayed: bool
+
+    @classmethod
+    def of(cls, done: StreamWrite) -> StreamWriteOut:
+        return cls(
+            version=None if done.version is None else VersionOut.of(done.version),
+            written=done.written,
+            skipped=done.skipped,
+            parked=done.parked,
+            replayed=done.replayed,
+        )
+
+
+class DeadLetterOut(BaseModel):
+    stream: str
+    key: str
+    reason: str
+    digest: str
+    size: int
+    created_at: datetime | None
+
+
+@router.post(
+    "/datasets/{name}/stream-batches",
+    summary="Append a consumer's micro-batch of keyed records, exactly once by key",
+)
+def write_stream_batch(
+    name: Name,
+    body: StreamBatchIn,
+    svc: Streams,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.stream"))],
+) -> StreamWriteOut:
+    records = [(record.key, record.row) for record in body.records]
+    dead = [DeadLetter(d.key, d.reason, d.digest, d.size) for d in body.dead]
+    return StreamWriteOut.of(svc.write_records(ctx, name, body.stream, records, dead))
+
+
+def _json_rows(chunks: Iterator[bytes]) -> list[Any]:
+    try:
+        value = json.loads(b"".join(chunks))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise InvalidParameter("the push is not JSON; send an array of row objects") from None
+    rows = value.get("rows") if isinstance(value, dict) else value
+    if not isinstance(rows, list):
+        raise InvalidParameter('send an array of row objects, or {"rows": [...]}')
+    return rows
+
+
+@router.post(
+    "/datasets/{name}/push",
+    status_code=status.HTTP_201_CREATED,
+    summary="Push rows (JSON array or Arrow IPC stream), written once per Idempotency-Key",
+    openapi_extra=BINARY_BODY,
+    responses={200: {"description": "A replay: the version the first push with the key wrote"}},
+)
+async def push_rows(
+    name: Name,
+    request: Request,
+    response: Response,
+    svc: Streams,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.push"))],
+    key: Annotated[str, Header(alias="Idempotency-Key", pattern=_KEY_PATTERN)],
+) -> StreamWriteOut:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == _ARROW_STREAM:
+        done = await consume_body(request, lambda chunks: svc.push_arrow(ctx, name, key, chunks))
+    elif kind == "application/json":
+        done = await consume_body(
+            request, lambda chunks: svc.push_rows(ctx, name, key, _json_rows(chunks))
+        )
+    else:
+        raise InvalidParameter(f"a push is application/json or {_ARROW_STREAM}; set Content-Type")
+    if done.replayed:
+        response.status_code = status.HTTP_200_OK
+    return StreamWriteOut.of(done)
+
+
+@router.get("/datasets/{name}/dead-letters", summary="A dataset's parked stream records")
+def list_dead_letters(
+    name: Name,
+    svc: Streams,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[DeadLetterOut]:
+    return [
+        DeadLetterOut(
+            stream=d.stream,
+            key=d.key,
+            reason=d.reason,
+            digest=d.digest,
+            size=d.size,
+            created_at=d.created_at,
+        )
+        for d in svc.dead_letters(principal, name, limit)
+    ]

@@ -7,8 +7,10 @@ from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
 from shamal.db.models.datasets import (
     DataAliasRow,
+    DataDeadLetterRow,
     DataPartStoreRow,
     DataSetRow,
+    DataStreamKeyRow,
     DataVersionRow,
     DataVersionTagRow,
 )
@@ -63,7 +65,9 @@ __all__ = [
     "Base",
     "DataAliasRow",
     "DataPartStoreRow",
+    "DataDeadLetterRow",
     "DataSetRow",
+    "DataStreamKeyRow",
     "DataVersionRow",
     "DataVersionTagRow",
     "DatasetRow",

@@ -94,3 +94,41 @@ class DataPartStoreRow(Base):
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     store: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DataStreamKeyRow(Base):
+    """A record a stream delivered, by its idempotency key (a broker's message id or
+    sequence number, a push's ``Idempotency-Key``), written in the transaction of the version
+    that holds it (or of the dead letter that parked it): a redelivered record whose key is
+    here is acknowledged and skipped, so each record is written exactly once."""
+
+    __tablename__ = "data_stream_keys"
+
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    #: The stream the key is unique within (``redis:events``, ``push``), never credentials.
+    stream: Mapped[str] = mapped_column(String(256), primary_key=True)
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    #: The version that holds the record; None for a parked (dead-letter) record.
+    version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DataDeadLetterRow(Base):
+    """A stream record parked because it cannot be a row (unparseable, wrong columns): its
+    key, the reason, and the payload's sha256 and size to find it at the producer; never the
+    payload itself (it may hold personal values)."""
+
+    __tablename__ = "data_dead_letters"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), index=True
+    )
+    stream: Mapped[str] = mapped_column(String(256))
+    key: Mapped[str] = mapped_column(String(256))
+    reason: Mapped[str] = mapped_column(String(500))
+    digest: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
