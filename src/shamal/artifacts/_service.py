@@ -13,6 +13,7 @@ from shamal.artifacts._entities import ArtifactFile
 from shamal.artifacts._paths import safe_relpath
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
+from shamal.errors import NotFound
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,26 @@ class ArtifactService:
             return removed
 
         return self._db.run(work)
+
+    def purge_file(self, namespace: str, path: str) -> bool:
+        """Remove a file from the index and its bytes from the store, unless another file
+        names the same content (an erasure: the bytes must go, not only the name). The
+        caller audits. Returns whether the bytes were deleted; a missing file is no error.
+
+        A byte-identical file stored at the very moment of the purge may lose its blob
+        (reads of it then fail their check, loudly): purges are rare and deliberate.
+        """
+        clean = safe_relpath(path)
+
+        def work(s: Session) -> str | None:
+            try:
+                removed = _store.delete_file(s, namespace, clean)
+            except NotFound:
+                return None
+            return None if _store.digest_in_use(s, removed.digest) else removed.digest
+
+        digest = self._db.run(work)
+        return digest is not None and self._blobs.delete(digest)
 
     def put(
         self, ctx: AuditContext, team: str, raw_path: str, chunks: Iterable[bytes]

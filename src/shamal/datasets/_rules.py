@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 from shamal.errors import InvalidParameter
 
-__all__ = ["DataRef", "check_alias", "check_name", "check_tag", "parse_ref", "version_digest"]
+__all__ = [
+    "DataRef",
+    "check_alias",
+    "check_name",
+    "check_tag",
+    "parse_ref",
+    "part_path",
+    "version_digest",
+]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
@@ -87,3 +95,8 @@ def version_digest(part_digests: Sequence[str]) -> str:
     for digest in part_digests:
         hasher.update(digest.encode("ascii") + b"\n")
     return hasher.hexdigest()
+
+
+def part_path(dataset_id: str, digest: str) -> str:
+    """Where a part is stored in the datasets' artifact namespace, named by its content."""
+    return f"{dataset_id}/parts/{digest}.parquet"

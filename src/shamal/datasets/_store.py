@@ -16,8 +16,21 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
-from shamal.db.models import DataAliasRow, DataSetRow, DataVersionRow, DataVersionTagRow
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    Erasure,
+    Part,
+    VersionStatus,
+    WriteMode,
+)
+from shamal.db.models import (
+    DataAliasRow,
+    DataErasureRow,
+    DataSetRow,
+    DataVersionRow,
+    DataVersionTagRow,
+)
 from shamal.errors import AlreadyExists, NotFound
 
 #: Which datasets a caller may see: None = all (platform admins), else these team ids (and
@@ -261,3 +274,83 @@ def set_tag(s: Session, version_id: str, key: str, value: str) -> None:
     else:
         row.value = value
     s.flush()
+
+
+# ---------------------------------------------------------------------- privacy
+
+
+def privacy_of(s: Session, dataset: DataSetRef) -> dict[str, Any] | None:
+    """The dataset's privacy policy (its JSON form), if it has one."""
+    found = s.execute(select(DataSetRow.privacy).where(DataSetRow.id == dataset.id)).scalar_one()
+    return None if found is None else dict(found)
+
+
+def set_privacy(
+    s: Session, dataset: DataSetRef, policy: Mapping[str, Any] | None, now: datetime
+) -> None:
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(privacy=None if policy is None else dict(policy), updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def lock_dataset(s: Session, dataset: DataSetRef, now: datetime) -> None:
+    """Take the dataset row's lock (as :func:`reserve_version` does): writers of versions
+    wait until the transaction ends."""
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def every_version(s: Session, dataset: DataSetRef) -> list[DataVersion]:
+    """Every version, quarantined ones too, oldest first."""
+    query = (
+        select(DataVersionRow)
+        .where(DataVersionRow.dataset_id == dataset.id)
+        .order_by(DataVersionRow.version)
+    )
+    return [_version(row, dataset.name, {}) for row in s.scalars(query)]
+
+
+def rewrite_version(s: Session, version_id: str, values: Mapping[str, Any]) -> None:
+    """Replace a version's parts and what follows from them (after an erasure)."""
+    s.execute(
+        update(DataVersionRow)
+        .where(DataVersionRow.id == version_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _erasure(row: DataErasureRow, dataset: str) -> Erasure:
+    return Erasure(
+        id=row.id,
+        dataset=dataset,
+        column=row.column,
+        subject_hash=row.subject_hash,
+        rows_removed=row.rows_removed,
+        versions=tuple(row.versions),
+        created_by=row.created_by,
+        created_at=row.created_at,
+    )
+
+
+def insert_erasure(s: Session, dataset: DataSetRef, values: Mapping[str, Any]) -> Erasure:
+    row = DataErasureRow(id=uuid.uuid4().hex, dataset_id=dataset.id, **values)
+    s.add(row)
+    s.flush()
+    return _erasure(row, dataset.name)
+
+
+def erasures(s: Session, dataset: DataSetRef) -> list[Erasure]:
+    query = (
+        select(DataErasureRow)
+        .where(DataErasureRow.dataset_id == dataset.id)
+        .order_by(DataErasureRow.created_at, DataErasureRow.id)
+    )
+    return [_erasure(row, dataset.name) for row in s.scalars(query)]

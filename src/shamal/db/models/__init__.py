@@ -5,7 +5,13 @@ from __future__ import annotations
 from shamal.db.models._base import Base, UTCDateTime
 from shamal.db.models.artifacts import ArtifactFileRow
 from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
-from shamal.db.models.datasets import DataAliasRow, DataSetRow, DataVersionRow, DataVersionTagRow
+from shamal.db.models.datasets import (
+    DataAliasRow,
+    DataErasureRow,
+    DataSetRow,
+    DataVersionRow,
+    DataVersionTagRow,
+)
 from shamal.db.models.deployments import (
     DeploymentEventRow,
     DeploymentRow,
@@ -56,6 +62,7 @@ __all__ = [
     "AuditHeadRow",
     "Base",
     "DataAliasRow",
+    "DataErasureRow",
     "DataSetRow",
     "DataVersionRow",
     "DataVersionTagRow",
