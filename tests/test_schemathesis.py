@@ -42,6 +42,7 @@ CROSS_FIELD = {("POST", "/api/v1/jobs")}
 FILE_BODIES = {
     ("POST", "/api/v1/dataset-uploads/{name}"),
     ("PUT", "/api/v1/datasets/{name}/suite"),  # YAML that must parse as a suite
+    ("PUT", "/api/v1/datasets/{name}/privacy"),  # a mapping that must parse as a policy
 }
 
 
@@ -56,8 +57,9 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     must lie in the past), a page token (opaque: only one the server made is valid), and a
     job submission (whole GPUs, a GPU fraction and a MIG slice
     exclude each other; pools and priority classes are configuration): tests/jobs covers them;
-    and a dataset source (the body must be a readable file of its ``format``) or expectation
-    suite (YAML that parses as one): tests/datasets covers them, hostile files included.
+    and a dataset source (the body must be a readable file of its ``format``), expectation
+    suite or privacy policy (YAML that parses as one): tests/datasets covers them, hostile
+    files included.
     Every other check still runs there.
 
     A read whose only inputs are optional query filters has one negative case left, an

@@ -203,3 +203,13 @@ def test_a_policy_round_trips_and_a_source_must_hold_its_columns(keys: Pseudonym
     assert "'email'" in str(caught.value)
     assert "a@x.ae" not in str(caught.value)
     assert "Amal" not in str(caught.value)
+
+
+def test_tokens_are_rfc_2104_hmac_sha256(keys: PseudonymKeys) -> None:
+    import base64
+    import hmac
+
+    key = keys.active("hmac", "crm")
+    for value in (b"", b"a@x.ae", b"x" * 200):
+        expected = base64.urlsafe_b64encode(hmac.digest(key.secret, value, "sha256")[:18])
+        assert hmac_tokens([value], key)[0].as_py() == f"{key.key_id}:{expected.decode()}"

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
@@ -315,10 +316,25 @@ def _per_distinct(
     return pc.take(made, encoded.indices)
 
 
+def _hmac_sha256(secret: bytes, values: Sequence[bytes]) -> Iterator[bytes]:
+    """HMAC-SHA256 (RFC 2104) of each value, from the keyed inner and outer states copied
+    per value: the same digests as :func:`hmac.digest`, at less than half its cost per call
+    (which sets up a new OpenSSL MAC context every time)."""
+    padded = secret.ljust(64, b"\0") if len(secret) <= 64 else hashlib.sha256(secret).digest()
+    padded = padded.ljust(64, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+    for value in values:
+        step = inner.copy()
+        step.update(value)
+        done = outer.copy()
+        done.update(step.digest())
+        yield done.digest()
+
+
 def hmac_tokens(values: Sequence[bytes], key: Keyed) -> pa.Array:
     """The HMAC-SHA256 tokens of ``values`` under ``key`` (one string each)."""
-    secret = key.secret
-    digests = b"".join(hmac.digest(secret, v, "sha256")[:_HMAC_BYTES] for v in values)
+    digests = b"".join(d[:_HMAC_BYTES] for d in _hmac_sha256(key.secret, values))
     bodies = base64.urlsafe_b64encode(digests)
     return _fixed_width_strings(f"{key.key_id}:".encode(), bodies, len(values), _B64_CHARS)
 

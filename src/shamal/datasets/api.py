@@ -433,6 +433,7 @@ class RevealOut(BaseModel):
 @router.post(
     "/datasets/{name}/reveal",
     summary="The values behind tokenized values of a column (privacy officers; audited)",
+    response_model=RevealOut,
 )
 def reveal_tokens(
     name: Name,
