@@ -6,6 +6,7 @@ removes a subject's rows from every version, for good."""
 from __future__ import annotations
 
 import io
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,8 +140,9 @@ def _scan_files(root: Path) -> Iterator[tuple[Path, bytes, str]]:
 
 
 def test_no_raw_personal_value_reaches_any_stored_byte(
-    service: DatasetService, people: People, platform: Platform
+    service: DatasetService, people: People, platform: Platform, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     _setup(service, people)
     service.set_suite(people.ctx("rita"), "customers", SUITE)
     version = service.ingest(people.ctx("mo"), "customers", [SOURCE], "csv")
@@ -164,6 +166,13 @@ def test_no_raw_personal_value_reaches_any_stored_byte(
     assert "data:/customers/1" in dumped or "customers" in dumped
     for value in RAW:
         assert value not in dumped
+    # Nor the logs, nor the error of a source that breaks mid-file.
+    broken = SOURCE + b"6,zz@example.ae\n"
+    with pytest.raises(InvalidParameter) as caught:
+        service.ingest(people.ctx("mo"), "customers", [broken], "csv")
+    for value in RAW:
+        assert value not in caplog.text
+        assert value not in str(caught.value)
     # The source did not stay in the work folder either.
     work = service._work_dir
     assert not work.exists() or not any(work.iterdir())
@@ -270,7 +279,7 @@ def test_who_may_erase_and_what_is_refused(
     assert service.erase(_as(officer), "customers", "id", "4").rows_removed == 1
     with pytest.raises(InvalidParameter, match="generalized"):
         service.erase(people.ctx("rita"), "customers", "born", "1990")
-    with pytest.raises(InvalidParameter, match="no version"):
+    with pytest.raises(NotFound, match="no version"):
         service.erase(people.ctx("rita"), "customers", "nope", "x")
     with pytest.raises(InvalidParameter, match="subject"):
         service.erase(people.ctx("rita"), "customers", "email", "")

@@ -39,7 +39,7 @@ from shamal.datasets._ingest import file_digest
 from shamal.datasets._privacy import matching_rows
 from shamal.datasets._profile import Profiler
 from shamal.db import Database
-from shamal.errors import Conflict, InvalidParameter
+from shamal.errors import Conflict, NotFound
 from shamal.security import AuditContext, AuditLog
 
 __all__ = ["ErasureRequest", "Eraser"]
@@ -104,7 +104,7 @@ class Eraser:
         """Remove the subject's rows from every version; see the module's docstring.
 
         Raises:
-            InvalidParameter: no version has the column.
+            NotFound: no version has the column.
             Conflict: writers kept changing the dataset through every attempt.
         """
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -115,9 +115,7 @@ class Eraser:
                 with self._db.unit_of_work(write=False) as s:
                     versions = _store.every_version(s, ref)
                 if not any(request.column in {c["name"] for c in v.schema} for v in versions):
-                    raise InvalidParameter(
-                        f"no version of {ref.name!r} has a column {request.column!r}"
-                    )
+                    raise NotFound(f"no version of {ref.name!r} has a column {request.column!r}")
                 for version in versions:
                     for part in version.parts:
                         if part.path not in seen:

@@ -650,7 +650,8 @@ class DatasetService:
 
         Raises:
             InvalidParameter: an empty or oversized subject; the column is generalized
-                (it names no one) or no version has it.
+                (it names no one).
+            NotFound: no version has the column.
             NotFound / PermissionDenied: not the caller's dataset, or a role below
                 maintainer (and no privacy-officer grant).
         """
