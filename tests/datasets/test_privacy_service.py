@@ -5,10 +5,12 @@ removes a subject's rows from every version, for good."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import logging
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -219,6 +221,11 @@ def test_only_a_privacy_officer_reveals_and_rotation_keeps_old_tokens(
     assert shown == ["+971501234567", "+971509999999", None]
     with pytest.raises(InvalidParameter, match="not tokenized"):
         service.reveal(_as(officer), "customers", "email", [old[0]])
+    # A job acting for the officer never reveals: that takes the officer's own token.
+    job = platform.security.issue_job_token("otto", "job-1", timedelta(minutes=5))
+    as_job = platform.security.authenticate(job.secret)
+    with pytest.raises(PermissionDenied, match="job's token"):
+        service.reveal(_as(as_job), "customers", "phone", [old[0]])
     entries = platform.audit.entries(limit=1000)
     reveals = [e for e in entries if e.target == "dataset/customers" and "revealed" in e.detail]
     assert reveals
@@ -304,3 +311,28 @@ def test_policies_are_checked_and_a_source_without_its_columns_writes_nothing(
     assert "amal" not in str(caught.value)
     assert "+971" not in str(caught.value)
     assert service.versions(people.principals["mo"], "t") == []
+
+
+def test_batches_from_any_source_are_pseudonymized_the_same_way(
+    service: DatasetService, people: People
+) -> None:
+    _setup(service, people)
+    service.ingest(people.ctx("mo"), "customers", [SOURCE], "csv")
+    from_file = _rows(service, people.principals["vi"], "customers").to_pylist()[0]
+    batch = pa.record_batch(
+        {
+            "id": [1],
+            "email": ["amal.secret@example.ae"],
+            "phone": ["+971501234567"],
+            "name": ["Zaynab Qasimi"],
+            "born": [dt.date(1990, 5, 17)],
+            "income": [12345],
+            "city": ["Dubai"],
+        }
+    )
+    version = service.ingest_batches(
+        people.ctx("mo"), "customers", [batch], source={"kind": "sql"}, mode=WriteMode.OVERWRITE
+    )
+    assert "name" not in {c["name"] for c in version.schema}
+    (row,) = _rows(service, people.principals["vi"], "customers").to_pylist()
+    assert row == from_file
