@@ -264,9 +264,13 @@ def test_erasure_removes_a_subject_from_every_version_for_good(
         assert not platform.blobs.exists(part.digest)
         with pytest.raises(NotFound):
             platform.artifacts.file_info(NAMESPACE, part.path)
+    # An erasure whose process died before its purge is purged by the next one.
+    (leftover, *_rest) = done.versions[0]["parts_replaced"]
+    stored = platform.artifacts.store_file(None, NAMESPACE, leftover, [b"the old bytes"])
     # Nothing of the subject remains: not the value, not its tokens.
     again = service.erase(people.ctx("rita"), "customers", "email", "amal.secret@example.ae")
     assert again.rows_removed == 0
+    assert not platform.blobs.exists(stored.digest)
     assert again.subject_hash == done.subject_hash
     (record, _second) = service.erasures(people.principals["rita"], "customers")
     assert record.column == "email"

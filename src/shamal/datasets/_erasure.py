@@ -107,6 +107,7 @@ class Eraser:
             NotFound: no version has the column.
             Conflict: writers kept changing the dataset through every attempt.
         """
+        self._purge_leftovers(ref)
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="erase-", dir=self._work_dir))
         try:
@@ -235,6 +236,9 @@ class Eraser:
                         "rows_removed": lost,
                         "digest_before": v.digest,
                         "digest_after": values["digest"],
+                        "parts_replaced": [
+                            p.path for p in v.parts if seen[p.path].part is not None
+                        ],
                     }
                     for v, values, lost in changes
                 ],
@@ -263,6 +267,20 @@ class Eraser:
             versions=[v.version for v, _values, _lost in changes],
         )
         return record
+
+    def _purge_leftovers(self, ref: _store.DataSetRef) -> None:
+        """Purge what an earlier erasure replaced and could not delete (the process died
+        between its commit and its purge): every part it replaced that no version names."""
+        with self._db.unit_of_work(write=False) as s:
+            named = {p.path for v in _store.every_version(s, ref) for p in v.parts}
+            replaced = {
+                path
+                for done in _store.erasures(s, ref)
+                for entry in done.versions
+                for path in entry.get("parts_replaced", ())
+            }
+        for path in sorted(replaced - named):
+            self._artifacts.purge_file(self._namespace, path)
 
     def _purge(self, seen: dict[str, _Rewritten]) -> None:
         """Delete the bytes of every part the erasure replaced (no version names them now)."""

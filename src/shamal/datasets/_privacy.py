@@ -488,6 +488,8 @@ def matching_rows(array: pa.Array, candidates: Sequence[str]) -> pa.Array:
 
 
 def subject_hash(subject: str, key: Keyed) -> str:
-    """A keyed hash of an erased subject (what the erasure record keeps): the same subject
-    gives the same hash under the same key, and without the key it tells nothing."""
-    return hmac.new(key.secret, subject.encode("utf-8"), "sha256").hexdigest()
+    """A keyed hash of an erased subject (what the erasure record keeps), ``<key id>:<hex>``:
+    the same subject gives the same hash under the same key (so a privacy officer can tell
+    whether a person was erased), and without the key it tells nothing."""
+    digest = hmac.new(key.secret, subject.encode("utf-8"), "sha256").hexdigest()
+    return f"{key.key_id}:{digest}"

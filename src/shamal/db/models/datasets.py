@@ -93,7 +93,7 @@ class DataErasureRow(Base):
         String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), index=True
     )
     column: Mapped[str] = mapped_column(String(256))
-    subject_hash: Mapped[str] = mapped_column(String(64))
+    subject_hash: Mapped[str] = mapped_column(String(160))
     rows_removed: Mapped[int] = mapped_column(BigInteger)
     versions: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     created_by: Mapped[str] = mapped_column(String(256))

@@ -30,7 +30,7 @@ def upgrade() -> None:
         sa.Column("id", sa.String(length=32), nullable=False),
         sa.Column("dataset_id", sa.String(length=32), nullable=False),
         sa.Column("column", sa.String(length=256), nullable=False),
-        sa.Column("subject_hash", sa.String(length=64), nullable=False),
+        sa.Column("subject_hash", sa.String(length=160), nullable=False),
         sa.Column("rows_removed", sa.BigInteger(), nullable=False),
         sa.Column("versions", sa.JSON(), nullable=False),
         sa.Column("created_by", sa.String(length=256), nullable=False),
