@@ -15,6 +15,10 @@ The pure core, free of database, web framework and artifact store:
 - a **validation**: a :class:`Suite` of :class:`Expectation` s (YAML or a builder) that
   :func:`validate` evaluates over a version's Parquet files in one DuckDB scan, custom SQL
   confined to the version, into a :class:`Report`.
+- **privacy**: a :class:`PrivacyPolicy` names a dataset's personal columns and how each is
+  transformed (hmac per purpose, tokenize, drop, generalize) by a :class:`Pseudonymizer` on
+  each batch before it is stored; :class:`Erasure` records a data subject removed from every
+  version.
 
 The entities and rules load with the package; everything else (pyarrow, DuckDB, the service)
 on first use.
@@ -25,7 +29,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shamal import lazy
-from shamal.datasets._entities import DataSet, DataVersion, Part, VersionStatus, WriteMode
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    Erasure,
+    Part,
+    VersionStatus,
+    WriteMode,
+)
 from shamal.datasets._rules import DataRef, check_alias, check_name, parse_ref
 
 if TYPE_CHECKING:
@@ -50,12 +61,14 @@ if TYPE_CHECKING:
         Unique,
     )
     from shamal.datasets._ingest import FORMATS
+    from shamal.datasets._privacy import ColumnRule, PrivacyPolicy, Pseudonymizer
     from shamal.datasets._profile import QUANTILES, ColumnProfile, Profile, Profiler, TopValue
     from shamal.datasets._service import NAMESPACE, DatasetService
     from shamal.datasets._validation import REDACTED, ExpectationResult, Report, validate
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "ColumnProfile": ("_profile", "ColumnProfile"),
+    "ColumnRule": ("_privacy", "ColumnRule"),
     "ColumnShift": ("_diff", "ColumnShift"),
     "ColumnType": ("_expectations", "ColumnType"),
     "CustomSql": ("_expectations", "CustomSql"),
@@ -73,9 +86,11 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "MatchesRegex": ("_expectations", "MatchesRegex"),
     "NAMESPACE": ("_service", "NAMESPACE"),
     "NotNull": ("_expectations", "NotNull"),
+    "PrivacyPolicy": ("_privacy", "PrivacyPolicy"),
     "Profile": ("_profile", "Profile"),
     "ProfileDiff": ("_diff", "ProfileDiff"),
     "Profiler": ("_profile", "Profiler"),
+    "Pseudonymizer": ("_privacy", "Pseudonymizer"),
     "QUANTILES": ("_profile", "QUANTILES"),
     "REDACTED": ("_validation", "REDACTED"),
     "Report": ("_validation", "Report"),
@@ -100,6 +115,7 @@ __all__ = [
     "QUANTILES",
     "REDACTED",
     "ColumnProfile",
+    "ColumnRule",
     "ColumnShift",
     "ColumnType",
     "CustomSql",
@@ -107,6 +123,7 @@ __all__ = [
     "DataSet",
     "DataVersion",
     "DatasetService",
+    "Erasure",
     "Expectation",
     "ExpectationResult",
     "Fresh",
@@ -116,9 +133,11 @@ __all__ = [
     "MatchesRegex",
     "NotNull",
     "Part",
+    "PrivacyPolicy",
     "Profile",
     "ProfileDiff",
     "Profiler",
+    "Pseudonymizer",
     "Report",
     "RowCount",
     "Scalar",
