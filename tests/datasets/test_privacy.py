@@ -213,3 +213,19 @@ def test_tokens_are_rfc_2104_hmac_sha256(keys: PseudonymKeys) -> None:
     for value in (b"", b"a@x.ae", b"x" * 200):
         expected = base64.urlsafe_b64encode(hmac.digest(key.secret, value, "sha256")[:18])
         assert hmac_tokens([value], key)[0].as_py() == f"{key.key_id}:{expected.decode()}"
+
+
+def test_mostly_distinct_and_repetitive_columns_give_the_same_tokens(
+    keys: PseudonymKeys,
+) -> None:
+    key = keys.active("hmac", "crm")
+    policy = PrivacyPolicy.from_text("columns: {e: {action: hmac, purpose: crm}}")
+    distinct = [f"u{i}@x.ae" if i % 5 else None for i in range(5000)]  # hashed row by row
+    repeated = [f"u{i % 3}@x.ae" if i % 5 else None for i in range(5000)]  # de-duplicated
+    one = Pseudonymizer(policy, {"e": key})(pa.record_batch({"e": distinct})).column("e")
+    two = Pseudonymizer(policy, {"e": key})(pa.record_batch({"e": repeated})).column("e")
+    assert one.null_count == two.null_count == 1000
+    assert one[1] == two[1]
+    assert one[2] == two[2]
+    assert one[4] != one[3]
+    assert len(set(two.to_pylist())) == 4  # three tokens and null
