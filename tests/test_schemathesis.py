@@ -52,6 +52,7 @@ FILE_BODIES = {
     ("POST", "/api/v1/dataset-uploads/{name}"),
     ("PUT", "/api/v1/datasets/{name}/suite"),  # YAML that must parse as a suite
     ("POST", "/api/v1/datasets/{name}/push"),  # JSON rows or Arrow IPC, by Content-Type
+    ("PUT", "/api/v1/datasets/{name}/privacy"),  # a mapping that must parse as a policy
 }
 
 
@@ -69,7 +70,8 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     and a dataset source (the body must be a readable file of its ``format``) or expectation
     suite (YAML that parses as one): tests/datasets covers them, hostile files included.
     A lineage ``uri`` names an object in one of six schemes, each with its domain's name
-    rules: tests/lineage covers it, hostile URIs included.
+    rules: tests/lineage covers it, hostile URIs included; and a privacy policy (a mapping
+    that parses as one): tests/datasets covers it.
     Every other check still runs there.
 
     A read whose only inputs are optional query filters has one negative case left, an

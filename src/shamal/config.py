@@ -312,6 +312,12 @@ class Settings(BaseSettings):
     master_key_file: Path | None = Field(
         default=None, description="Keyring of master keys; default SHAMAL_HOME/keys/master.json"
     )
+    pseudonym_key_file: Path | None = Field(
+        default=None,
+        description="Key ring of the pseudonymization secrets (hmac and tokenize privacy "
+        "policies); default SHAMAL_HOME/keys/pseudonyms.json. Every server of a deployment "
+        "needs the same file",
+    )
     audit_key: str | None = Field(
         default=None,
         repr=False,
@@ -396,6 +402,10 @@ class Settings(BaseSettings):
     @property
     def resolved_master_key_file(self) -> Path:
         return self.master_key_file or self.keys_dir / "master.json"
+
+    @property
+    def resolved_pseudonym_key_file(self) -> Path:
+        return self.pseudonym_key_file or self.keys_dir / "pseudonyms.json"
 
     @property
     def token_file(self) -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -157,6 +157,33 @@ class ArtifactService:
             return removed
 
         return self._db.run(work)
+
+    def purge_file(
+        self, namespace: str, path: str, *, stores: Sequence[str | None] = (None,)
+    ) -> bool:
+        """Remove a file from the index and its bytes from ``stores`` (None: the artifact
+        store), unless another file names the same content (an erasure: the bytes must go,
+        not only the name). The caller audits. Returns whether the bytes were deleted; a
+        missing file is no error.
+
+        A byte-identical file stored at the very moment of the purge may lose its blob
+        (reads of it then fail their check, loudly): purges are rare and deliberate.
+        """
+        clean = safe_relpath(path)
+
+        def work(s: Session) -> str | None:
+            try:
+                removed = _store.delete_file(s, namespace, clean)
+            except NotFound:
+                return None
+            return None if _store.digest_in_use(s, removed.digest) else removed.digest
+
+        blobs = [self._store(store) for store in stores]  # an unknown store: before any change
+        digest = self._db.run(work)
+        if digest is None:
+            return False
+        deleted = [store.delete(digest) for store in blobs]
+        return any(deleted)
 
     def put(
         self, ctx: AuditContext, team: str, raw_path: str, chunks: Iterable[bytes]

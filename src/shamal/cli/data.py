@@ -545,3 +545,124 @@ def dead_letters(
         rows,
         rank=["key", "reason", "stream", "created_at"],
     )
+
+
+@app.command("privacy")
+@handle_errors
+def privacy(
+    name: str,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file", exists=True, dir_okay=False, help="The privacy policy, as YAML or JSON."
+        ),
+    ] = None,
+    remove: Annotated[bool, typer.Option("--remove", help="Stop pseudonymizing.")] = False,
+) -> None:
+    """Pseudonymize the personal columns of every new version of NAME under a policy
+    (maintainers): hmac (per purpose), tokenize (reversible by privacy officers), drop or
+    generalize each, before any byte is stored. Without options, print the policy in force.
+
+    \b
+    version: 1
+    columns:
+      email: {action: hmac, purpose: crm}
+      phone: {action: tokenize, purpose: support}
+      name: {action: drop}
+      birth_date: {action: generalize, to: month}
+      income: {action: generalize, width: 1000}
+    """
+    shamal = client()
+    if remove:
+        shamal.set_dataset_privacy(name, None)
+        console.print(f"{escape(name)}: new versions are no longer pseudonymized")
+        return
+    if file is None:
+        current = shamal.get_dataset_privacy(name)["yaml"]
+        typer.echo(current if current is not None else f"{name} has no privacy policy")
+        return
+    shamal.set_dataset_privacy(name, file.read_text(encoding="utf-8"))
+    console.print(f"{escape(name)}: new versions are pseudonymized under {escape(file.name)}")
+
+
+def _subject(given: str) -> str:
+    """The subject as given, or (``-``) the first line of standard input: a value on the
+    command line stays in the shell's history."""
+    if given != "-":
+        return given
+    line = typer.get_text_stream("stdin").readline().rstrip("\r\n")
+    if not line:
+        raise InvalidParameter("--subject -: standard input held no value")
+    return line
+
+
+@app.command("erase")
+@handle_errors
+def erase(
+    name: str,
+    subject: Annotated[
+        str,
+        typer.Option(
+            "--subject", help="The data subject's value in the column ('-': read it from stdin)."
+        ),
+    ],
+    column: Annotated[str, typer.Option("--column", help="The column that identifies them.")],
+    as_json: bool = JsonOption,
+) -> None:
+    """Erase a data subject: remove their rows from EVERY version of NAME (the affected
+    Parquet parts are rewritten, the old ones deleted). Maintainers and privacy officers;
+    audited, the subject kept only as a keyed hash."""
+    done = client().erase_subject(name, column, _subject(subject))
+    if as_json:
+        typer.echo(json.dumps(done))
+        return
+    changed = ", ".join(str(v["version"]) for v in done["versions"]) or "none"
+    console.print(
+        f"erasure {done['id']}: removed {done['rows_removed']:,} row(s) from "
+        f"{escape(name)} (versions changed: {changed})"
+    )
+
+
+@app.command("erasures")
+@handle_errors
+def erasures(name: str, as_json: bool = JsonOption) -> None:
+    """The erasures made in NAME (maintainers and privacy officers)."""
+    rows = [
+        {**e, "versions": ", ".join(str(v["version"]) for v in e["versions"])}
+        for e in client().dataset_erasures(name)
+    ]
+    print_table(
+        f"Erasures of {name}",
+        ["id", "column", "rows_removed", "versions", "created_by", "created_at"],
+        rows,
+        as_json=as_json,
+        rank=["id", "rows_removed", "column", "created_at"],
+        right=["rows_removed"],
+    )
+
+
+@app.command("reveal")
+@handle_errors
+def reveal(
+    name: str,
+    tokens: Annotated[list[str], typer.Argument(help="Tokens of the column.")],
+    column: Annotated[str, typer.Option("--column", help="The tokenized column.")],
+    as_json: bool = JsonOption,
+) -> None:
+    """The values behind tokenized values of a column of NAME (privacy officers; audited)."""
+    values = client().reveal_tokens(name, column, tokens)
+    if as_json:
+        typer.echo(json.dumps(dict(zip(tokens, values, strict=True))))
+        return
+    for token, value in zip(tokens, values, strict=True):
+        shown = "[red](not a token of this column)[/]" if value is None else escape(value)
+        console.print(f"{escape(token)}\t{shown}")
+
+
+@app.command("rotate-privacy-key")
+@handle_errors
+def rotate_privacy_key() -> None:
+    """Make a new pseudonymization key active (platform admins). Older tokens still reveal
+    and still match for erasure; new hmac tokens differ from old ones."""
+    key = client().rotate_privacy_key()
+    console.print(f"[green]new pseudonymization key[/] {escape(key)}")

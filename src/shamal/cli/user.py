@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from shamal.cli._common import JsonOption, client, console, handle_errors, print_table
+from shamal.errors import InvalidParameter
 
 app = typer.Typer(
     help="Accounts: people and service accounts (platform admins).", no_args_is_help=True
@@ -33,7 +34,7 @@ def list_(as_json: bool = JsonOption) -> None:
     """List all accounts."""
     print_table(
         "Accounts",
-        ["name", "kind", "is_admin", "disabled", "created_at"],
+        ["name", "kind", "is_admin", "privacy_officer", "disabled", "created_at"],
         client().list_users(),
         as_json=as_json,
     )
@@ -53,3 +54,36 @@ def enable(name: str) -> None:
     """Enable a disabled account again."""
     client().set_user_disabled(name, False)
     console.print(f"enabled {name}")
+
+
+_GRANTS = ("privacy-officer",)
+
+
+def _check_grant(grant: str) -> None:
+    if grant not in _GRANTS:
+        raise InvalidParameter(f"unknown grant {grant!r}; grants: {', '.join(_GRANTS)}")
+
+
+@app.command("grant")
+@handle_errors
+def grant(
+    grant_name: Annotated[str, typer.Argument(metavar="GRANT", help="privacy-officer")],
+    name: Annotated[str, typer.Argument(metavar="USER")],
+) -> None:
+    """Give USER a platform-level grant. privacy-officer: may reveal tokenized personal
+    values and erase a data subject from any dataset (audited)."""
+    _check_grant(grant_name)
+    client().set_user_grant(name, grant_name, True)
+    console.print(f"{name} now holds {grant_name}")
+
+
+@app.command("revoke")
+@handle_errors
+def revoke(
+    grant_name: Annotated[str, typer.Argument(metavar="GRANT", help="privacy-officer")],
+    name: Annotated[str, typer.Argument(metavar="USER")],
+) -> None:
+    """Take a platform-level grant back from USER."""
+    _check_grant(grant_name)
+    client().set_user_grant(name, grant_name, False)
+    console.print(f"{name} no longer holds {grant_name}")

@@ -197,6 +197,11 @@ class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls, Lin
         verb = "disable" if disabled else "enable"
         return self.request("POST", f"/api/v1/users/{quote(name, safe='')}/{verb}")
 
+    def set_user_grant(self, name: str, grant: str, granted: bool) -> Any:
+        """Give (or take back) a platform-level grant such as ``privacy-officer``."""
+        path = f"/api/v1/users/{quote(name, safe='')}/grants/{quote(grant, safe='')}"
+        return self.request("PUT" if granted else "DELETE", path)
+
     # ------------------------------------------------------------------ teams
     def create_team(self, name: str, description: str = "") -> Any:
         return self.request(

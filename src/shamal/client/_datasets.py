@@ -224,3 +224,47 @@ class DatasetCalls(ClientCalls):
             "GET", _path(name, "dead-letters"), params={"limit": limit}
         )
         return result
+
+    # ------------------------------------------------------------------ privacy
+    def get_dataset_privacy(self, name: str) -> dict[str, Any]:
+        """``{"policy": ..., "yaml": ...}`` of the privacy policy of ``name`` (both None
+        without one)."""
+        result: dict[str, Any] = self.request("GET", _path(name, "privacy"))
+        return result
+
+    def set_dataset_privacy(self, name: str, yaml_text: str | None) -> dict[str, Any] | None:
+        """Pseudonymize new versions of ``name`` under the policy ``yaml_text`` (YAML or
+        JSON; None removes it)."""
+        if yaml_text is None:
+            self.request("DELETE", _path(name, "privacy"))
+            return None
+        result: dict[str, Any] = self.request(
+            "PUT", _path(name, "privacy"), json={"yaml": yaml_text}
+        )
+        return result
+
+    def reveal_tokens(self, name: str, column: str, tokens: list[str]) -> list[str | None]:
+        """The values behind tokenized values of ``column`` (privacy officers)."""
+        body = {"column": column, "tokens": tokens}
+        values: list[str | None] = self.request("POST", _path(name, "reveal"), json=body)["values"]
+        return values
+
+    def erase_subject(self, name: str, column: str, subject: str) -> dict[str, Any]:
+        """Remove the rows whose ``column`` holds ``subject`` from every version of ``name``."""
+        body = {"column": column, "subject": subject}
+        result: dict[str, Any] = self.request(
+            "POST",
+            _path(name, "erasures"),
+            json=body,
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None),
+        )
+        return result
+
+    def dataset_erasures(self, name: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", _path(name, "erasures"))
+        return result
+
+    def rotate_privacy_key(self) -> str:
+        """Make a new pseudonymization key active (platform admins); its id."""
+        key: str = self.request("POST", "/api/v1/privacy/keys")["key"]
+        return key

@@ -15,6 +15,10 @@ The pure core, free of database, web framework and artifact store:
 - a **validation**: a :class:`Suite` of :class:`Expectation` s (YAML or a builder) that
   :func:`validate` evaluates over a version's Parquet files in one DuckDB scan, custom SQL
   confined to the version, into a :class:`Report`.
+- **privacy**: a :class:`PrivacyPolicy` names a dataset's personal columns and how each is
+  transformed (hmac per purpose, tokenize, drop, generalize) by a :class:`Pseudonymizer` on
+  each batch before it is stored; :class:`Erasure` records a data subject removed from every
+  version.
 
 The entities and rules load with the package; everything else (pyarrow, DuckDB, the service)
 on first use.
@@ -29,6 +33,7 @@ from shamal.datasets._entities import (
     DataSet,
     DataVersion,
     DeadLetter,
+    Erasure,
     Part,
     Residency,
     StoreResidency,
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
         Unique,
     )
     from shamal.datasets._ingest import FORMATS
+    from shamal.datasets._privacy import ColumnRule, PrivacyPolicy, Pseudonymizer
     from shamal.datasets._profile import QUANTILES, ColumnProfile, Profile, Profiler, TopValue
     from shamal.datasets._service import NAMESPACE, DatasetService
     from shamal.datasets._streams import StreamService, StreamWrite
@@ -76,6 +82,7 @@ if TYPE_CHECKING:
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "ColumnProfile": ("_profile", "ColumnProfile"),
+    "ColumnRule": ("_privacy", "ColumnRule"),
     "ColumnShift": ("_diff", "ColumnShift"),
     "ColumnType": ("_expectations", "ColumnType"),
     "Consumer": ("_consumer", "Consumer"),
@@ -99,9 +106,11 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "MatchesRegex": ("_expectations", "MatchesRegex"),
     "NAMESPACE": ("_service", "NAMESPACE"),
     "NotNull": ("_expectations", "NotNull"),
+    "PrivacyPolicy": ("_privacy", "PrivacyPolicy"),
     "Profile": ("_profile", "Profile"),
     "ProfileDiff": ("_diff", "ProfileDiff"),
     "Profiler": ("_profile", "Profiler"),
+    "Pseudonymizer": ("_privacy", "Pseudonymizer"),
     "QUANTILES": ("_profile", "QUANTILES"),
     "REDACTED": ("_validation", "REDACTED"),
     "Report": ("_validation", "Report"),
@@ -131,6 +140,7 @@ __all__ = [
     "QUANTILES",
     "REDACTED",
     "ColumnProfile",
+    "ColumnRule",
     "ColumnShift",
     "Broker",
     "ColumnType",
@@ -141,6 +151,7 @@ __all__ = [
     "DataVersion",
     "DatasetService",
     "DeadLetter",
+    "Erasure",
     "Expectation",
     "ExpectationResult",
     "Fresh",
@@ -152,9 +163,11 @@ __all__ = [
     "MicroBatcher",
     "NotNull",
     "Part",
+    "PrivacyPolicy",
     "Profile",
     "ProfileDiff",
     "Profiler",
+    "Pseudonymizer",
     "Report",
     "Residency",
     "RowCount",

@@ -116,3 +116,22 @@ class DeadLetter:
     size: int
     stream: str = ""
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """A data subject's rows removed from every version of a dataset that held them.
+
+    The subject is kept only as ``subject_hash``, a keyed hash (never the value); each
+    entry of ``versions`` names a version changed, the rows it lost and its digests before
+    and after.
+    """
+
+    id: str
+    dataset: str
+    column: str
+    subject_hash: str
+    rows_removed: int
+    versions: tuple[dict[str, Any], ...]
+    created_by: str
+    created_at: datetime

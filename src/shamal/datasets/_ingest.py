@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,8 +62,12 @@ def _check_width(schema: pa.Schema, fmt: str) -> None:
         raise InvalidParameter(f"the {fmt} source has empty or repeated column names")
 
 
-def _csv(path: Path) -> Iterator[pa.RecordBatch]:
-    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=_BLOCK))
+def _csv(path: Path, text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
+    # Columns named text are never inferred as numbers (a phone number keeps its '+').
+    convert = pacsv.ConvertOptions(column_types=dict.fromkeys(text_columns, pa.string()))
+    reader = pacsv.open_csv(
+        path, read_options=pacsv.ReadOptions(block_size=_BLOCK), convert_options=convert
+    )
     _check_width(reader.schema, "csv")
     yield from reader
 
@@ -103,8 +107,11 @@ _READERS: dict[str, Callable[[Path], Iterator[pa.RecordBatch]]] = {
 }
 
 
-def read_batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
-    """The source's rows as Arrow batches of bounded size.
+def read_batches(
+    path: Path, fmt: str, *, text_columns: Sequence[str] = ()
+) -> Iterator[pa.RecordBatch]:
+    """The source's rows as Arrow batches of bounded size; a CSV's ``text_columns`` are read
+    as text, whatever they look like.
 
     Raises:
         InvalidParameter: an unknown format, or a file that is not what it says (where it
@@ -114,7 +121,7 @@ def read_batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
     if reader is None:
         raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     try:
-        yield from reader(path)
+        yield from (_csv(path, text_columns) if fmt == "csv" else reader(path))
     except (pa.ArrowException, OSError, ValueError) as exc:
         if isinstance(exc, InvalidParameter):
             raise

@@ -17,6 +17,7 @@ __all__ = [
     "check_regions",
     "check_tag",
     "parse_ref",
+    "part_path",
     "version_digest",
 ]
 
@@ -115,3 +116,8 @@ def version_digest(part_digests: Sequence[str]) -> str:
     for digest in part_digests:
         hasher.update(digest.encode("ascii") + b"\n")
     return hasher.hexdigest()
+
+
+def part_path(dataset_id: str, digest: str) -> str:
+    """Where a part is stored in the datasets' artifact namespace, named by its content."""
+    return f"{dataset_id}/parts/{digest}.parquet"

@@ -32,18 +32,36 @@ from shamal.datasets._diff import VersionDiff, diff_versions
 from shamal.datasets._entities import (
     DataSet,
     DataVersion,
+    Erasure,
     Part,
     Residency,
     StoreResidency,
     VersionStatus,
     WriteMode,
 )
+from shamal.datasets._erasure import Eraser, ErasureRequest
 from shamal.datasets._expectations import Suite
+from shamal.datasets._privacy import (
+    PrivacyPolicy,
+    Pseudonymizer,
+    reveal,
+    subject_hash,
+    subject_tokens,
+)
 from shamal.datasets._profile import Profiler
+from shamal.datasets._rules import part_path
 from shamal.datasets._validation import Report, validate
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
-from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
+from shamal.security import (
+    AuditContext,
+    AuditLog,
+    KeyUse,
+    Principal,
+    PseudonymKeys,
+    Role,
+    SecurityService,
+)
 
 __all__ = ["NAMESPACE", "BatchHook", "DatasetService", "Ingested", "Within"]
 
@@ -84,8 +102,37 @@ class Ingested:
         return "write", self.profile, self.report
 
 
-def part_path(dataset_id: str, digest: str) -> str:
-    return f"{dataset_id}/parts/{digest}.parquet"
+def _then(first: BatchHook | None, second: BatchHook | None) -> BatchHook | None:
+    """``first`` then ``second`` (the privacy policy first: no later hook sees a raw
+    personal value)."""
+    if first is None or second is None:
+        return first or second
+    return lambda batch: second(first(batch))
+
+
+#: Subjects and tokens are at most this long (a cell of text, not a file).
+MAX_SUBJECT_CHARS = 65_536
+MAX_REVEAL = 1000
+#: The purpose of the keyed hash an erasure record keeps of its subject.
+ERASURE_PURPOSE = "shamal.erasure"
+
+
+def _column_rules(
+    policy: PrivacyPolicy | None, versions: list[DataVersion], column: str
+) -> list[dict[str, Any]]:
+    """How ``column`` was (and is to be) transformed: the policy's rule and every version's
+    recorded one, each once."""
+    found: list[dict[str, Any]] = []
+    rule = policy.rule(column) if policy is not None else None
+    if rule is not None:
+        found.append(rule.to_json())
+    for version in versions:
+        for done in version.transformations:
+            if done.get("column") == column and done.get("action") != "erasure":
+                entry = {k: v for k, v in done.items() if k not in ("column", "key")}
+                if entry not in found:
+                    found.append(entry)
+    return found
 
 
 def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
@@ -105,15 +152,18 @@ class DatasetService:
         artifacts: ArtifactService,
         work_dir: Path,
         clock: Clock = utc_now,
+        privacy_keys: PseudonymKeys | None = None,
     ) -> None:
         """``work_dir``: where sources are spooled and parts written before storage (private
-        to the server; each ingestion uses, then removes, a folder of its own)."""
+        to the server; each ingestion uses, then removes, a folder of its own).
+        ``privacy_keys``: the pseudonymization keys (hmac and tokenize policies need them)."""
         self._db = db
         self._audit = audit
         self._security = security
         self._artifacts = artifacts
         self._work_dir = work_dir
         self._clock = clock
+        self._keys = privacy_keys
 
     # ------------------------------------------------------------------ access
     def _ref(self, s: Session, principal: Principal, name: str, needed: Role) -> _store.DataSetRef:
@@ -197,13 +247,14 @@ class DatasetService:
         """
         if fmt not in _ingest.FORMATS:
             raise InvalidParameter(f"unknown format {fmt!r}; one of {', '.join(_ingest.FORMATS)}")
+        text_columns = self._keyed_columns(ctx, name)
 
         def spooled(folder: Path) -> Iterator[pa.RecordBatch]:
             path = folder / "source"
             with path.open("wb") as handle:
                 for chunk in chunks:
                     handle.write(chunk)
-            yield from _ingest.read_batches(path, fmt)
+            yield from _ingest.read_batches(path, fmt, text_columns=text_columns)
             path.unlink()
 
         return self._write_version(
@@ -262,10 +313,22 @@ class DatasetService:
             suite_text = _store.suite_of(s, ref)
             seen = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
             regions = _store.regions_of(s, ref)
+            policy_json = _store.privacy_of(s, ref)
         # Chosen before a byte is read: a refused write reads and stores nothing.
         target = self._write_store(ctx, name, regions, store)
         suite = Suite.from_yaml(suite_text) if suite_text else None
-        ingested = self._store_part(ref, produce, on_batch, suite, seen, target)
+        policy = PrivacyPolicy.from_mapping(policy_json) if policy_json else None
+        pseudonymize = self._pseudonymizer(policy)
+        ingested = self._store_part(
+            ref,
+            produce,
+            _then(pseudonymize, on_batch),
+            suite,
+            seen,
+            target,
+            personal=policy.personal if policy is not None else (),
+        )
+        transformations = pseudonymize.transformations() if pseudonymize is not None else []
 
         def work(s: Session) -> DataVersion:
             # The number first: taking it locks the dataset's row, so the version appended to
@@ -304,7 +367,7 @@ class DatasetService:
                     "mode": mode.value,
                     "profile": {"scope": scope, **profile},
                     "validation": None if report is None else {"scope": scope, **report.to_json()},
-                    "transformations": [],
+                    "transformations": transformations,
                     "created_by": ctx.actor,
                     "created_at": self._clock(),
                 },
@@ -332,11 +395,14 @@ class DatasetService:
         suite: Suite | None,
         base: DataVersion | None,
         store: str | None = None,
+        *,
+        personal: tuple[str, ...] = (),
     ) -> Ingested:
         self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="ingest-", dir=self._work_dir))
         try:
-            profiler = Profiler()
+            # Personal columns keep no value in the profile; samples of them are redacted.
+            profiler = Profiler(personal)
 
             def each(batch: pa.RecordBatch) -> pa.RecordBatch:
                 stored = on_batch(batch) if on_batch is not None else batch
@@ -344,13 +410,19 @@ class DatasetService:
                 return stored
 
             written = _ingest.write_part(iter(produce(folder)), folder / "part.parquet", each)
-            report = None if suite is None else validate(suite, [written.path], now=self._clock())
+            report = (
+                None
+                if suite is None
+                else validate(suite, [written.path], now=self._clock(), personal=personal)
+            )
             whole = None
             if base is not None and list(base.schema) == list(written.schema):
                 # Measured as the version it makes; if the parts will not merge (an Arrow type
                 # Parquet stores otherwise), the write's own figures stand, scoped to it.
                 with contextlib.suppress(InvalidParameter):
-                    whole = self._measure_whole(base, folder, profiler, written.path, suite)
+                    whole = self._measure_whole(
+                        base, folder, profiler, written.path, suite, personal
+                    )
             digest = _ingest.file_digest(written.path)
             path = part_path(ref.id, digest)
             self._artifacts.store_file(
@@ -375,11 +447,12 @@ class DatasetService:
         written: Profiler,
         new_part: Path,
         suite: Suite | None,
+        personal: tuple[str, ...] = (),
     ) -> tuple[dict[str, Any], Report | None]:
         """The profile and report of ``base``'s rows plus the new part's: the earlier parts
         are read back batch by batch and profiled, then merged with the profile the new rows
         got as they streamed in; the suite runs over every part in one scan."""
-        whole = Profiler()
+        whole = Profiler(personal)
         files = []
         for index, part in enumerate(base.parts):
             target = folder / f"base-{index:05d}.parquet"
@@ -390,7 +463,11 @@ class DatasetService:
                 whole.update(batch)
             files.append(target)
         whole.merge(written)
-        report = None if suite is None else validate(suite, [*files, new_part], now=self._clock())
+        report = (
+            None
+            if suite is None
+            else validate(suite, [*files, new_part], now=self._clock(), personal=personal)
+        )
         return whole.result().to_json(), report
 
     def set_suite(self, ctx: AuditContext, name: str, text: str | None) -> Suite | None:
@@ -718,6 +795,188 @@ class DatasetService:
                     mine = frozenset(regions)
                     allowed = mine if allowed is None else allowed & mine
         return allowed
+
+    # ------------------------------------------------------------------ privacy
+    def _pseudonymizer(self, policy: PrivacyPolicy | None) -> Pseudonymizer | None:
+        if policy is None:
+            return None
+        keys = {}
+        for rule in policy.rules:
+            if rule.keyed and rule.purpose is not None:
+                use: KeyUse = "hmac" if rule.action == "hmac" else "siv"
+                keys[rule.column] = self._require_keys().active(use, rule.purpose)
+        return Pseudonymizer(policy, keys)
+
+    def _keyed_columns(self, ctx: AuditContext, name: str) -> tuple[str, ...]:
+        """The columns a policy hmacs or tokenizes: a CSV reads them as text, so that a
+        value's token does not hang on how a reader guessed its type."""
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.privacy_of(s, self._ref(s, ctx.require_principal(), name, Role.MEMBER))
+        policy = PrivacyPolicy.from_mapping(found) if found else None
+        return () if policy is None else tuple(r.column for r in policy.rules if r.keyed)
+
+    def _require_keys(self) -> PseudonymKeys:
+        if self._keys is None:
+            raise InvalidParameter(
+                "this server has no pseudonymization keys; hmac and tokenize policies need "
+                "them (the server makes its key ring on start)"
+            )
+        return self._keys
+
+    def set_privacy(self, ctx: AuditContext, name: str, text: str | None) -> PrivacyPolicy | None:
+        """Transform the personal columns of every new version of ``name`` as the policy
+        ``text`` (YAML or JSON) says, before any byte is stored; None removes it
+        (maintainers). Versions already written keep what they hold: erase or overwrite.
+
+        Raises:
+            InvalidParameter: the policy does not parse (the key named), or needs keys the
+                server lacks.
+        """
+        principal = ctx.require_principal()
+        policy = PrivacyPolicy.from_text(text) if text is not None else None
+        if policy is not None and policy.purposes:
+            self._require_keys()
+
+        def work(s: Session) -> None:
+            ref = self._ref(s, principal, name, Role.MAINTAINER)
+            _store.set_privacy(s, ref, None if policy is None else policy.to_json(), self._clock())
+            self._audit.record(
+                s,
+                ctx,
+                f"dataset/{name}",
+                privacy=None if policy is None else {r.column: r.action for r in policy.rules},
+            )
+
+        self._db.run(work)
+        return policy
+
+    def privacy(self, principal: Principal, name: str) -> PrivacyPolicy | None:
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.privacy_of(s, self._ref(s, principal, name, Role.VIEWER))
+        return PrivacyPolicy.from_mapping(found) if found else None
+
+    def _officer_or(
+        self, s: Session, principal: Principal, name: str, needed: Role
+    ) -> _store.DataSetRef:
+        """The dataset, for a privacy officer (every dataset) or a holder of ``needed``."""
+        if principal.user.privacy_officer and principal.scope == "full":
+            return _store.ref(s, _rules.check_name(name))
+        return self._ref(s, principal, name, needed)
+
+    def reveal(
+        self, ctx: AuditContext, name: str, column: str, tokens: list[str]
+    ) -> list[str | None]:
+        """The values behind tokenize tokens of ``column`` (privacy officers only), in
+        order; None for a token that is not one of this column's. Audited with the counts,
+        never the tokens or values.
+
+        Raises:
+            PermissionDenied: the caller is not a privacy officer.
+            InvalidParameter: too many or too long tokens; the column is not tokenized.
+        """
+        principal = ctx.require_principal()
+        principal.require_privacy_officer("revealing tokenized values")
+        if not 1 <= len(tokens) <= MAX_REVEAL:
+            raise InvalidParameter(f"give 1 to {MAX_REVEAL} tokens")
+        if any(not isinstance(t, str) or len(t) > 4 * MAX_SUBJECT_CHARS for t in tokens):
+            raise InvalidParameter("a token is a string of at most 256 KiB")
+        with self._db.unit_of_work(write=False) as s:
+            ref = _store.ref(s, _rules.check_name(name))
+            found = _store.privacy_of(s, ref)
+            versions = _store.every_version(s, ref)
+        policy = PrivacyPolicy.from_mapping(found) if found else None
+        purposes = [
+            str(r["purpose"])
+            for r in _column_rules(policy, versions, column)
+            if r.get("action") == "tokenize"
+        ]
+        if not purposes:
+            raise InvalidParameter(
+                f"column {column!r} of {name!r} is not tokenized; only tokenize columns reveal"
+            )
+        values: list[str | None] = [None] * len(tokens)
+        for purpose in purposes:
+            keys = {k.key_id: k for k in self._require_keys().every("siv", purpose)}
+            for index, value in enumerate(reveal(tokens, keys)):
+                values[index] = values[index] if value is None else value
+        revealed = sum(v is not None for v in values)
+
+        def work(s: Session) -> None:
+            self._audit.record(
+                s, ctx, f"dataset/{name}", column=column, tokens=len(tokens), revealed=revealed
+            )
+
+        self._db.run(work)
+        return values
+
+    def erase(self, ctx: AuditContext, name: str, column: str, subject: str) -> Erasure:
+        """Remove every row whose ``column`` holds ``subject`` from every version of
+        ``name`` (dataset maintainers and privacy officers); see :mod:`._erasure`. The
+        subject is matched as the column stored it (its hmac or tokenize token under every
+        key of the ring, or the value itself) and kept only as a keyed hash.
+
+        Raises:
+            InvalidParameter: an empty or oversized subject; the column is generalized
+                (it names no one).
+            NotFound: no version has the column.
+            NotFound / PermissionDenied: not the caller's dataset, or a role below
+                maintainer (and no privacy-officer grant).
+        """
+        principal = ctx.require_principal()
+        if not isinstance(subject, str) or not 0 < len(subject) <= MAX_SUBJECT_CHARS:
+            raise InvalidParameter(f"a subject is 1 to {MAX_SUBJECT_CHARS} characters")
+        keys = self._require_keys()
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._officer_or(s, principal, name, Role.MAINTAINER)
+            found = _store.privacy_of(s, ref)
+            versions = _store.every_version(s, ref)
+        policy = PrivacyPolicy.from_mapping(found) if found else None
+        candidates = [subject]
+        for rule in _column_rules(policy, versions, column):
+            if rule.get("action") == "generalize":
+                raise InvalidParameter(
+                    f"column {column!r} is generalized: it does not single out a person; "
+                    "erase by a column that identifies the subject"
+                )
+            if rule.get("action") in ("hmac", "tokenize"):
+                parsed = PrivacyPolicy.from_mapping({"columns": {column: rule}}).rules[0]
+                use: KeyUse = "hmac" if parsed.action == "hmac" else "siv"
+                assert parsed.purpose is not None
+                candidates.extend(subject_tokens(subject, parsed, keys.every(use, parsed.purpose)))
+        request = ErasureRequest(
+            column=column,
+            candidates=tuple(dict.fromkeys(candidates)),
+            subject_hash=subject_hash(subject, keys.active("hmac", ERASURE_PURPOSE)),
+            personal=policy.personal if policy is not None else (),
+        )
+        eraser = Eraser(
+            self._db,
+            self._audit,
+            self._artifacts,
+            NAMESPACE,
+            self._work_dir,
+            self._clock,
+            read_part=self._part_chunks,
+        )
+        return eraser.erase(ctx, ref, request)
+
+    def erasures(self, principal: Principal, name: str) -> list[Erasure]:
+        """The erasures made in ``name`` (maintainers and privacy officers)."""
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._officer_or(s, principal, name, Role.MAINTAINER)
+            return _store.erasures(s, ref)
+
+    def rotate_privacy_key(self, ctx: AuditContext) -> str:
+        """Make a new pseudonymization secret active (platform admins); older tokens still
+        reveal and match. Returns the new key's id."""
+        ctx.require_principal().require_admin()
+        key_id = self._require_keys().rotate()
+
+        def work(s: Session) -> None:
+            self._audit.record(s, ctx, "privacy/keys", key=key_id)
+
+        self._db.run(work)
+        return key_id
 
 
 def _whole(found: DataVersion, held: dict[str, list[str]]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from shamal.datasets._entities import (
     DataSet,
     DataVersion,
     DeadLetter,
+    Erasure,
     Part,
     VersionStatus,
     WriteMode,
@@ -27,6 +28,7 @@ from shamal.datasets._entities import (
 from shamal.db.models import (
     DataAliasRow,
     DataDeadLetterRow,
+    DataErasureRow,
     DataPartStoreRow,
     DataSetRow,
     DataStreamKeyRow,
@@ -338,6 +340,15 @@ def add_part_store(s: Session, dataset_id: str, digest: str, store: str, now: da
         s.flush()
 
 
+def remove_part_stores(s: Session, dataset_id: str, digest: str) -> None:
+    """Forget where the part ``digest`` was held (its bytes were purged everywhere)."""
+    s.execute(
+        delete(DataPartStoreRow).where(
+            DataPartStoreRow.dataset_id == dataset_id, DataPartStoreRow.digest == digest
+        )
+    )
+
+
 # ---------------------------------------------------------------------- streams
 #: Keys looked up per query (well under every backend's bound-parameter limit).
 _KEY_CHUNK = 500
@@ -420,3 +431,83 @@ def dead_letters(s: Session, dataset: DataSetRef, limit: int) -> list[DeadLetter
         DeadLetter(row.key, row.reason, row.digest, row.size, row.stream, row.created_at)
         for row in rows
     ]
+
+
+# ---------------------------------------------------------------------- privacy
+
+
+def privacy_of(s: Session, dataset: DataSetRef) -> dict[str, Any] | None:
+    """The dataset's privacy policy (its JSON form), if it has one."""
+    found = s.execute(select(DataSetRow.privacy).where(DataSetRow.id == dataset.id)).scalar_one()
+    return None if found is None else dict(found)
+
+
+def set_privacy(
+    s: Session, dataset: DataSetRef, policy: Mapping[str, Any] | None, now: datetime
+) -> None:
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(privacy=None if policy is None else dict(policy), updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def lock_dataset(s: Session, dataset: DataSetRef, now: datetime) -> None:
+    """Take the dataset row's lock (as :func:`reserve_version` does): writers of versions
+    wait until the transaction ends."""
+    s.execute(
+        update(DataSetRow)
+        .where(DataSetRow.id == dataset.id)
+        .values(updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def every_version(s: Session, dataset: DataSetRef) -> list[DataVersion]:
+    """Every version, quarantined ones too, oldest first."""
+    query = (
+        select(DataVersionRow)
+        .where(DataVersionRow.dataset_id == dataset.id)
+        .order_by(DataVersionRow.version)
+    )
+    return [_version(row, dataset.name, {}) for row in s.scalars(query)]
+
+
+def rewrite_version(s: Session, version_id: str, values: Mapping[str, Any]) -> None:
+    """Replace a version's parts and what follows from them (after an erasure)."""
+    s.execute(
+        update(DataVersionRow)
+        .where(DataVersionRow.id == version_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _erasure(row: DataErasureRow, dataset: str) -> Erasure:
+    return Erasure(
+        id=row.id,
+        dataset=dataset,
+        column=row.column,
+        subject_hash=row.subject_hash,
+        rows_removed=row.rows_removed,
+        versions=tuple(row.versions),
+        created_by=row.created_by,
+        created_at=row.created_at,
+    )
+
+
+def insert_erasure(s: Session, dataset: DataSetRef, values: Mapping[str, Any]) -> Erasure:
+    row = DataErasureRow(id=uuid.uuid4().hex, dataset_id=dataset.id, **values)
+    s.add(row)
+    s.flush()
+    return _erasure(row, dataset.name)
+
+
+def erasures(s: Session, dataset: DataSetRef) -> list[Erasure]:
+    query = (
+        select(DataErasureRow)
+        .where(DataErasureRow.dataset_id == dataset.id)
+        .order_by(DataErasureRow.created_at, DataErasureRow.id)
+    )
+    return [_erasure(row, dataset.name) for row in s.scalars(query)]

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal.api import (
@@ -32,10 +32,18 @@ from shamal.artifacts import consume_body, download_slot
 from shamal.config import STORE_NAME_PATTERN
 from shamal.datasets._batcher import STREAM_PATTERN
 from shamal.datasets._diff import VersionDiff
-from shamal.datasets._entities import DataSet, DataVersion, DeadLetter, Residency, WriteMode
+from shamal.datasets._entities import (
+    DataSet,
+    DataVersion,
+    DeadLetter,
+    Erasure,
+    Residency,
+    WriteMode,
+)
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
-from shamal.datasets._service import MAX_LIST, DatasetService
+from shamal.datasets._privacy import PrivacyPolicy
+from shamal.datasets._service import MAX_LIST, MAX_REVEAL, MAX_SUBJECT_CHARS, DatasetService
 from shamal.datasets._streams import MAX_RECORDS, StreamService, StreamWrite
 from shamal.errors import InvalidParameter
 from shamal.security import NAME_PATTERN, AuditContext
@@ -669,3 +677,162 @@ def list_dead_letters(
         )
         for d in svc.dead_letters(principal, name, limit)
     ]
+
+
+# ---------------------------------------------------------------------- privacy
+
+
+class PrivacyOut(BaseModel):
+    policy: dict[str, Any] | None = Field(description="The policy as JSON (version, columns)")
+    yaml: str | None = Field(description="The same, as YAML")
+
+
+def _privacy_out(found: PrivacyPolicy | None) -> PrivacyOut:
+    if found is None:
+        return PrivacyOut(policy=None, yaml=None)
+    return PrivacyOut(policy=found.to_json(), yaml=found.to_yaml())
+
+
+@router.get("/datasets/{name}/privacy", summary="The privacy policy new versions are written under")
+def get_privacy(name: Name, svc: Datasets, principal: CurrentPrincipal) -> PrivacyOut:
+    return _privacy_out(svc.privacy(principal, name))
+
+
+@router.put(
+    "/datasets/{name}/privacy",
+    summary="Pseudonymize the personal columns of every new version (maintainers)",
+    description='The body is the policy as JSON (`{"version": 1, "columns": {...}}`), or '
+    '`{"yaml": "..."}` holding it as YAML; an unknown key anywhere is a 400.',
+)
+def set_privacy(
+    name: Name,
+    body: Annotated[dict[str, Any], Body()],
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.privacy"))],
+) -> PrivacyOut:
+    if set(body) == {"yaml"}:
+        if not isinstance(body["yaml"], str):
+            raise InvalidParameter("'yaml' holds the policy as YAML text")
+        text = body["yaml"]
+    else:
+        text = json.dumps(body)
+    return _privacy_out(svc.set_privacy(ctx, name, text))
+
+
+@router.delete(
+    "/datasets/{name}/privacy",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Remove the privacy policy (versions already written keep what they hold)",
+)
+def delete_privacy(
+    name: Name,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.privacy"))],
+) -> Response:
+    svc.set_privacy(ctx, name, None)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+_COLUMN = Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")
+
+
+class RevealIn(_Model):
+    column: str = _COLUMN
+    tokens: list[str] = Field(min_length=1, max_length=MAX_REVEAL)
+
+
+class RevealOut(BaseModel):
+    values: list[str | None] = Field(
+        description="The value behind each token, in order; null where it is not a token of "
+        "this column"
+    )
+
+
+@router.post(
+    "/datasets/{name}/reveal",
+    summary="The values behind tokenized values of a column (privacy officers; audited)",
+    response_model=RevealOut,
+)
+def reveal_tokens(
+    name: Name,
+    body: RevealIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.reveal"))],
+) -> JSONResponse:
+    values = svc.reveal(ctx, name, body.column, body.tokens)
+    # Personal values: never kept by a cache on the way.
+    return JSONResponse(
+        RevealOut(values=values).model_dump(), headers={"Cache-Control": "no-store"}
+    )
+
+
+class ErasureIn(_Model):
+    column: str = _COLUMN
+    subject: str = Field(
+        min_length=1,
+        max_length=MAX_SUBJECT_CHARS,
+        description="The data subject's value in that column, as the source held it",
+    )
+
+
+class ErasureOut(BaseModel):
+    id: str
+    dataset: str
+    column: str
+    subject_hash: str
+    rows_removed: int
+    versions: list[dict[str, Any]]
+    created_by: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, found: Erasure) -> ErasureOut:
+        return cls(
+            id=found.id,
+            dataset=found.dataset,
+            column=found.column,
+            subject_hash=found.subject_hash,
+            rows_removed=found.rows_removed,
+            versions=list(found.versions),
+            created_by=found.created_by,
+            created_at=found.created_at,
+        )
+
+
+@router.post(
+    "/datasets/{name}/erasures",
+    status_code=status.HTTP_201_CREATED,
+    summary="Erase a data subject's rows from every version (maintainers, privacy officers)",
+)
+def erase_subject(
+    name: Name,
+    body: ErasureIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.erase"))],
+) -> ErasureOut:
+    return ErasureOut.of(svc.erase(ctx, name, body.column, body.subject))
+
+
+@router.get(
+    "/datasets/{name}/erasures",
+    summary="The erasures made in a dataset (maintainers, privacy officers)",
+    response_model=list[ErasureOut],
+)
+def list_erasures(name: Name, svc: Datasets, principal: CurrentPrincipal) -> list[ErasureOut]:
+    return [ErasureOut.of(e) for e in svc.erasures(principal, name)]
+
+
+class KeyOut(BaseModel):
+    key: str = Field(description="The id of the new active pseudonymization key")
+
+
+@router.post(
+    "/privacy/keys",
+    status_code=status.HTTP_201_CREATED,
+    tags=["privacy"],
+    summary="Rotate the pseudonymization keys: a new secret is active (platform admins)",
+)
+def rotate_privacy_key(
+    svc: Datasets, ctx: Annotated[AuditContext, Depends(audited("privacy.key.rotate"))]
+) -> KeyOut:
+    return KeyOut(key=svc.rotate_privacy_key(ctx))

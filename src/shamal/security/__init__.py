@@ -1,4 +1,4 @@
-"""Security domain: accounts, teams and roles, API tokens, and the audit log.
+"""Security domain: accounts, teams and roles, API tokens, the audit log, pseudonymization keys.
 
 Public surface for the rest of Shamal; other packages never reach into the
 private modules.
@@ -20,11 +20,20 @@ from shamal.security._entities import (
     Team,
     User,
 )
+from shamal.security._pseudonyms import (
+    PURPOSE_PATTERN,
+    KeyUse,
+    PseudonymKeys,
+    PurposeKey,
+    SecretRing,
+    check_purpose,
+)
 from shamal.security._service import NAME_PATTERN, SecurityService, TeamDetail, check_name
 from shamal.security._watch import AuditWatch, WitnessFile
 
 __all__ = [
     "NAME_PATTERN",
+    "PURPOSE_PATTERN",
     "AccountKind",
     "ApiToken",
     "AuditContext",
@@ -34,14 +43,19 @@ __all__ = [
     "ChainReport",
     "Invitation",
     "IssuedToken",
+    "KeyUse",
     "Membership",
     "Principal",
+    "PseudonymKeys",
+    "PurposeKey",
     "Role",
+    "SecretRing",
     "SecurityService",
     "Team",
     "TeamDetail",
     "User",
     "WitnessFile",
     "check_name",
+    "check_purpose",
     "load_or_create_key",
 ]

@@ -54,6 +54,8 @@ class User:
     is_admin: bool
     disabled: bool
     created_at: datetime
+    #: The platform-level grant that reveals reversible pseudonyms (tokenized values).
+    privacy_officer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,16 @@ class Principal:
         if not self.user.is_admin:
             raise PermissionDenied("this action needs the platform admin role")
         self.require_own_token("take admin actions")
+
+    def require_privacy_officer(self, what: str) -> None:
+        """Raises PermissionDenied unless the principal holds the ``privacy-officer`` grant
+        and acts with their own token (a job's token never reveals personal data)."""
+        if not self.user.privacy_officer:
+            raise PermissionDenied(
+                f"{what} needs the privacy-officer grant; a platform admin gives it with "
+                "`shamal user grant privacy-officer NAME`"
+            )
+        self.require_own_token(what)
 
     def role_in_team_id(self, team_id: str) -> Role | None:
         for name, tid in self.team_ids.items():

@@ -203,6 +203,23 @@ class SecurityService:
         finally:
             self.forget_principals()
 
+    def set_privacy_officer(self, ctx: AuditContext, name: str, granted: bool) -> User:
+        """Give or take the ``privacy-officer`` grant (platform admins): who holds it may
+        reveal tokenized personal values and erase a data subject from any dataset."""
+        ctx.require_principal().require_admin()
+        check_name("user", name)
+        ctx.target = f"user:{name}"
+
+        def work(s: Session) -> User:
+            user = _store.set_privacy_officer(s, name, granted)
+            self._audit.record(s, ctx, ctx.target, grant="privacy-officer", granted=granted)
+            return user
+
+        try:
+            return self._db.run(work)
+        finally:
+            self.forget_principals()
+
     # ------------------------------------------------------------------ teams
     def create_team(self, ctx: AuditContext, name: str, description: str = "") -> Team:
         ctx.require_principal().require_admin()

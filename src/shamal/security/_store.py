@@ -47,6 +47,7 @@ def _user(row: UserRow) -> User:
         is_admin=row.is_admin,
         disabled=row.disabled,
         created_at=row.created_at,
+        privacy_officer=row.privacy_officer,
     )
 
 
@@ -75,6 +76,15 @@ def set_user_disabled(s: Session, name: str, disabled: bool) -> User:
     if row is None:
         raise NotFound(f"user {name!r} does not exist")
     row.disabled = disabled
+    s.flush()
+    return _user(row)
+
+
+def set_privacy_officer(s: Session, name: str, granted: bool) -> User:
+    row = s.scalar(select(UserRow).where(UserRow.name == name))
+    if row is None:
+        raise NotFound(f"user {name!r} does not exist")
+    row.privacy_officer = granted
     s.flush()
     return _user(row)
 

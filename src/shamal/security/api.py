@@ -265,6 +265,9 @@ class UserOut(_Model):
     is_admin: bool
     disabled: bool
     created_at: datetime
+    privacy_officer: bool = Field(
+        default=False, description="holds the privacy-officer grant (reveals pseudonyms)"
+    )
 
 
 class UserIn(_Model):
@@ -458,6 +461,37 @@ def enable_user(
     name: Name, svc: Security, ctx: Annotated[AuditContext, Depends(audited("user.enable"))]
 ) -> UserOut:
     return UserOut.of(svc.set_user_disabled(ctx, name, False))
+
+
+Grant = Annotated[Literal["privacy-officer"], Path(description="a platform-level grant")]
+
+
+@router.put(
+    "/users/{name}/grants/{grant}",
+    tags=["security"],
+    summary="Give an account a platform-level grant, e.g. privacy-officer (platform admin)",
+)
+def grant_user(
+    name: Name,
+    grant: Grant,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("user.grant"))],
+) -> UserOut:
+    return UserOut.of(svc.set_privacy_officer(ctx, name, True))
+
+
+@router.delete(
+    "/users/{name}/grants/{grant}",
+    tags=["security"],
+    summary="Take a platform-level grant back (platform admin)",
+)
+def revoke_grant(
+    name: Name,
+    grant: Grant,
+    svc: Security,
+    ctx: Annotated[AuditContext, Depends(audited("user.grant.revoke"))],
+) -> UserOut:
+    return UserOut.of(svc.set_privacy_officer(ctx, name, False))
 
 
 @router.post(

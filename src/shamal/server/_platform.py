@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from shamal.artifacts import ArtifactService, BlobStore, open_blob_store, open_data_stores
+from shamal.artifacts import ArtifactService, BlobStore, Keyring, open_blob_store, open_data_stores
 from shamal.config import Settings
 from shamal.datasets import DatasetService
 from shamal.db import Database, open_database, server_warnings, upgrade
@@ -28,6 +28,7 @@ from shamal.scheduler.live import (
 from shamal.security import (
     AuditLog,
     AuditWatch,
+    PseudonymKeys,
     SecurityService,
     WitnessFile,
     load_or_create_key,
@@ -107,8 +108,19 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     scheduler_settings = effective_settings(settings.scheduler)
     cluster = build_cluster(scheduler_settings, detect_local_gpus)
     # Sources are spooled and parts written beside upload bodies: one disk, already private.
+    # A key ring of its own: retiring the master keys of encryption at rest must never make
+    # tokens unrevealable, nor erased subjects unmatchable.
+    pseudonym_file = settings.resolved_pseudonym_key_file
+    privacy_keys = PseudonymKeys(
+        Keyring.load_or_create(pseudonym_file), path=pseudonym_file, load=Keyring.load
+    )
     datasets = DatasetService(
-        db, audit, security, artifacts, settings.resolved_upload_spool_dir / "datasets"
+        db,
+        audit,
+        security,
+        artifacts,
+        settings.resolved_upload_spool_dir / "datasets",
+        privacy_keys=privacy_keys,
     )
     jobs = JobService(
         db,

@@ -8,6 +8,7 @@ from shamal.db.models.audit import AuditEntryRow, AuditHeadRow
 from shamal.db.models.datasets import (
     DataAliasRow,
     DataDeadLetterRow,
+    DataErasureRow,
     DataPartStoreRow,
     DataSetRow,
     DataStreamKeyRow,
@@ -66,6 +67,7 @@ __all__ = [
     "DataAliasRow",
     "DataPartStoreRow",
     "DataDeadLetterRow",
+    "DataErasureRow",
     "DataSetRow",
     "DataStreamKeyRow",
     "DataVersionRow",

@@ -29,6 +29,8 @@ class DataSetRow(Base):
     description: Mapped[str] = mapped_column(Text)
     #: The expectation suite every new version is validated against (YAML), if any.
     suite: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: The privacy policy: how each personal column is transformed before it is stored.
+    privacy: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     #: The regions its data may be stored and processed in (None: anywhere).
     regions: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(String(256))
@@ -131,4 +133,22 @@ class DataDeadLetterRow(Base):
     reason: Mapped[str] = mapped_column(String(500))
     digest: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DataErasureRow(Base):
+    """A data subject's rows removed from every version of a dataset; the subject is kept
+    only as a keyed hash."""
+
+    __tablename__ = "data_erasures"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("data_sets.id", ondelete="CASCADE"), index=True
+    )
+    column: Mapped[str] = mapped_column(String(256))
+    subject_hash: Mapped[str] = mapped_column(String(160))
+    rows_removed: Mapped[int] = mapped_column(BigInteger)
+    versions: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

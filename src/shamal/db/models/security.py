@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, String
+from sqlalchemy import Boolean, ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shamal.db.models._base import Base, UTCDateTime
@@ -19,6 +19,8 @@ class UserRow(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    #: May reveal tokenized personal values (``shamal user grant privacy-officer``).
+    privacy_officer: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class TeamRow(Base):

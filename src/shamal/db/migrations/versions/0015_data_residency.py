@@ -2,7 +2,7 @@
 datasets a job reads with the regions it may run in
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-11-27
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 import shamal.db.models._base
 
 revision: str = "0015"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | None = None
 depends_on: str | None = None
 

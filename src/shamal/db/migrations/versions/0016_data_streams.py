@@ -1,7 +1,7 @@
 """data streams: idempotency keys of streamed records, and parked (dead-letter) records
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 Create Date: 2026-11-27
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 import shamal.db.models._base
 
 revision: str = "0016"
-down_revision: str | None = "0013"
+down_revision: str | None = "0015"
 branch_labels: str | None = None
 depends_on: str | None = None
 
