@@ -94,15 +94,18 @@ class DatasetService:
         artifacts: ArtifactService,
         work_dir: Path,
         clock: Clock = utc_now,
+        limits: _ingest.Limits | None = None,
     ) -> None:
         """``work_dir``: where sources are spooled and parts written before storage (private
-        to the server; each ingestion uses, then removes, a folder of its own)."""
+        to the server; each ingestion uses, then removes, a folder of its own). ``limits``:
+        how far a compressed source may expand (decompression bombs)."""
         self._db = db
         self._audit = audit
         self._security = security
         self._artifacts = artifacts
         self._work_dir = work_dir
         self._clock = clock
+        self._limits = limits or _ingest.Limits()
 
     # ------------------------------------------------------------------ access
     def _ref(self, s: Session, principal: Principal, name: str, needed: Role) -> _store.DataSetRef:
@@ -187,7 +190,7 @@ class DatasetService:
             with path.open("wb") as handle:
                 for chunk in chunks:
                     handle.write(chunk)
-            yield from _ingest.read_batches(path, fmt)
+            yield from _ingest.read_batches(path, fmt, self._limits)
             path.unlink()
 
         return self._write_version(

@@ -75,6 +75,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.tune = platform.tune
     app.state.deployments = platform.deployments
     app.state.datasets = platform.datasets
+    app.state.dataset_sources = platform.dataset_sources
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, open_blob_store
 from shamal.config import Settings
-from shamal.datasets import DatasetService
+from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolicy
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
 from shamal.executors import detect_local_gpus
@@ -58,6 +58,7 @@ class Platform:
     tune: TuneService
     deployments: DeploymentService
     datasets: DatasetService
+    dataset_sources: SourceIngestion
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
@@ -111,8 +112,14 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     database_name = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
     deployments = DeploymentService(db, audit, security, registry)
     # Sources are spooled and parts written beside upload bodies: one disk, already private.
+    sources = _source_policy(settings)
     datasets = DatasetService(
-        db, audit, security, artifacts, settings.resolved_upload_spool_dir / "datasets"
+        db,
+        audit,
+        security,
+        artifacts,
+        settings.resolved_upload_spool_dir / "datasets",
+        limits=sources.limits,
     )
     return Platform(
         settings=settings,
@@ -128,6 +135,9 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         tune=tune,
         deployments=deployments,
         datasets=datasets,
+        dataset_sources=SourceIngestion(
+            datasets, sources, settings.resolved_upload_spool_dir / "datasets"
+        ),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )
@@ -141,3 +151,17 @@ def private_home(home: Path) -> None:
     if mode & 0o077:
         logger.warning("SHAMAL_HOME %s was open to others (mode %o); it is now 0700", home, mode)
         home.chmod(0o700)
+
+
+def _source_policy(settings: Settings) -> SourcePolicy:
+    """What the server may read for a dataset (``data_sources``): nothing unless listed."""
+    sources = settings.data_sources
+    return SourcePolicy(
+        s3_buckets=frozenset(sources.s3_buckets),
+        s3_endpoint_url=sources.s3_endpoint_url,
+        s3_region=sources.s3_region,
+        sql_hosts=frozenset(h.lower() for h in sources.sql_hosts),
+        sql_timeout_s=sources.sql_timeout_s,
+        max_object_bytes=settings.max_upload_bytes,
+        limits=Limits(sources.max_expansion, sources.expansion_allowance_mib << 20),
+    )
