@@ -30,7 +30,7 @@ from shamal.client._compare import (
     status_rank,
     summarize_experiment,
 )
-from shamal.client._datasets import DatasetCalls, source_format
+from shamal.client._datasets import DatasetCalls, has_password, is_remote, redact, source_format
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
@@ -40,6 +40,9 @@ from shamal.jobs import snapshot
 __all__ = [
     "DEFAULT_URL",
     "DatasetCalls",
+    "has_password",
+    "is_remote",
+    "redact",
     "source_format",
     "best_value",
     "extremes",
