@@ -69,7 +69,7 @@ def _dictionary_bomb() -> bytes:
 
 
 def _type_change() -> bytes:
-    return b"a,b\n" + b"1,2\n" * 1_200_000 + b"x,3\n"  # past the first 4 MiB block
+    return b"a,b\n" + b"1,2\n" * 1_200_000 + b"x,3\n"  # past the first 1 MiB block
 
 
 HOSTILE: list[tuple[str, str, bytes, str]] = [
@@ -79,7 +79,7 @@ HOSTILE: list[tuple[str, str, bytes, str]] = [
     ("utf-16 without bom", "csv", "a,b\n1,2\n".encode("utf-16-le"), "not UTF-8 text"),
     ("utf-16 with bom", "csv", "a,b\n1,2\n".encode("utf-16"), "not UTF-8 text"),
     ("nul in a cell", "csv", b"a,b\n1,x\x00y\n", "NUL bytes in a cell \\(at column #2"),
-    ("10 MB cell", "csv", b"a,b\n1," + b"x" * (10 << 20) + b"\n", "row longer than 4 MiB"),
+    ("10 MB cell", "csv", b"a,b\n1," + b"x" * (10 << 20) + b"\n", "row longer than 1 MiB"),
     (
         "10,000 columns",
         "csv",

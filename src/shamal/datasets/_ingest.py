@@ -46,7 +46,7 @@ MAX_DEPTH = 64
 #: Rows per batch read from Parquet; text formats read blocks of ``_BLOCK`` bytes, so one row
 #: (one cell) of a text source is at most that long.
 _BATCH_ROWS = 65_536
-_BLOCK = 4 << 20
+_BLOCK = 1 << 20
 MAX_ROW_BYTES = _BLOCK
 #: The most one Parquet batch is expected to hold once decoded (its rows are sized by the
 #: row group's own statistics).
