@@ -420,6 +420,26 @@ def test_a_mariadb_query_becomes_a_version_and_writes_fail(
     }
 
 
+def test_refused_bodies_do_not_echo_the_password(
+    api: TestClient, people: People, dataset: str
+) -> None:
+    secret = "S3cret-Pw-4f1c"
+    source = f"postgresql://u:{secret}@127.0.0.1:5432/db"
+    for body in (
+        {"source": source, "query": "SELECT 1", "extra": 1},
+        {"source": source + "/" + "x" * 3000, "query": "SELECT 1"},
+        {"source": source, "query": "SELECT 1", "format": "xlsx"},
+        {"source": source, "query": "SELECT 1", "mode": "sideways"},
+        {"source": source.replace("127.0.0.1", "10.9.9.9"), "query": "SELECT 1"},
+        {"source": source, "query": "DELETE FROM t"},
+    ):
+        answer = api.post(
+            f"/api/v1/datasets/{dataset}/ingestions", json=body, headers=people.headers("mo")
+        )
+        assert answer.status_code in (400, 403), answer.text
+        assert secret not in answer.text
+
+
 def test_nothing_is_read_without_an_allow_list(tmp_path: Path) -> None:
     """The default settings let the server read no source at all."""
     found = Settings(home=tmp_path).data_sources
