@@ -53,6 +53,8 @@ FILE_BODIES = {
     ("PUT", "/api/v1/datasets/{name}/suite"),  # YAML that must parse as a suite
     ("POST", "/api/v1/datasets/{name}/push"),  # JSON rows or Arrow IPC, by Content-Type
     ("PUT", "/api/v1/datasets/{name}/privacy"),  # a mapping that must parse as a policy
+    # A source the operator allows (a listed bucket or host:port) and a query that reads it.
+    ("POST", "/api/v1/datasets/{name}/ingestions"),
 }
 
 
@@ -67,7 +69,8 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     must lie in the past), a page token (opaque: only one the server made is valid), and a
     job submission (whole GPUs, a GPU fraction and a MIG slice
     exclude each other; pools and priority classes are configuration): tests/jobs covers them;
-    and a dataset source (the body must be a readable file of its ``format``) or expectation
+    and a dataset source (the body must be a readable file of its ``format``, or name a source
+    on the operator's allow-list with a query that reads it) or expectation
     suite (YAML that parses as one): tests/datasets covers them, hostile files included.
     A lineage ``uri`` names an object in one of six schemes, each with its domain's name
     rules: tests/lineage covers it, hostile URIs included; and a privacy policy (a mapping

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "GpuSettings",
+    "DataSourceSettings",
     "LocalArtifactSettings",
     "NodeSettings",
     "PoolSettings",
@@ -75,6 +76,41 @@ class S3ArtifactSettings(BaseModel):
 ArtifactSettings = Annotated[
     LocalArtifactSettings | S3ArtifactSettings, Field(discriminator="type")
 ]
+
+
+class DataSourceSettings(BaseModel):
+    """What the server itself may read when asked to ingest a dataset from a remote source
+    (``POST /api/v1/datasets/NAME/ingestions``). Nothing by default: a server that reads
+    any URL a user names is an SSRF hole, so the operator lists the S3 buckets and database
+    hosts it may reach. Local files of the server are never a source (users upload theirs).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    s3_buckets: tuple[str, ...] = Field(
+        default=(),
+        description="S3 buckets datasets may be ingested from (the server's own S3 "
+        "credentials read them: the AWS environment, profile or instance role)",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3-compatible endpoint of those buckets (default: AWS)"
+    )
+    s3_region: str | None = None
+    sql_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="`host:port` of the PostgreSQL and MariaDB/MySQL servers SQL sources "
+        "may name; give the platform a least-privilege, read-only database user there",
+    )
+    sql_timeout_s: float = Field(
+        default=3600.0, gt=0, le=86_400, description="statement timeout of a SQL source"
+    )
+    max_expansion: int = Field(
+        default=200,
+        ge=2,
+        description="a compressed source (gzip, zstd) may expand to at most this many times "
+        "its compressed size (past expansion_allowance_mib): decompression bombs stop there",
+    )
+    expansion_allowance_mib: int = Field(default=256, ge=1)
 
 
 class GpuSettings(BaseModel):
@@ -324,6 +360,7 @@ class Settings(BaseSettings):
         description="Key of the audit hash chain (hex); default SHAMAL_HOME/keys/audit.key",
     )
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    data_sources: DataSourceSettings = Field(default_factory=DataSourceSettings)
     audit_check_s: float = Field(
         default=300.0,
         ge=0,

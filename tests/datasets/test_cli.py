@@ -92,7 +92,7 @@ def test_clear_errors_exit_1(shamal: Callable[..., tuple[int, str]], tmp_path: P
     bad.write_bytes(b"a,b\n1,2\n3\n")
     code, out = shamal("data", "ingest", "errs", "--from", str(bad))
     assert code == 1
-    assert "cannot be read" in out
+    assert "ragged row" in out
     assert "Traceback" not in out
     code, out = shamal("data", "show", "errs")
     assert code == 1

@@ -219,7 +219,7 @@ def test_other_teams_see_nothing_and_roles_hold(service: DatasetService, people:
 @pytest.mark.parametrize(
     ("fmt", "data", "message"),
     [
-        ("csv", b"a,b\n1,2\n3\n", "csv source cannot be read"),
+        ("csv", b"a,b\n1,2\n3\n", "ragged row"),
         ("csv", b"a,a\n1,2\n", "repeated column names"),
         ("csv", b"", "cannot be read|no readable rows"),
         ("parquet", b"PAR1 not really", "parquet source cannot be read"),

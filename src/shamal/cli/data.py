@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from dataclasses import asdict
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,7 +36,9 @@ from shamal.cli._common import (
     handle_errors,
     print_table,
 )
+from shamal.client import has_password, is_remote, redact
 from shamal.errors import InvalidParameter
+from shamal.jobs import check_env
 
 app = typer.Typer(
     help="Datasets: create them, ingest versions, list, show, alias and download them.",
@@ -82,12 +85,20 @@ def create(
 def ingest(
     name: str,
     source: Annotated[
-        Path,
-        typer.Option("--from", exists=True, dir_okay=False, readable=True, help="The source file."),
+        str,
+        typer.Option(
+            "--from",
+            help="A local file (csv, parquet, jsonl, arrow; .gz/.zst compressed text too), "
+            "uploaded; or a source the server reads: s3://BUCKET/KEY, "
+            "postgresql://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB with --query.",
+        ),
     ],
     fmt: Annotated[
         str | None,
         typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
+    ] = None,
+    query: Annotated[
+        str | None, typer.Option("--query", help="The SELECT a SQL source runs (read-only).")
     ] = None,
     mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
     store: Annotated[
@@ -98,12 +109,68 @@ def ingest(
             "allows; `shamal data residency NAME` lists them).",
         ),
     ] = None,
+    as_job: Annotated[
+        bool,
+        typer.Option(
+            "--as-job",
+            help="Run the ingestion as a job on the scheduler (s3:// and SQL sources); prints "
+            "the job's id.",
+        ),
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --as-job: wait for the job and show its end.")
+    ] = False,
+    team: Annotated[
+        str | None, typer.Option("--team", help="With --as-job: the team the job runs for.")
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="With --as-job: KEY=VALUE for the job, repeatable."),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
-    """Write a new version of NAME from a local file, streamed to the server."""
+    """Write a new version of NAME: a local file streams to the server; an S3 object or a
+    SQL query is read by the server (its operator allows which buckets and hosts).
+
+    Examples: shamal data ingest customers --from customers.csv.gz;
+    shamal data ingest orders --from postgresql://reader@db:5432/shop --query "SELECT * FROM
+    orders" --as-job --wait
+    """
     if mode not in _MODES:
         raise InvalidParameter(f"--mode is append or overwrite, not {mode!r}")
-    total = source.stat().st_size
+    if as_job:
+        job = _JobOptions(team, _environment(env or []), wait, as_json)
+        _submit_ingestion(name, source, fmt, query, mode, job)
+        return
+    if is_remote(source):
+        with console.status(f"the server is reading {escape(redact(source))} ..."):
+            version = client().ingest_source(name, source, query=query, fmt=fmt, mode=mode)
+    else:
+        version = _upload(name, _local_file(source, query), fmt, mode, as_json, store)
+    if as_json:
+        typer.echo(json.dumps(version))
+        return
+    console.print(_version_line(version))
+
+
+def _local_file(source: str, query: str | None) -> Path:
+    """The local file ``--from`` names (a path, not a URI)."""
+    if "://" in source or source.startswith("file:"):
+        raise InvalidParameter(
+            f"--from {escape(redact(source))}: a local file is given by its path; the server "
+            "reads s3://, postgresql:// and mysql:// sources only"
+        )
+    if query is not None:
+        raise InvalidParameter("--query is for SQL sources (postgresql://, mysql://)")
+    path = Path(source)
+    if not path.is_file():
+        raise InvalidParameter(f"--from {escape(source)} is not a readable file")
+    return path
+
+
+def _upload(
+    name: str, path: Path, fmt: str | None, mode: str, as_json: bool, store: str | None
+) -> dict[str, Any]:
     with Progress(
         TextColumn("uploading {task.description}"),
         BarColumn(),
@@ -114,19 +181,86 @@ def ingest(
         transient=True,
         disable=as_json or not err_console.is_terminal,
     ) as bar:
-        task = bar.add_task(escape(source.name), total=total)
-        version = client().ingest_file(
+        task = bar.add_task(escape(path.name), total=path.stat().st_size)
+        version: dict[str, Any] = client().ingest_file(
             name,
-            source,
+            path,
             fmt=fmt,
             mode=mode,
             on_progress=lambda n: bar.advance(task, n),
             store=store,
         )
-    if as_json:
-        typer.echo(json.dumps(version))
+        bar.update(task, description=f"{escape(path.name)}: the server writes the version")
+    return version
+
+
+#: How often ``--wait`` asks for the job's state.
+_POLL_S = 1.0
+_FINAL = ("succeeded", "failed", "cancelled", "lost")
+
+
+@dataclass(frozen=True, slots=True)
+class _JobOptions:
+    team: str | None
+    env: dict[str, str]
+    wait: bool
+    as_json: bool
+
+
+def _environment(items: list[str]) -> dict[str, str]:
+    variables: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidParameter(f"--env takes KEY=VALUE, not {item!r}")
+        variables[key] = value
+    return check_env(variables)
+
+
+def _submit_ingestion(
+    name: str, source: str, fmt: str | None, query: str | None, mode: str, options: _JobOptions
+) -> None:
+    """Queue ``shamal data ingest`` as a job: it runs with the job's own token, so the
+    ingestion is the submitter's, scheduled, time-limited and logged like any job."""
+    if not is_remote(source):
+        raise InvalidParameter(
+            "--as-job ingests what the server can reach (s3://, postgresql://, mysql://); a "
+            "local file uploads directly, without --as-job"
+        )
+    if has_password(source):
+        raise InvalidParameter(
+            "--as-job stores the job's command, so its source may hold no password: use a "
+            "database user the platform's hosts may connect as without one, or ingest "
+            "without --as-job"
+        )
+    command = ["python", "-m", "shamal", "data", "ingest", name, "--from", source, "--mode", mode]
+    command += [*(["--query", query] if query else []), *(["--format", fmt] if fmt else [])]
+    shamal = client()
+    job = shamal.submit_job(
+        command,
+        name=f"ingest {name}"[:100],
+        team=options.team,
+        env=options.env,
+        memory_mib=2048,
+        # The ingestion processes the dataset's rows: only where its residency policy allows.
+        datasets=[name],
+    )
+    if not options.wait:
+        if options.as_json:
+            typer.echo(json.dumps(job))
+        else:
+            console.print(f"queued ingestion job [bold]{job['id']}[/] (shamal job logs -f ...)")
         return
-    console.print(_version_line(version))
+    with console.status(f"job {job['id'][:12]} ingests {escape(redact(source))} ..."):
+        while job["state"] not in _FINAL:
+            time.sleep(_POLL_S)  # the CLI's polling interval, not a synchronisation
+            job = shamal.get_job(job["id"])
+    if options.as_json:
+        typer.echo(json.dumps(job))
+    else:
+        console.print(f"ingestion job [bold]{job['id']}[/] {job['state']}")
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
 
 
 @app.command("list")

@@ -30,7 +30,7 @@ from shamal.client._compare import (
     status_rank,
     summarize_experiment,
 )
-from shamal.client._datasets import DatasetCalls, source_format
+from shamal.client._datasets import DatasetCalls, has_password, is_remote, redact, source_format
 from shamal.client._deployments import DeploymentCalls
 from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
@@ -42,6 +42,9 @@ __all__ = [
     "DEFAULT_URL",
     "DatasetCalls",
     "LineageCalls",
+    "has_password",
+    "is_remote",
+    "redact",
     "source_format",
     "best_value",
     "extremes",

@@ -31,6 +31,35 @@ SUFFIX_FORMATS = {
 }
 
 
+#: Sources the server reads itself (``POST /api/v1/datasets/NAME/ingestions``); anything
+#: else given to ``--from`` is a local file, uploaded.
+REMOTE_SCHEMES = ("s3", "postgresql", "postgres", "mysql", "mariadb")
+#: Suffixes of a compressed CSV or JSON-lines file (the server tells gzip and zstd apart by
+#: their first bytes).
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+
+
+def is_remote(source: str) -> bool:
+    """Whether ``source`` names a source the server reads (s3://, postgresql://, mysql://)."""
+    scheme, sep, _rest = source.partition("://")
+    return bool(sep) and scheme in REMOTE_SCHEMES
+
+
+def redact(source: str) -> str:
+    """``source`` with the password of its user info (if any) replaced by ``***``."""
+    scheme, sep, rest = source.partition("://")
+    if not sep:
+        return source
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return source
+    return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}"
+
+
+def has_password(source: str) -> bool:
+    return redact(source) != source
+
+
 def _path(name: str, *rest: str) -> str:
     return "/".join(("/api/v1/datasets", quote(name, safe=""), *rest))
 
@@ -39,11 +68,15 @@ def source_format(path: Path, given: str | None = None) -> str:
     """The format a source file is read as: ``given``, else told by its suffix."""
     if given:
         return given
-    found = SUFFIX_FORMATS.get(path.suffix.lower())
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
+        suffixes.pop()
+    found = SUFFIX_FORMATS.get(suffixes[-1]) if suffixes else None
     if found is None:
         known = ", ".join(sorted(SUFFIX_FORMATS))
         raise InvalidParameter(
-            f"cannot tell the format of {path.name!r} from its suffix ({known}); give --format"
+            f"cannot tell the format of {path.name!r} from its suffix ({known}, optionally "
+            "followed by .gz or .zst); give --format"
         )
     return found
 
@@ -113,6 +146,27 @@ class DatasetCalls(ClientCalls):
             params={"format": chosen, "mode": mode, **({"store": store} if store else {})},
             content=chunks(),
             headers={"Content-Type": "application/octet-stream"},
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+        )
+        return result
+
+    def ingest_source(
+        self,
+        name: str,
+        source: str,
+        *,
+        query: str | None = None,
+        fmt: str | None = None,
+        mode: str = "append",
+    ) -> dict[str, Any]:
+        """Write a version of ``name`` from a source the server reads itself: an S3 object
+        (``s3://BUCKET/KEY``) or a SQL ``query`` on ``postgresql://`` / ``mysql://``. The
+        server must be allowed to read it (its operator's ``data_sources``)."""
+        body = {"source": source, "query": query, "format": fmt, "mode": mode}
+        result: dict[str, Any] = self.request(
+            "POST",
+            _path(name, "ingestions"),
+            json={k: v for k, v in body.items() if v is not None},
             timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
         )
         return result

@@ -73,14 +73,27 @@ if TYPE_CHECKING:
         SuiteBuilder,
         Unique,
     )
-    from shamal.datasets._ingest import FORMATS
+    from shamal.datasets._ingest import FORMATS, Limits
     from shamal.datasets._privacy import ColumnRule, PrivacyPolicy, Pseudonymizer
     from shamal.datasets._profile import QUANTILES, ColumnProfile, Profile, Profiler, TopValue
     from shamal.datasets._service import NAMESPACE, DatasetService
+    from shamal.datasets._sources import (
+        SOURCE_SCHEMES,
+        SourceIngestion,
+        SourcePolicy,
+        format_of,
+        parse_source,
+    )
     from shamal.datasets._streams import StreamService, StreamWrite
     from shamal.datasets._validation import REDACTED, ExpectationResult, Report, validate
 
 _WHERE: dict[str, tuple[str, str | None]] = {
+    "parse_source": ("_sources", "parse_source"),
+    "format_of": ("_sources", "format_of"),
+    "SourcePolicy": ("_sources", "SourcePolicy"),
+    "SourceIngestion": ("_sources", "SourceIngestion"),
+    "SOURCE_SCHEMES": ("_sources", "SOURCE_SCHEMES"),
+    "Limits": ("_ingest", "Limits"),
     "ColumnProfile": ("_profile", "ColumnProfile"),
     "ColumnRule": ("_privacy", "ColumnRule"),
     "ColumnShift": ("_diff", "ColumnShift"),
@@ -132,6 +145,12 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = [
+    "parse_source",
+    "format_of",
+    "SourcePolicy",
+    "SourceIngestion",
+    "SOURCE_SCHEMES",
+    "Limits",
     "FORMATS",
     "KINDS",
     "MAX_EXPECTATIONS",

@@ -29,7 +29,14 @@ import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 
 from shamal.errors import InvalidParameter
 
-__all__ = ["ConfinedDatabase", "check_select", "quote_identifier", "quote_text"]
+__all__ = [
+    "MEMORY_LIMIT",
+    "THREADS",
+    "ConfinedDatabase",
+    "check_select",
+    "quote_identifier",
+    "quote_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +45,9 @@ T = TypeVar("T")
 #: Characters DuckDB's Parquet reader expands as a glob pattern.
 _GLOB: Final = frozenset("*?[]{}")
 _BATCH_ROWS: Final = 65_536
+#: DuckDB's own bound on what one validation holds in memory, and its threads.
+MEMORY_LIMIT: Final = "512MB"
+THREADS: Final = 2
 _SETTINGS: Final = (
     "SET TimeZone = 'UTC'",
     "SET enable_external_access = false",
@@ -113,6 +123,10 @@ class ConfinedDatabase:
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
                 "allow_community_extensions": False,
+                # Validation stays within a bound of its own whatever the version's size:
+                # DuckDB streams the scan and fails clearly rather than growing past it.
+                "memory_limit": MEMORY_LIMIT,
+                "threads": THREADS,
             },
         )
         try:

@@ -153,10 +153,12 @@ class DatasetService:
         work_dir: Path,
         clock: Clock = utc_now,
         privacy_keys: PseudonymKeys | None = None,
+        limits: _ingest.Limits | None = None,
     ) -> None:
         """``work_dir``: where sources are spooled and parts written before storage (private
         to the server; each ingestion uses, then removes, a folder of its own).
-        ``privacy_keys``: the pseudonymization keys (hmac and tokenize policies need them)."""
+        ``privacy_keys``: the pseudonymization keys (hmac and tokenize policies need them).
+        ``limits``: how far a compressed source may expand (decompression bombs)."""
         self._db = db
         self._audit = audit
         self._security = security
@@ -164,6 +166,7 @@ class DatasetService:
         self._work_dir = work_dir
         self._clock = clock
         self._keys = privacy_keys
+        self._limits = limits or _ingest.Limits()
 
     # ------------------------------------------------------------------ access
     def _ref(self, s: Session, principal: Principal, name: str, needed: Role) -> _store.DataSetRef:
@@ -254,7 +257,7 @@ class DatasetService:
             with path.open("wb") as handle:
                 for chunk in chunks:
                     handle.write(chunk)
-            yield from _ingest.read_batches(path, fmt, text_columns=text_columns)
+            yield from _ingest.read_batches(path, fmt, self._limits, text_columns=text_columns)
             path.unlink()
 
         return self._write_version(

@@ -44,6 +44,7 @@ from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
 from shamal.datasets._privacy import PrivacyPolicy
 from shamal.datasets._service import MAX_LIST, MAX_REVEAL, MAX_SUBJECT_CHARS, DatasetService
+from shamal.datasets._sources import MAX_QUERY, MAX_SOURCE, SourceIngestion
 from shamal.datasets._streams import MAX_RECORDS, StreamService, StreamWrite
 from shamal.errors import InvalidParameter
 from shamal.security import NAME_PATTERN, AuditContext
@@ -64,6 +65,14 @@ def get_datasets(request: Request) -> DatasetService:
 
 
 Datasets = Annotated[DatasetService, Depends(get_datasets)]
+
+
+def get_sources(request: Request) -> SourceIngestion:
+    sources: SourceIngestion = request.app.state.dataset_sources
+    return sources
+
+
+Sources = Annotated[SourceIngestion, Depends(get_sources)]
 Name = Annotated[str, Path(pattern=_NAME_PATTERN, max_length=128)]
 Alias = Annotated[str, Path(pattern=_ALIAS_PATTERN, max_length=64)]
 Number = Annotated[int, Path(ge=1, le=999_999_999)]
@@ -836,3 +845,35 @@ def rotate_privacy_key(
     svc: Datasets, ctx: Annotated[AuditContext, Depends(audited("privacy.key.rotate"))]
 ) -> KeyOut:
     return KeyOut(key=svc.rotate_privacy_key(ctx))
+
+
+class IngestionIn(_Model):
+    """A source the server reads itself: an S3 object of an allowed bucket, or a query on an
+    allowed PostgreSQL or MariaDB/MySQL host (its password, if any, is used to connect and
+    never stored)."""
+
+    source: str = Field(
+        min_length=1,
+        max_length=MAX_SOURCE,
+        examples=["s3://raw/customers.csv.gz", "postgresql://reader@db:5432/shop"],
+    )
+    query: str | None = Field(default=None, max_length=MAX_QUERY, examples=["SELECT * FROM t"])
+    format: str | None = Field(default=None, pattern="^(" + "|".join(FORMATS) + ")$")
+    mode: WriteMode = WriteMode.APPEND
+
+
+@router.post(
+    "/datasets/{name}/ingestions",
+    status_code=status.HTTP_201_CREATED,
+    summary="Write a version from a source the server reads (S3, PostgreSQL, MariaDB/MySQL)",
+)
+def ingest_source(
+    name: Name,
+    body: IngestionIn,
+    sources: Sources,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.ingest"))],
+) -> VersionOut:
+    version = sources.ingest(
+        ctx, name, body.source, query=body.query, fmt=body.format, mode=body.mode
+    )
+    return VersionOut.of(version)

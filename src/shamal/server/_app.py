@@ -77,6 +77,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.deployments = platform.deployments
     app.state.datasets = platform.datasets
     app.state.lineage = platform.lineage
+    app.state.dataset_sources = platform.dataset_sources
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, Keyring, open_blob_store, open_data_stores
 from shamal.config import Settings
-from shamal.datasets import DatasetService
+from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolicy
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
 from shamal.executors import detect_local_gpus
@@ -61,6 +61,7 @@ class Platform:
     deployments: DeploymentService
     datasets: DatasetService
     lineage: LineageService
+    dataset_sources: SourceIngestion
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
@@ -110,6 +111,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     # Sources are spooled and parts written beside upload bodies: one disk, already private.
     # A key ring of its own: retiring the master keys of encryption at rest must never make
     # tokens unrevealable, nor erased subjects unmatchable.
+    sources = _source_policy(settings)
     pseudonym_file = settings.resolved_pseudonym_key_file
     privacy_keys = PseudonymKeys(
         Keyring.load_or_create(pseudonym_file), path=pseudonym_file, load=Keyring.load
@@ -121,6 +123,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         artifacts,
         settings.resolved_upload_spool_dir / "datasets",
         privacy_keys=privacy_keys,
+        limits=sources.limits,
     )
     jobs = JobService(
         db,
@@ -152,6 +155,9 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         deployments=deployments,
         datasets=datasets,
         lineage=LineageService(datasets, tracking, registry, deployments),
+        dataset_sources=SourceIngestion(
+            datasets, sources, settings.resolved_upload_spool_dir / "datasets"
+        ),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )
@@ -165,3 +171,17 @@ def private_home(home: Path) -> None:
     if mode & 0o077:
         logger.warning("SHAMAL_HOME %s was open to others (mode %o); it is now 0700", home, mode)
         home.chmod(0o700)
+
+
+def _source_policy(settings: Settings) -> SourcePolicy:
+    """What the server may read for a dataset (``data_sources``): nothing unless listed."""
+    sources = settings.data_sources
+    return SourcePolicy(
+        s3_buckets=frozenset(sources.s3_buckets),
+        s3_endpoint_url=sources.s3_endpoint_url,
+        s3_region=sources.s3_region,
+        sql_hosts=frozenset(h.lower() for h in sources.sql_hosts),
+        sql_timeout_s=sources.sql_timeout_s,
+        max_object_bytes=settings.max_upload_bytes,
+        limits=Limits(sources.max_expansion, sources.expansion_allowance_mib << 20),
+    )
