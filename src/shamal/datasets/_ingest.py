@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.ipc as paipc
 import pyarrow.json as pajson
@@ -26,9 +28,11 @@ __all__ = ["FORMATS", "MAX_COLUMNS", "WrittenPart", "file_digest", "read_batches
 
 FORMATS = ("csv", "parquet", "jsonl", "arrow")
 MAX_COLUMNS = 4096
-#: Rows per batch read from Parquet; text formats read blocks of ``_BLOCK`` bytes.
+#: Rows per batch read from Parquet; text formats read blocks of ``_BLOCK`` bytes (large
+#: enough that the work per batch, profiling above all, is not lost in per-batch costs;
+#: Arrow's reader parses blocks ahead on its own threads).
 _BATCH_ROWS = 65_536
-_BLOCK = 4 << 20
+_BLOCK = 16 << 20
 _HASH_CHUNK = 1 << 20
 _LOCATION = re.compile(r"(row|line|column|offset)\s*#?\s*\d+", re.IGNORECASE)
 
@@ -134,7 +138,10 @@ def write_part(
     on_batch: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
 ) -> WrittenPart:
     """Write ``batches`` (each first passed through ``on_batch``: pseudonymization, profiling)
-    as one zstd Parquet file at ``out``; one batch is held at a time.
+    as one zstd Parquet file at ``out``.
+
+    A batch is written on a thread of its own while the next one is read and passed through
+    ``on_batch`` (Arrow's writer releases the GIL): two batches are held at a time.
 
     Raises:
         InvalidParameter: no rows' schema could be read, or a batch's schema differs from the
@@ -143,25 +150,50 @@ def write_part(
     writer: pq.ParquetWriter | None = None
     rows = 0
     schema: pa.Schema | None = None
-    try:
-        for raw in batches:
-            batch = on_batch(raw) if on_batch is not None else raw
-            if writer is None:
-                schema = batch.schema
-                writer = pq.ParquetWriter(out, schema, compression="zstd")
-            elif not batch.schema.equals(schema):
-                raise InvalidParameter(
-                    f"the source's columns change type after row {rows:,}; give every row the "
-                    "same types"
-                )
-            writer.write_batch(batch)
-            rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
+    writing: Future[None] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-part") as pool:
+        try:
+            for raw in batches:
+                batch = on_batch(raw) if on_batch is not None else raw
+                if writer is None:
+                    schema = batch.schema
+                    writer = pq.ParquetWriter(
+                        out, schema, compression="zstd", use_dictionary=_repetitive(batch)
+                    )
+                elif not batch.schema.equals(schema):
+                    raise InvalidParameter(
+                        f"the source's columns change type after row {rows:,}; give every row "
+                        "the same types"
+                    )
+                if writing is not None:
+                    writing.result()
+                writing = pool.submit(writer.write_batch, batch)
+                rows += batch.num_rows
+            if writing is not None:
+                writing.result()
+        finally:
+            if writing is not None:
+                wait([writing])  # its error, if any, was raised above or yields to this one
+            if writer is not None:
+                writer.close()
     if writer is None or schema is None:
         raise InvalidParameter("the source holds no readable rows or columns")
     return WrittenPart(out, rows, out.stat().st_size, _schema_json(schema))
+
+
+def _repetitive(batch: pa.RecordBatch) -> list[str]:
+    """The columns worth dictionary-encoding: those whose first batch repeats its values
+    (at most half of them distinct). Arrow would try a dictionary for every column and drop it
+    for the others only after building it, the costliest part of writing them."""
+    names = []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        try:
+            distinct = pc.count_distinct(column).as_py()
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            continue  # a nested column: Arrow's default is kept off it
+        if len(column) and distinct <= len(column) // 2:
+            names.append(field.name)
+    return names
 
 
 def file_digest(path: Path) -> str:
