@@ -601,7 +601,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the CSV")
     parser.add_argument("--keep", action="store_true", help="keep the CSV and work folder")
     parser.add_argument("--dir", type=Path, default=None, help="where the CSV is written")
-    parser.add_argument("--only", default="shamal,ge,pandera", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--csv", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
