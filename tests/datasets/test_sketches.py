@@ -122,6 +122,22 @@ def test_top_values_find_the_heavy_hitters_of_a_skewed_stream() -> None:
         assert estimate - error <= truth[value] <= estimate  # the summary's guarantee
 
 
+def test_top_values_given_a_batch_trimmed_by_the_caller_end_as_given_the_whole_batch() -> None:
+    # The profiler keeps only the values the summary can hold before making Python objects of
+    # them, and passes the highest count it left out as the floor.
+    rng = np.random.default_rng(3)
+    whole, trimmed = TopValues(capacity=50), TopValues(capacity=50)
+    for _ in range(6):
+        found, counts = np.unique(rng.zipf(1.4, 20_000) % 5_000, return_counts=True)
+        whole.update(found.tolist(), counts)
+        kept = np.argpartition(-counts, 50)[:50]
+        left_out = np.ones(len(counts), dtype=bool)
+        left_out[kept] = False
+        trimmed.update(found[kept].tolist(), counts[kept], floor=int(counts[left_out].max()))
+    assert trimmed.top(50) == whole.top(50)
+    assert (trimmed.floor, trimmed.errors) == (whole.floor, whole.errors)
+
+
 def test_top_values_are_independent_of_the_order_partitions_merge_in() -> None:
     rng = np.random.default_rng(5)
     parts = [rng.zipf(1.5, 50_000) for _ in range(4)]

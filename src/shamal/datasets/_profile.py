@@ -407,20 +407,26 @@ class _ColumnState:
             if self.moments is not None:
                 self.moments.update(flags.astype(np.float64))
             self._top(values)
+        elif self.top is not None and len(values):
+            # A string column whose values are kept: counted once, and the distinct values
+            # alone hashed and compared (the sketch and the extremes are the same as from
+            # every value, at the cost of the batch's distinct values, not its rows).
+            counted = pc.value_counts(values)
+            distinct = counted.field("values")
+            self._hash(hash_bytes(*_offsets_and_data(distinct), self.seed))
+            extremes = pc.min_max(distinct)
+            self._extremes(extremes["min"].as_py(), extremes["max"].as_py())
+            self._top_counted(counted)
         elif self.kind in ("string", "binary"):
             self._hash(hash_bytes(*_offsets_and_data(values), self.seed))
-            if not self.personal and self.kind == "string" and len(values):
-                extremes = pc.min_max(values)
-                self._extremes(extremes["min"].as_py(), extremes["max"].as_py())
-                self._top(values)
 
     def _numbers(self, numbers: npt.NDArray[Any]) -> None:
         if numbers.dtype.kind == "f":
             nan = np.isnan(numbers)
             self.nans += int(nan.sum())
             numbers = numbers[~nan] + 0.0  # + 0.0 folds -0.0 into 0.0 for hashing
-        self._hash(hash_words(numbers, self.seed))
-        if self.personal or numbers.size == 0:
+        if self.personal or numbers.size == 0 or self.top is None:
+            self._hash(hash_words(numbers, self.seed))
             return
         self._extremes(numbers.min().item(), numbers.max().item())
         scale = seconds_per_unit(self.value_type) if self.kind == "temporal" else 1.0
@@ -428,7 +434,11 @@ class _ColumnState:
             self.moments.update(numbers.astype(np.float64) * scale)
         if self.sketch is not None:
             self.sketch.update(numbers)
-        self._top(pa.array(numbers))
+        # Counted once for the top values; only the distinct values are hashed (a repeated
+        # hash leaves the distinct sketch as it was).
+        counted = pc.value_counts(pa.array(numbers))
+        self._hash(hash_words(counted.field("values").to_numpy(), self.seed))
+        self._top_counted(counted)
 
     def _hash(self, hashes: npt.NDArray[np.uint64]) -> None:
         if self.distinct is not None:
@@ -441,11 +451,23 @@ class _ColumnState:
     def _top(self, values: Any) -> None:
         if self.top is None or len(values) == 0:
             return
-        counted = pc.value_counts(values)
-        self.top.update(
-            counted.field("values").to_pylist(),
-            counted.field("counts").to_numpy().astype(np.int64),
-        )
+        self._top_counted(pc.value_counts(values))
+
+    def _top_counted(self, counted: Any) -> None:
+        """Take a batch's value counts (Arrow's ``value_counts``) into the top values; only
+        the values the summary can hold become Python objects."""
+        assert self.top is not None
+        counts = counted.field("counts").to_numpy().astype(np.int64)
+        values = counted.field("values")
+        capacity = self.top.capacity
+        if len(counts) <= capacity:
+            self.top.update(values.to_pylist(), counts)
+            return
+        kept = np.argpartition(-counts, capacity)[:capacity]
+        dropped = np.ones(len(counts), dtype=bool)
+        dropped[kept] = False
+        floor = int(counts[dropped].max())
+        self.top.update(values.take(pa.array(kept)).to_pylist(), counts[kept], floor=floor)
 
     def merge(self, other: _ColumnState) -> None:
         self.count += other.count

@@ -255,14 +255,21 @@ class TopValues:
         self.errors: dict[Hashable, int] = {}
         self.floor = 0
 
-    def update(self, values: list[Hashable], counts: npt.NDArray[np.int64]) -> None:
-        """Add the exact counts of one batch (distinct ``values``, parallel ``counts``)."""
+    def update(
+        self, values: list[Hashable], counts: npt.NDArray[np.int64], *, floor: int = 0
+    ) -> None:
+        """Add the exact counts of one batch (distinct ``values``, parallel ``counts``).
+
+        ``floor``: the highest count among values of the batch the caller already left out
+        (0 when ``values`` holds every distinct value of the batch).
+        """
         batch = TopValues(self.capacity)
+        batch.floor = floor
         if len(values) > self.capacity:
             kept = np.argpartition(-counts, self.capacity)[: self.capacity]
             dropped = np.ones(len(values), dtype=bool)
             dropped[kept] = False
-            batch.floor = int(counts[dropped].max())
+            batch.floor = max(floor, int(counts[dropped].max()))
             values = [values[i] for i in kept.tolist()]
             counts = counts[kept]
         batch.counts = dict(zip(values, counts.tolist(), strict=True))
