@@ -95,6 +95,7 @@ def test_lineage_from_the_data_to_the_deployment_and_back(
     import shamal.data
 
     mlflow.set_tracking_uri(server.url)  # process-global: other tests' servers may have set it
+    mlflow.set_registry_uri(server.url)  # the same for the registry (the quickstart sets it)
     experiment = mlflow.set_experiment("lineage-e2e")  # and so is the active experiment
     source = tmp_path / "customers.csv"
     pacsv.write_csv(TABLE, source)
