@@ -62,6 +62,15 @@ expectations:
 """
 
 
+#: Who tasted a sample is personal: stored only as a keyed token (the same taster, the same
+#: token, so rows still group by taster), never in clear.
+WINE_PRIVACY = """
+version: 1
+columns:
+  taster: {action: hmac, purpose: quickstart}
+"""
+
+
 def wine_csv(folder: Path) -> Path:
     """scikit-learn's wine data as the CSV a lab would export: its 13 measurements, the class,
     and who tasted each sample (made up, but personal: it is pseudonymized at ingestion)."""
@@ -84,18 +93,21 @@ def _taster(index: int) -> str:
 
 
 def ingest_training_data(client: ShamalClient, folder: Path) -> list[str]:
-    """The training data as a validated dataset version: created once, then a new version
-    (overwrite) each run, checked against :data:`WINE_SUITE`."""
+    """The training data as a validated, pseudonymized dataset version: created once, then a
+    new version (overwrite) each run, its ``taster`` column turned into keyed tokens before
+    any byte is stored (:data:`WINE_PRIVACY`), checked against :data:`WINE_SUITE`."""
     with contextlib.suppress(AlreadyExists):
         client.create_dataset(
             TRAINING_DATA, team=QUICKSTART_TEAM, description="scikit-learn's wine data"
         )
+    client.set_dataset_privacy(TRAINING_DATA, WINE_PRIVACY)
     client.set_dataset_suite(TRAINING_DATA, WINE_SUITE)
     found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
     checks = (found.get("validation") or {}).get("results", [])
+    masked = ", ".join(f"{t['column']} ({t['action']})" for t in found["transformations"])
     return [
         f"ingested the training data as [bold]{found['uri']}[/] ({found['row_count']} rows, "
-        f"{len(checks)} expectations met, status {found['status']})"
+        f"{len(checks)} expectations met, status {found['status']}; pseudonymized: {masked})"
     ]
 
 
