@@ -20,7 +20,6 @@ import httpx
 from rich.console import Console
 from rich.panel import Panel
 
-from shamal import data as shamal_data
 from shamal.client import ShamalClient
 from shamal.errors import AlreadyExists, ServiceUnavailable
 
@@ -124,6 +123,8 @@ def track_a_model(url: str, token: str) -> list[str]:
     from sklearn.model_selection import train_test_split
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+
+    from shamal import data as shamal_data  # pyarrow: loaded for the quickstart only
 
     mlflow.set_tracking_uri(url)
     mlflow.set_registry_uri(url)  # both: a process may have pointed the registry elsewhere
