@@ -14,6 +14,7 @@ import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
+from shamal import data as shamal_data
 from shamal.cli._quickstart import run_quickstart, stop_model_servers
 from shamal.client import ShamalClient
 from tests.live import LiveServer
@@ -38,6 +39,13 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     assert wine["validation"]["ok"]
     assert len(wine["validation"]["results"]) == 6
     assert f"ingested the training data as {wine['uri']}" in text
+    # Pseudonymized before storage: the tasters are keyed tokens, never their addresses.
+    assert [(t["column"], t["action"]) for t in wine["transformations"]] == [("taster", "hmac")]
+    assert "pseudonymized: taster (hmac)" in text
+    table = shamal_data.load(wine["uri"], client=api)
+    tokens = set(table["taster"].to_pylist())
+    assert len(tokens) == 7
+    assert not any("@" in token for token in tokens)
     assert run.data.params["dataset"] == wine["uri"]
     (read,) = run.inputs.dataset_inputs
     assert json.loads(read.dataset.source) == {"uri": wine["uri"]}

@@ -36,9 +36,9 @@ from shamal.cli._common import (
     handle_errors,
     print_table,
 )
+from shamal.cli.job import parse_env
 from shamal.client import has_password, is_remote, redact
 from shamal.errors import InvalidParameter
-from shamal.jobs import check_env
 
 app = typer.Typer(
     help="Datasets: create them, ingest versions, list, show, alias and download them.",
@@ -139,7 +139,7 @@ def ingest(
     if mode not in _MODES:
         raise InvalidParameter(f"--mode is append or overwrite, not {mode!r}")
     if as_job:
-        job = _JobOptions(team, _environment(env or []), wait, as_json)
+        job = _JobOptions(team, parse_env(env or []), wait, as_json)
         _submit_ingestion(name, source, fmt, query, mode, job)
         return
     if is_remote(source):
@@ -205,16 +205,6 @@ class _JobOptions:
     env: dict[str, str]
     wait: bool
     as_json: bool
-
-
-def _environment(items: list[str]) -> dict[str, str]:
-    variables: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidParameter(f"--env takes KEY=VALUE, not {item!r}")
-        variables[key] = value
-    return check_env(variables)
 
 
 def _submit_ingestion(

@@ -136,7 +136,8 @@ def job_id_of(text: str) -> str:
     return cleaned
 
 
-def _environment(items: list[str]) -> dict[str, str]:
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` options as a job's environment (checked as a job's is)."""
     variables: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -217,7 +218,7 @@ def submit(
 
     Example: shamal job submit --team vision --gpus 1 --time-limit 2h -- python train.py
     """
-    variables = _environment(env or [])
+    variables = parse_env(env or [])
     memory_mib = parse_memory_mib(memory, "--memory")
     time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
     if mig is not None:
