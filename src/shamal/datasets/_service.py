@@ -9,6 +9,12 @@ written as one zstd Parquet part, stored content-addressed in the artifact store
 at rest, S3 and hash checks apply); then, in one transaction, the version takes the next number
 and its row is written with the audit entry. A failure anywhere before that leaves no version
 (a stored part no version names is only an unreferenced blob).
+
+A partitioned write (:meth:`DatasetService.stage_part`, :meth:`DatasetService.commit_parts`)
+splits this in two: each worker of a gang job has the server store one partition as a staged
+part (the same pseudonymization, residency choice and streaming profile), recorded under the
+caller's own name; one commit then makes a version of all of a batch's parts in one
+transaction, profiled and validated over every part in one scan.
 """
 
 from __future__ import annotations
