@@ -55,6 +55,10 @@ FILE_BODIES = {
     ("PUT", "/api/v1/datasets/{name}/privacy"),  # a mapping that must parse as a policy
     # A source the operator allows (a listed bucket or host:port) and a query that reads it.
     ("POST", "/api/v1/datasets/{name}/ingestions"),
+    # The same, one partition of it (and the source has at least as many objects).
+    ("POST", "/api/v1/datasets/{name}/ingestions/parts"),
+    # A batch of parts the caller staged before (every partition of it).
+    ("POST", "/api/v1/datasets/{name}/ingestions/commits"),
 }
 
 

@@ -101,6 +101,34 @@ def test_a_sql_source_directly_and_as_a_job(
     assert [(v["version"], v["row_count"]) for v in versions] == [(2, 30_000), (1, 20_000)]
 
 
+def test_a_sql_source_in_partitions_is_a_gang_job_of_one_version(
+    shamal: Callable[..., tuple[int, str]], database: str
+) -> None:
+    """``--as-job --partitions 2``: one job of two workers (the local executor's gang), each
+    staging the rows of its RANK; rank 0 commits both parts as one version."""
+    assert shamal("data", "create", "split", "--team", "analytics")[0] == 0
+    code, out = shamal(
+        "data", "ingest", "split", "--from", database, "--query", "SELECT id, v FROM readings",
+        "--partitions", "2", "--partition-by", "id", "--mode", "overwrite",
+        "--as-job", "--wait", "--team", "analytics", "--json",
+        "--env", f"PYTHONPATH={Path(shamal_package.__file__).resolve().parents[1]}",
+    )  # fmt: skip
+    assert code == 0, out
+    job = json.loads(out)
+    assert job["state"] == "succeeded"
+    assert job["command"][4] == "ingest-partition"
+    code, out = shamal("data", "versions", "split", "--json")
+    (version,) = json.loads(out)
+    assert version["row_count"] == 30_000
+    assert len(version["parts"]) == 2
+    assert all(p["rows"] > 0 for p in version["parts"])
+    assert version["source"]["partitions"] == 2
+    assert version["source"]["batch"] == job["id"]
+    code, out = shamal("data", "ingest", "split", "--from", database, "--partitions", "2")
+    assert code == 1
+    assert "add --as-job" in " ".join(out.split())
+
+
 def test_refusals_the_cli_makes(shamal: Callable[..., tuple[int, str]], tmp_path: Path) -> None:
     assert shamal("data", "create", "refused", "--team", "analytics")[0] == 0
     for args, message in (

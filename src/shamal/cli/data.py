@@ -10,6 +10,7 @@ named `customers` (the latest valid one), `customers/3`, or `customers@prod`.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -127,6 +128,26 @@ def ingest(
         list[str] | None,
         typer.Option("--env", "-e", help="With --as-job: KEY=VALUE for the job, repeatable."),
     ] = None,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions",
+            min=1,
+            max=1024,
+            help="With --as-job: read the source in N partitions, one per worker of a gang "
+            "job (on the Ray executor, across its nodes); the parts commit as one version. "
+            "An S3 source is then a prefix, s3://BUCKET/PREFIX/; a SQL source needs "
+            "--partition-by.",
+        ),
+    ] = 1,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(
+            "--partition-by",
+            help="With --partitions: the column of a SQL query's result whose hash shares "
+            "the rows out among the partitions.",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Write a new version of NAME: a local file streams to the server; an S3 object or a
@@ -138,8 +159,12 @@ def ingest(
     """
     if mode not in _MODES:
         raise InvalidParameter(f"--mode is append or overwrite, not {mode!r}")
+    if (partitions > 1 or partition_by is not None) and not as_job:
+        raise InvalidParameter(
+            "--partitions and --partition-by split a read among the workers of a job: add --as-job"
+        )
     if as_job:
-        job = _JobOptions(team, parse_env(env or []), wait, as_json)
+        job = _JobOptions(team, parse_env(env or []), wait, as_json, partitions, partition_by)
         _submit_ingestion(name, source, fmt, query, mode, job)
         return
     if is_remote(source):
@@ -205,6 +230,8 @@ class _JobOptions:
     env: dict[str, str]
     wait: bool
     as_json: bool
+    partitions: int = 1
+    partition_by: str | None = None
 
 
 def _submit_ingestion(
@@ -224,6 +251,11 @@ def _submit_ingestion(
             "without --as-job"
         )
     command = ["python", "-m", "shamal", "data", "ingest", name, "--from", source, "--mode", mode]
+    if options.partitions > 1 or options.partition_by is not None:
+        # A gang: each worker stages the partition of its RANK; rank 0 then commits them.
+        command[4] = "ingest-partition"
+        command += ["--partitions", str(options.partitions)]
+        command += ["--partition-by", options.partition_by] if options.partition_by else []
     command += [*(["--query", query] if query else []), *(["--format", fmt] if fmt else [])]
     shamal = client()
     job = shamal.submit_job(
@@ -232,6 +264,7 @@ def _submit_ingestion(
         team=options.team,
         env=options.env,
         memory_mib=2048,
+        workers=options.partitions,
         # The ingestion processes the dataset's rows: only where its residency policy allows.
         datasets=[name],
     )
@@ -251,6 +284,118 @@ def _submit_ingestion(
         console.print(f"ingestion job [bold]{job['id']}[/] {job['state']}")
     if job["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+#: How long partition 0 waits, by default, for the other workers to stage theirs.
+_COMMIT_WAIT_S = 3600.0
+
+
+@app.command("ingest-partition")
+@handle_errors
+def ingest_partition(
+    name: str,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="A source the server reads: s3://BUCKET/PREFIX/ (its objects are shared "
+            "out) or postgresql:// / mysql:// with --query and --partition-by.",
+        ),
+    ],
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=1, max=1024, help="How many partitions.")
+    ],
+    partition_index: Annotated[
+        int | None,
+        typer.Option(
+            "--partition-index", min=0, help="This one (default: $RANK, a gang worker's rank)."
+        ),
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            "--batch", help="Names the write's parts (default: $SHAMAL_JOB_ID, the job's id)."
+        ),
+    ] = None,
+    partition_by: Annotated[
+        str | None,
+        typer.Option("--partition-by", help="A SQL source's column whose hash shares out rows."),
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
+    ] = None,
+    query: Annotated[
+        str | None, typer.Option("--query", help="The SELECT a SQL source runs (read-only).")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
+    wait_s: Annotated[
+        float,
+        typer.Option(
+            "--commit-timeout",
+            min=0,
+            help="How long partition 0 waits for every partition to be staged, in seconds.",
+        ),
+    ] = _COMMIT_WAIT_S,
+    as_json: bool = JsonOption,
+) -> None:
+    """Stage one partition of a source as a part of NAME; partition 0 then waits until every
+    partition is staged and commits them as one version. What each worker of `shamal data
+    ingest NAME --from SOURCE --as-job --partitions N` runs.
+
+    Example: shamal data ingest-partition events --from s3://raw/events/ --partitions 4
+    --partition-index 1 --batch nightly-0611
+    """
+    if mode not in _MODES:
+        raise InvalidParameter(f"--mode is append or overwrite, not {mode!r}")
+    index = partition_index if partition_index is not None else _rank()
+    label = batch or os.environ.get("SHAMAL_JOB_ID")
+    if not label:
+        raise InvalidParameter("--batch names the write's parts (a job's workers use its id)")
+    shamal = client()
+    staged = shamal.stage_partition(
+        name,
+        source,
+        batch=label,
+        partition=index,
+        partitions=partitions,
+        query=query,
+        fmt=fmt,
+        partition_by=partition_by,
+    )
+    if not as_json:
+        console.print(
+            f"staged partition {index} of {partitions}: {staged['rows']:,} rows, "
+            f"digest {staged['digest'][:12]}"
+        )
+    if index != 0:
+        if as_json:
+            typer.echo(json.dumps(staged))
+        return
+    deadline = time.monotonic() + wait_s
+    while len(_staged(shamal, name, label, partitions)) < partitions:
+        if time.monotonic() > deadline:
+            raise InvalidParameter(
+                f"not every partition of batch {label!r} was staged within {wait_s:.0f} s: "
+                "commit later with the same --batch, or stage the missing ones"
+            )
+        time.sleep(_POLL_S)  # the CLI's polling interval, not a synchronisation
+    version = shamal.commit_partitions(name, label, partitions, mode=mode)
+    if as_json:
+        typer.echo(json.dumps(version))
+        return
+    console.print(_version_line(version))
+
+
+def _rank() -> int:
+    raw = os.environ.get("RANK", "0")
+    if not raw.isdigit():
+        raise InvalidParameter("$RANK is not a number: give --partition-index")
+    return int(raw)
+
+
+def _staged(shamal: Any, name: str, batch: str, partitions: int) -> list[dict[str, Any]]:
+    return [p for p in shamal.staged_partitions(name, batch) if p["partitions"] == partitions]
 
 
 @app.command("list")

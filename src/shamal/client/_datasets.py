@@ -171,6 +171,57 @@ class DatasetCalls(ClientCalls):
         )
         return result
 
+    def stage_partition(
+        self,
+        name: str,
+        source: str,
+        *,
+        batch: str,
+        partition: int,
+        partitions: int,
+        query: str | None = None,
+        fmt: str | None = None,
+        partition_by: str | None = None,
+    ) -> dict[str, Any]:
+        """Have the server read partition ``partition`` of ``partitions`` of ``source`` (the
+        objects of an ``s3://BUCKET/PREFIX/``, or a query's rows by ``partition_by``) and
+        stage it as a part of this caller's ``batch`` (see :meth:`commit_partitions`)."""
+        body = {
+            "source": source,
+            "query": query,
+            "format": fmt,
+            "partition_by": partition_by,
+            "batch": batch,
+            "partition": partition,
+            "partitions": partitions,
+        }
+        result: dict[str, Any] = self.request(
+            "POST",
+            _path(name, "ingestions", "parts"),
+            json={k: v for k, v in body.items() if v is not None},
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+        )
+        return result
+
+    def staged_partitions(self, name: str, batch: str) -> list[dict[str, Any]]:
+        """This caller's staged parts of ``batch`` of ``name``, by partition."""
+        result: list[dict[str, Any]] = self.request(
+            "GET", _path(name, "ingestions", "parts"), params={"batch": batch}
+        )
+        return result
+
+    def commit_partitions(
+        self, name: str, batch: str, partitions: int, *, mode: str = "append"
+    ) -> dict[str, Any]:
+        """Commit this caller's ``partitions`` staged parts of ``batch`` as one version."""
+        result: dict[str, Any] = self.request(
+            "POST",
+            _path(name, "ingestions", "commits"),
+            json={"batch": batch, "partitions": partitions, "mode": mode},
+            timeout=httpx.Timeout(self._http.timeout.connect, read=None, write=None),
+        )
+        return result
+
     def get_dataset_suite(self, name: str) -> str | None:
         """The YAML of the suite new versions of ``name`` are validated against, if any."""
         suite: str | None = self.request("GET", _path(name, "suite"))["yaml"]

@@ -135,3 +135,59 @@ class Erasure:
     versions: tuple[dict[str, Any], ...]
     created_by: str
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StagedPart:
+    """One partition of a partitioned ingestion, stored but not yet a version.
+
+    A worker of a gang job reads partition ``partition`` of ``partitions`` of a source and the
+    server stores it as a part (privacy policy and residency applied); the caller commits the
+    ``partitions`` staged parts of its ``batch`` as one version. ``profile`` is this part's
+    own; a staged part no version names is only an unreferenced blob.
+    """
+
+    batch: str
+    partition: int
+    partitions: int
+    part: Part
+    store: str
+    schema: tuple[dict[str, Any], ...]
+    profile: dict[str, Any]
+    source: dict[str, Any]
+    transformations: tuple[dict[str, Any], ...]
+    staged_by: str
+    staged_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "partition": self.partition,
+            "partitions": self.partitions,
+            "part": self.part.to_json(),
+            "store": self.store,
+            "schema": list(self.schema),
+            "profile": self.profile,
+            "source": self.source,
+            "transformations": list(self.transformations),
+            "staged_by": self.staged_by,
+            "staged_at": self.staged_at.isoformat(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> StagedPart:
+        """A record the server wrote (:meth:`to_json`)."""
+        part = raw["part"]
+        return cls(
+            str(raw["batch"]),
+            int(raw["partition"]),
+            int(raw["partitions"]),
+            Part(str(part["path"]), str(part["digest"]), int(part["rows"]), int(part["size"])),
+            str(raw["store"]),
+            tuple(raw["schema"]),
+            dict(raw["profile"]),
+            dict(raw["source"]),
+            tuple(raw["transformations"]),
+            str(raw["staged_by"]),
+            datetime.fromisoformat(str(raw["staged_at"])),
+        )

@@ -121,3 +121,29 @@ def version_digest(part_digests: Sequence[str]) -> str:
 def part_path(dataset_id: str, digest: str) -> str:
     """Where a part is stored in the datasets' artifact namespace, named by its content."""
     return f"{dataset_id}/parts/{digest}.parquet"
+
+
+#: The most partitions one partitioned write has.
+MAX_PARTITIONS = 1024
+_BATCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def staged_folder(batch: str) -> str:
+    """The folder of a partitioned write's staged parts, named by its ``batch`` label (a
+    job id, say): letters, digits, ``_`` and ``-``, 1 to 64."""
+    if not isinstance(batch, str) or not _BATCH.match(batch):
+        raise InvalidParameter(
+            "a batch label is 1 to 64 letters, digits, '_' or '-' (the job's id, say)"
+        )
+    return f"{batch}/"
+
+
+def staged_name(partition: int, partitions: int) -> str:
+    """A staged part's record name: ``<partition>-of-<partitions>.json``."""
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidParameter(f"a write has 1 to {MAX_PARTITIONS} partitions")
+    if not 0 <= partition < partitions:
+        raise InvalidParameter(
+            f"partition {partition} is out of range: partitions are numbered 0 to {partitions - 1}"
+        )
+    return f"{partition}-of-{partitions}.json"

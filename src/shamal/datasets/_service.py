@@ -9,11 +9,18 @@ written as one zstd Parquet part, stored content-addressed in the artifact store
 at rest, S3 and hash checks apply); then, in one transaction, the version takes the next number
 and its row is written with the audit entry. A failure anywhere before that leaves no version
 (a stored part no version names is only an unreferenced blob).
+
+A partitioned write (:meth:`DatasetService.stage_part`, :meth:`DatasetService.commit_parts`)
+splits this in two: each worker of a gang job has the server store one partition as a staged
+part (the same pseudonymization, residency choice and streaming profile), recorded under the
+caller's own name; one commit then makes a version of all of a batch's parts in one
+transaction, profiled and validated over every part in one scan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,6 +42,7 @@ from shamal.datasets._entities import (
     Erasure,
     Part,
     Residency,
+    StagedPart,
     StoreResidency,
     VersionStatus,
     WriteMode,
@@ -68,6 +76,8 @@ __all__ = ["NAMESPACE", "BatchHook", "DatasetService", "Ingested", "Within"]
 #: The artifact namespace of dataset parts: ``<dataset id>/parts/<sha256>.parquet``.
 NAMESPACE = "datasets"
 MAX_LIST = 1000
+#: The most partitions one partitioned write has.
+MAX_STAGED = _rules.MAX_PARTITIONS
 #: Called with each batch on its way to storage (pseudonymization, profiling); returns the
 #: batch to store.
 BatchHook = Callable[[pa.RecordBatch], pa.RecordBatch]
@@ -350,45 +360,74 @@ class DatasetService:
                 )
             parts = (*(base.parts if base else ()), ingested.part)
             scope, profile, report = ingested.judged(base)
-            status = (
-                VersionStatus.QUARANTINED
-                if report is not None and not report.ok
-                else VersionStatus.VALID
-            )
-            version = _store.insert_version(
-                s,
-                ref,
-                {
-                    "version": number,
-                    "digest": _rules.version_digest([p.digest for p in parts]),
-                    "status": status.value,
-                    "row_count": sum(p.rows for p in parts),
-                    "size_bytes": sum(p.size for p in parts),
-                    "schema": list(ingested.schema),
-                    "parts": [p.to_json() for p in parts],
-                    "source": source,
-                    "mode": mode.value,
-                    "profile": {"scope": scope, **profile},
-                    "validation": None if report is None else {"scope": scope, **report.to_json()},
-                    "transformations": transformations,
-                    "created_by": ctx.actor,
-                    "created_at": self._clock(),
-                },
-            )
-            if within is not None:
-                within(s, version)
-            self._audit.record(
+            return self._insert(
                 s,
                 ctx,
-                version.uri,
-                digest=version.digest,
-                rows=version.row_count,
-                mode=mode.value,
-                status=status.value,
+                ref,
+                number,
+                parts,
+                {
+                    "source": source,
+                    "mode": mode,
+                    "transformations": transformations,
+                    "schema": ingested.schema,
+                    "within": within,
+                },
+                (scope, profile, report),
             )
-            return version
 
         return self._db.run(work)
+
+    def _insert(
+        self,
+        s: Session,
+        ctx: AuditContext,
+        ref: _store.DataSetRef,
+        number: int,
+        parts: tuple[Part, ...],
+        written: dict[str, Any],
+        judged: tuple[str, dict[str, Any], Report | None],
+    ) -> DataVersion:
+        """Write version ``number`` of ``parts`` and its audit entry (inside the transaction
+        that reserved the number). ``written``: its source, mode, transformations, schema and
+        ``within`` hook; ``judged``: the scope, profile and report it was measured with."""
+        scope, profile, report = judged
+        mode: WriteMode = written["mode"]
+        within: Within | None = written.get("within")
+        bad = report is not None and not report.ok
+        status = VersionStatus.QUARANTINED if bad else VersionStatus.VALID
+        version = _store.insert_version(
+            s,
+            ref,
+            {
+                "version": number,
+                "digest": _rules.version_digest([p.digest for p in parts]),
+                "status": status.value,
+                "row_count": sum(p.rows for p in parts),
+                "size_bytes": sum(p.size for p in parts),
+                "schema": list(written["schema"]),
+                "parts": [p.to_json() for p in parts],
+                "source": written["source"],
+                "mode": mode.value,
+                "profile": {"scope": scope, **profile},
+                "validation": None if report is None else {"scope": scope, **report.to_json()},
+                "transformations": list(written["transformations"]),
+                "created_by": ctx.actor,
+                "created_at": self._clock(),
+            },
+        )
+        if within is not None:
+            within(s, version)
+        self._audit.record(
+            s,
+            ctx,
+            version.uri,
+            digest=version.digest,
+            rows=version.row_count,
+            mode=mode.value,
+            status=status.value,
+        )
+        return version
 
     def _store_part(
         self,
@@ -472,6 +511,215 @@ class DatasetService:
             else validate(suite, [*files, new_part], now=self._clock(), personal=personal)
         )
         return whole.result().to_json(), report
+
+    # ------------------------------------------------------------------ partitioned writes
+    def stage_part(
+        self,
+        ctx: AuditContext,
+        name: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        source: dict[str, Any],
+        batch: str,
+        partition: int,
+        partitions: int,
+        store: str | None = None,
+    ) -> StagedPart:
+        """Store partition ``partition`` of ``partitions`` of a write of ``name`` as a part of
+        the caller's ``batch``, not yet a version (:meth:`commit_parts` makes one of them).
+
+        The part is written as :meth:`ingest_batches` writes one: pseudonymized by the
+        dataset's privacy policy before any byte is stored, into a store its residency policy
+        allows, profiled as it streams. Its record is kept next to it, under the caller's own
+        name (``<dataset id>/staged/<user id>/<batch>/<partition>-of-<partitions>.json``), so
+        no one else can commit it; staging a partition again (a retried worker) replaces it.
+
+        Raises:
+            InvalidParameter: a malformed batch label or partition numbers; an unreadable
+                source (see :meth:`ingest`).
+            NotFound / PermissionDenied: as :meth:`ingest`.
+        """
+        principal = ctx.require_principal()
+        where = _rules.staged_folder(batch) + _rules.staged_name(partition, partitions)
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.MEMBER)
+            regions = _store.regions_of(s, ref)
+            policy_json = _store.privacy_of(s, ref)
+        target = self._write_store(ctx, name, regions, store)
+        policy = PrivacyPolicy.from_mapping(policy_json) if policy_json else None
+        pseudonymize = self._pseudonymizer(policy)
+        ingested = self._store_part(
+            ref,
+            lambda _folder: batches,
+            pseudonymize,
+            None,
+            None,
+            target,
+            personal=policy.personal if policy is not None else (),
+        )
+        staged = StagedPart(
+            batch,
+            partition,
+            partitions,
+            ingested.part,
+            target,
+            ingested.schema,
+            ingested.profile,
+            dict(source),
+            tuple(pseudonymize.transformations() if pseudonymize is not None else ()),
+            ctx.actor,
+            self._clock(),
+        )
+        record = json.dumps(staged.to_json(), sort_keys=True).encode()
+        ctx.target = f"dataset/{name}"
+        ctx.detail.update(
+            batch=batch, partition=partition, partitions=partitions, digest=staged.part.digest
+        )
+        self._artifacts.store_file(
+            ctx, NAMESPACE, f"{ref.id}/staged/{principal.user.id}/{where}", [record], store=target
+        )
+        return staged
+
+    def staged_parts(self, principal: Principal, name: str, batch: str) -> list[StagedPart]:
+        """The caller's staged parts of ``batch`` of ``name``, by partition."""
+        folder = _rules.staged_folder(batch)
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.MEMBER)
+            regions = _store.regions_of(s, ref)
+        prefix = f"{ref.id}/staged/{principal.user.id}/{folder}"
+        found = []
+        for file in self._artifacts.files_under(NAMESPACE, prefix, MAX_STAGED + 1):
+            record = self._staged_record(file.path, regions)
+            if record is not None and record.batch == batch:
+                found.append(record)
+        return sorted(found, key=lambda r: (r.partitions, r.partition))
+
+    def _staged_record(self, path: str, regions: tuple[str, ...] | None) -> StagedPart | None:
+        """The record at ``path``, read from the first allowed store that holds it."""
+        known = self._store_regions()
+        for store in (name for name in known if self._allows(regions, known[name])):
+            try:
+                chunks = self._artifacts.read_file(NAMESPACE, path, store=store)[1]
+                return StagedPart.from_json(json.loads(b"".join(chunks)))
+            except NotFound:
+                continue
+        return None
+
+    def commit_parts(
+        self,
+        ctx: AuditContext,
+        name: str,
+        batch: str,
+        partitions: int,
+        *,
+        mode: WriteMode = WriteMode.APPEND,
+    ) -> DataVersion:
+        """One version of ``name`` from the caller's ``partitions`` staged parts of ``batch``
+        (in partition order), in one transaction: their schemas and pseudonymization must
+        agree; the version is profiled and validated (one scan of every part) as a whole.
+
+        Raises:
+            Conflict: not every partition is staged yet (commit once each worker staged its
+                own); another writer appended meanwhile, or the parts are already committed.
+            InvalidParameter: the parts' columns differ from each other or from the version
+                appended to; they were pseudonymized differently.
+            NotFound / PermissionDenied: as :meth:`ingest`; a staged part held only in a store
+                the residency policy no longer allows.
+        """
+        principal = ctx.require_principal()
+        _rules.staged_name(0, partitions)
+        with self._db.unit_of_work(write=False) as s:
+            ref = self._ref(s, principal, name, Role.MEMBER)
+            suite_text = _store.suite_of(s, ref)
+            seen = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
+            regions = _store.regions_of(s, ref)
+            policy_json = _store.privacy_of(s, ref)
+        mine = self.staged_parts(principal, name, batch)
+        staged = [p for p in mine if p.partitions == partitions]
+        if len(staged) != partitions:
+            raise Conflict(
+                f"{len(staged)} of the {partitions} partitions of batch {batch!r} are staged: "
+                "commit once every worker has staged its partition"
+            )
+        schema = _agreed(name, staged, seen)
+        policy = PrivacyPolicy.from_mapping(policy_json) if policy_json else None
+        suite = Suite.from_yaml(suite_text) if suite_text else None
+        profile, report = self._measure_staged(
+            seen, staged, suite, policy.personal if policy is not None else ()
+        )
+
+        def work(s: Session) -> DataVersion:
+            number = _store.reserve_version(s, ref.id, self._clock())
+            if _store.regions_of(s, ref) != regions:
+                raise Conflict(
+                    f"the residency policy of {name!r} changed during the write; commit again"
+                )
+            base = _store.latest_valid(s, ref) if mode is WriteMode.APPEND else None
+            if (base and base.digest) != (seen and seen.digest):
+                raise Conflict(
+                    f"another version of {name!r} was written meanwhile; commit again (the "
+                    "staged parts are kept)"
+                )
+            for part in staged:
+                _store.add_part_store(s, ref.id, part.part.digest, part.store, self._clock())
+            parts = (*(base.parts if base else ()), *(p.part for p in staged))
+            source = {
+                **{k: v for k, v in staged[0].source.items() if k != "partition"},
+                "partitions": partitions,
+                "batch": batch,
+            }
+            return self._insert(
+                s,
+                ctx,
+                ref,
+                number,
+                parts,
+                {
+                    "source": source,
+                    "mode": mode,
+                    "transformations": staged[0].transformations,
+                    "schema": schema,
+                },
+                ("version", profile, report),
+            )
+
+        return self._db.run(work)
+
+    def _measure_staged(
+        self,
+        base: DataVersion | None,
+        staged: Sequence[StagedPart],
+        suite: Suite | None,
+        personal: tuple[str, ...],
+    ) -> tuple[dict[str, Any], Report | None]:
+        """The profile and report of ``base``'s rows plus the staged parts': every part is
+        read back batch by batch into one profiler, and the suite runs over all of them in
+        one scan."""
+        self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="commit-", dir=self._work_dir))
+        try:
+            whole = Profiler(personal)
+            sources = [*(self._part_chunks(p) for p in (base.parts if base else ()))]
+            sources += [
+                self._artifacts.read_file(NAMESPACE, p.part.path, store=p.store)[1] for p in staged
+            ]
+            files = []
+            for index, chunks in enumerate(sources):
+                target = folder / f"part-{index:05d}.parquet"
+                with target.open("wb") as out:
+                    for chunk in chunks:
+                        out.write(chunk)
+                for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):
+                    whole.update(batch)
+                files.append(target)
+            report = (
+                None
+                if suite is None
+                else validate(suite, files, now=self._clock(), personal=personal)
+            )
+            return whole.result().to_json(), report
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def set_suite(self, ctx: AuditContext, name: str, text: str | None) -> Suite | None:
         """Validate every new version of ``name`` against the suite ``text`` (YAML; None
@@ -989,3 +1237,35 @@ def _whole(found: DataVersion, held: dict[str, list[str]]) -> tuple[str, ...]:
         mine = set(held.get(part.digest, ()))
         stores = mine if stores is None else stores & mine
     return tuple(sorted(stores or ()))
+
+
+def _agreed(
+    name: str, staged: Sequence[StagedPart], base: DataVersion | None
+) -> tuple[dict[str, Any], ...]:
+    """The one schema of ``staged`` (and of ``base``, appended to), which must agree."""
+    schema = staged[0].schema
+    for part in staged:
+        if list(part.schema) != list(schema):
+            raise InvalidParameter(
+                f"partition {part.partition}'s columns differ from partition "
+                f"{staged[0].partition}'s: every partition of a write has the same columns and "
+                "types (cast them in the query, or convert the files)"
+            )
+        if part.transformations != staged[0].transformations:
+            raise InvalidParameter(
+                f"the privacy policy of {name!r} changed while the partitions were staged: "
+                "stage every partition again"
+            )
+    if base is not None:
+        if list(base.schema) != list(schema):
+            raise InvalidParameter(
+                f"the partitions' columns differ from {name}/{base.version}'s; append rows of "
+                "the same columns and types, or write with mode overwrite"
+            )
+        held = {p.digest for p in base.parts}
+        if any(p.part.digest in held for p in staged):
+            raise Conflict(
+                f"a staged part of this batch is already in {name}/{base.version}: the batch "
+                "was committed"
+            )
+    return schema

@@ -22,6 +22,7 @@ without it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -35,7 +36,8 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import pyarrow as pa
 
-from shamal.datasets._entities import DataVersion, WriteMode
+from shamal.datasets import _rules
+from shamal.datasets._entities import DataVersion, StagedPart, WriteMode
 from shamal.datasets._ingest import FORMATS, Limits, check_schema, read_batches
 from shamal.datasets._service import DatasetService
 from shamal.errors import InvalidParameter, NotFound, PermissionDenied
@@ -47,7 +49,9 @@ __all__ = [
     "SourcePolicy",
     "SourceSpec",
     "format_of",
+    "parse_prefix",
     "parse_source",
+    "partition_query",
 ]
 
 SOURCE_SCHEMES = {
@@ -65,6 +69,10 @@ _CHUNK = 1 << 20
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _IDENT = re.compile(r"^[A-Za-z0-9_.$-]{1,128}$")
+#: A column a SQL source is partitioned by: a plain identifier (quoted where it is used).
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: The most objects under one S3 prefix a partitioned write reads.
+MAX_KEYS = 100_000
 _FIRST_WORD = re.compile(r"^\s*(select|with|values|table)\b", re.IGNORECASE)
 _COMPRESSED = (".gz", ".zst", ".zstd")
 _SUFFIXES = {
@@ -234,6 +242,58 @@ def check_query(query: str | None) -> str:
     if not _FIRST_WORD.match(text):
         raise InvalidParameter("the query must be a SELECT (or WITH ... SELECT) statement")
     return text
+
+
+def parse_prefix(text: str, query: str | None = None) -> tuple[str, str]:
+    """``(bucket, prefix)`` of an S3 prefix source, ``s3://BUCKET/PREFIX/`` (the ``/`` at the
+    end makes it a prefix; ``s3://BUCKET/`` is the whole bucket).
+
+    Raises:
+        InvalidParameter: not a well-formed S3 prefix (the checks of :func:`parse_source`).
+    """
+    if _check_text(text) != "s3" or not text.endswith("/"):
+        raise _refuse("a prefix source is s3://BUCKET/PREFIX/, ending in '/'")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise _refuse("the source does not parse") from None
+    bucket, prefix = parts.netloc, parts.path.removeprefix("/")
+    if not _BUCKET.match(bucket) or port is not None or parts.query:
+        raise _refuse("an S3 source names a bucket (no user, port or query) and a key")
+    segments = prefix.removesuffix("/").split("/") if prefix else []
+    if any(s in ("", ".", "..") for s in segments) or ";" in prefix:
+        raise _refuse("an S3 prefix has no empty, '.' or '..' segments and no ';'")
+    if query is not None:
+        raise InvalidParameter("--query is for SQL sources; an S3 prefix is read whole")
+    return bucket, prefix
+
+
+def partition_query(
+    kind: str, query: str, column: str | None, partition: int, partitions: int
+) -> str:
+    """``query`` narrowed to partition ``partition`` of ``partitions``: the rows whose
+    ``column`` hashes to it (NULLs go to partition 0). ``column`` is a plain identifier,
+    quoted; the numbers are checked integers; the query stays one read-only SELECT.
+
+    Raises:
+        InvalidParameter: no column for several partitions, or not a plain identifier.
+    """
+    if partitions == 1 and column is None:
+        return query
+    if column is None or not _COLUMN.match(column):
+        raise InvalidParameter(
+            "--partition-by names one column of the query's result: letters, digits and '_', "
+            "not starting with a digit"
+        )
+    n, i = int(partitions), int(partition)
+    if kind == "postgresql":
+        hashed = f'coalesce(hashtext(q."{column}"::text)::bigint, 0)'
+        test = f"(({hashed} % {n}) + {n}) % {n} = {i}"
+    else:
+        test = f"coalesce(crc32(cast(q.`{column}` as char)), 0) % {n} = {i}"
+    # The query on lines of its own: a trailing comment in it cannot swallow the filter.
+    return f"SELECT q.* FROM (\n{query}\n) AS q WHERE {test}"  # nosec B608
 
 
 # ---------------------------------------------------------------------------- Arrow batches
@@ -514,3 +574,107 @@ class SourceIngestion:
             yield from _s3(spec, self._policy, folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ partitions
+    def stage(
+        self,
+        ctx: AuditContext,
+        name: str,
+        source: str,
+        slot: tuple[str, int, int],
+        *,
+        query: str | None = None,
+        fmt: str | None = None,
+        partition_by: str | None = None,
+    ) -> StagedPart:
+        """Stage partition ``partition`` of ``partitions`` of ``source`` as a part of the
+        caller's ``batch``, ``slot`` being ``(batch, partition, partitions)`` (see
+        :meth:`DatasetService.stage_part`). Of an S3 prefix (``s3://BUCKET/PREFIX/``): the
+        objects ``partition``, ``partition + partitions``, ... of its keys in order; of a SQL
+        query: the rows whose ``partition_by`` column hashes to it. Checked as :meth:`ingest`
+        checks, before the source is touched.
+
+        Raises:
+            InvalidParameter: a malformed source, partition numbers or column; an S3 object
+                (not a prefix) split in several partitions; fewer objects than partitions.
+            PermissionDenied: a source off the allow-list; not a member of the team.
+        """
+        batch, partition, partitions = slot
+        _rules.staged_folder(batch)
+        _rules.staged_name(partition, partitions)
+        if source.startswith("s3://") and partition_by is not None:
+            raise InvalidParameter(
+                "--partition-by is for SQL sources; an S3 prefix's objects are shared out"
+            )
+        if source.startswith("s3://") and source.endswith("/"):
+            bucket, prefix = parse_prefix(source, query)
+            self.check(SourceSpec("s3", bucket, 0, prefix))
+            record: dict[str, Any] = {"kind": "s3", "uri": source, "format": fmt}
+            batches = self._prefix_batches(bucket, prefix, fmt, partition, partitions)
+        else:
+            spec = parse_source(source, query, fmt)
+            self.check(spec)
+            record = {**spec.record(), "partition_by": partition_by}
+            if spec.kind == "s3" and partitions > 1:
+                raise InvalidParameter(
+                    "an S3 object is one partition: name a prefix ending in '/' (its objects "
+                    "are shared out among the partitions)"
+                )
+            if spec.kind != "s3":
+                narrowed = partition_query(
+                    spec.kind, spec.query or "", partition_by, partition, partitions
+                )
+                spec = dataclasses.replace(spec, query=narrowed)
+            batches = self._batches(spec)
+        return self._datasets.stage_part(
+            ctx,
+            name,
+            batches,
+            source={**record, "partition": partition},
+            batch=batch,
+            partition=partition,
+            partitions=partitions,
+        )
+
+    def _prefix_batches(
+        self, bucket: str, prefix: str, fmt: str | None, partition: int, partitions: int
+    ) -> Iterator[pa.RecordBatch]:
+        keys = _s3_keys(bucket, prefix, self._policy)
+        if len(keys) < partitions:
+            raise InvalidParameter(
+                f"s3://{bucket}/{prefix} holds {len(keys)} object(s): use at most that many "
+                "partitions"
+            )
+        for key in keys[partition::partitions]:
+            yield from self._batches(SourceSpec("s3", bucket, 0, key, fmt=format_of(key, fmt)))
+
+
+def _s3_keys(bucket: str, prefix: str, policy: SourcePolicy) -> list[str]:
+    """The keys under ``prefix`` (not its folder markers), in order."""
+    import boto3  # noqa: PLC0415
+    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=policy.s3_endpoint_url, region_name=policy.s3_region
+    )
+    keys: list[str] = []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+            if len(keys) > MAX_KEYS:
+                raise InvalidParameter(
+                    f"s3://{bucket}/{prefix} holds more than {MAX_KEYS:,} objects: name a "
+                    "narrower prefix"
+                )
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", "error"))
+        if code in ("NoSuchBucket", "404"):
+            raise NotFound(f"s3://{bucket} does not exist (or the server may not see it)") from None
+        raise InvalidParameter(f"cannot list s3://{bucket}/{prefix}: {code}") from None
+    except BotoCoreError as exc:
+        raise InvalidParameter(
+            f"cannot list s3://{bucket}/{prefix}: {type(exc).__name__}"
+        ) from None
+    if not keys:
+        raise NotFound(f"s3://{bucket}/{prefix} holds no objects (or the server may not see them)")
+    return sorted(keys)

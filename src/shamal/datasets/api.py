@@ -38,11 +38,13 @@ from shamal.datasets._entities import (
     DeadLetter,
     Erasure,
     Residency,
+    StagedPart,
     WriteMode,
 )
 from shamal.datasets._expectations import MAX_SUITE_BYTES
 from shamal.datasets._ingest import FORMATS
 from shamal.datasets._privacy import PrivacyPolicy
+from shamal.datasets._rules import MAX_PARTITIONS
 from shamal.datasets._service import MAX_LIST, MAX_REVEAL, MAX_SUBJECT_CHARS, DatasetService
 from shamal.datasets._sources import MAX_QUERY, MAX_SOURCE, SourceIngestion
 from shamal.datasets._streams import MAX_RECORDS, StreamService, StreamWrite
@@ -876,4 +878,117 @@ def ingest_source(
     version = sources.ingest(
         ctx, name, body.source, query=body.query, fmt=body.format, mode=body.mode
     )
+    return VersionOut.of(version)
+
+
+_BATCH_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+_COLUMN_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+
+
+class StageIn(_Model):
+    """One partition of a source for the server to read and stage (a worker of a gang job
+    sends its own): an S3 prefix's objects ``partition``, ``partition + partitions``, ...,
+    or the rows of a query whose ``partition_by`` column hashes to ``partition``."""
+
+    source: str = Field(
+        min_length=1,
+        max_length=MAX_SOURCE,
+        examples=["s3://raw/events/", "postgresql://reader@db:5432/shop"],
+    )
+    query: str | None = Field(default=None, max_length=MAX_QUERY, examples=["SELECT * FROM t"])
+    format: str | None = Field(default=None, pattern="^(" + "|".join(FORMATS) + ")$")
+    partition_by: str | None = Field(default=None, pattern=_COLUMN_PATTERN, examples=["id"])
+    batch: str = Field(pattern=_BATCH_PATTERN, examples=["job-3f2a"])
+    partition: int = Field(ge=0, lt=MAX_PARTITIONS)
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+
+
+class StagedOut(BaseModel):
+    batch: str
+    partition: int
+    partitions: int
+    digest: str
+    rows: int
+    size: int
+    store: str
+    columns: list[dict[str, Any]]
+    profile: dict[str, Any]
+    source: dict[str, Any]
+    staged_by: str
+    staged_at: datetime
+
+    @classmethod
+    def of(cls, found: StagedPart) -> StagedOut:
+        return cls(
+            batch=found.batch,
+            partition=found.partition,
+            partitions=found.partitions,
+            digest=found.part.digest,
+            rows=found.part.rows,
+            size=found.part.size,
+            store=found.store,
+            columns=list(found.schema),
+            profile=found.profile,
+            source=found.source,
+            staged_by=found.staged_by,
+            staged_at=found.staged_at,
+        )
+
+
+class CommitIn(_Model):
+    """Commit the caller's ``partitions`` staged parts of ``batch`` as one version."""
+
+    batch: str = Field(pattern=_BATCH_PATTERN, examples=["job-3f2a"])
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    mode: WriteMode = WriteMode.APPEND
+
+
+@router.post(
+    "/datasets/{name}/ingestions/parts",
+    status_code=status.HTTP_201_CREATED,
+    summary="Read and stage one partition of a source (a part of a partitioned write)",
+)
+def stage_part(
+    name: Name,
+    body: StageIn,
+    sources: Sources,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.stage"))],
+) -> StagedOut:
+    staged = sources.stage(
+        ctx,
+        name,
+        body.source,
+        (body.batch, body.partition, body.partitions),
+        query=body.query,
+        fmt=body.format,
+        partition_by=body.partition_by,
+    )
+    return StagedOut.of(staged)
+
+
+@router.get(
+    "/datasets/{name}/ingestions/parts",
+    summary="The caller's staged parts of a batch, by partition",
+)
+def staged_parts(
+    name: Name,
+    svc: Datasets,
+    principal: CurrentPrincipal,
+    batch: Annotated[str, Query(pattern=_BATCH_PATTERN)],
+) -> list[StagedOut]:
+    return [StagedOut.of(p) for p in svc.staged_parts(principal, name, batch)]
+
+
+@router.post(
+    "/datasets/{name}/ingestions/commits",
+    status_code=status.HTTP_201_CREATED,
+    summary="Commit the caller's staged parts of a batch as one version",
+)
+def commit_parts(
+    name: Name,
+    body: CommitIn,
+    svc: Datasets,
+    ctx: Annotated[AuditContext, Depends(audited("dataset.ingest"))],
+) -> VersionOut:
+    version = svc.commit_parts(ctx, name, body.batch, body.partitions, mode=body.mode)
     return VersionOut.of(version)
