@@ -24,6 +24,10 @@ from shamal.server._redact import access_log_config
 logger = logging.getLogger(__name__)
 
 
+#: Seconds a worker may take to answer its supervisor's ping (uvicorn's default: 5).
+_WORKER_HEALTHCHECK_S = 60
+
+
 def make_listener(host: str, port: int) -> socket.socket:
     """A bound, listening TCP socket created with ``proto=IPPROTO_TCP``.
 
@@ -146,6 +150,10 @@ def serve(
             "shamal.server._run:app_from_env",
             factory=True,
             workers=settings.workers,
+            # A worker starting up imports every domain and opens the platform while holding
+            # the GIL; on a busy machine that outlasts uvicorn's 5 s ping, and the supervisor
+            # would kill and restart it for ever. A hung worker is still replaced, later.
+            timeout_worker_healthcheck=_WORKER_HEALTHCHECK_S,
             **common,  # type: ignore[arg-type]
         )
         from uvicorn.supervisors import Multiprocess
