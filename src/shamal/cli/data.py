@@ -65,6 +65,17 @@ def _version_line(v: dict[str, Any]) -> str:
     )
 
 
+#: The options every ingestion command takes alike.
+FormatOption = Annotated[
+    str | None,
+    typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
+]
+QueryOption = Annotated[
+    str | None, typer.Option("--query", help="The SELECT a SQL source runs (read-only).")
+]
+ModeOption = Annotated[str, typer.Option(help="append (default) or overwrite.")]
+
+
 @app.command("create")
 @handle_errors
 def create(
@@ -94,14 +105,9 @@ def ingest(
             "postgresql://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB with --query.",
         ),
     ],
-    fmt: Annotated[
-        str | None,
-        typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
-    ] = None,
-    query: Annotated[
-        str | None, typer.Option("--query", help="The SELECT a SQL source runs (read-only).")
-    ] = None,
-    mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
+    fmt: FormatOption = None,
+    query: QueryOption = None,
+    mode: ModeOption = "append",
     store: Annotated[
         str | None,
         typer.Option(
@@ -321,14 +327,9 @@ def ingest_partition(
         str | None,
         typer.Option("--partition-by", help="A SQL source's column whose hash shares out rows."),
     ] = None,
-    fmt: Annotated[
-        str | None,
-        typer.Option("--format", help="csv, parquet, jsonl or arrow (default: by suffix)."),
-    ] = None,
-    query: Annotated[
-        str | None, typer.Option("--query", help="The SELECT a SQL source runs (read-only).")
-    ] = None,
-    mode: Annotated[str, typer.Option(help="append (default) or overwrite.")] = "append",
+    fmt: FormatOption = None,
+    query: QueryOption = None,
+    mode: ModeOption = "append",
     wait_s: Annotated[
         float,
         typer.Option(
