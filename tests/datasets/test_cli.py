@@ -11,10 +11,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from shamal.cli import app
 from shamal.client import ShamalClient
+from tests.datasets._cli import cli_against
 from tests.live import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -32,15 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def shamal(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
-    monkeypatch.setenv("SHAMAL_URL", server.url)
-    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
-    runner = CliRunner()
-
-    def run(*args: str) -> tuple[int, str]:
-        result = runner.invoke(app, list(args), env={"COLUMNS": "120"})
-        return result.exit_code, result.output
-
-    return run
+    return cli_against(server, monkeypatch, columns=120)
 
 
 def test_ingest_list_show_alias_and_download(

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from typer.testing import CliRunner
 
 import shamal as shamal_package
-from shamal.cli import app
 from shamal.client import ShamalClient
 from tests import needs
 from tests.conftest import _pg_connect
+from tests.datasets._cli import cli_against
 from tests.jobs.test_scheduling import FAST, stop_all_jobs
 from tests.live import LiveServer
 
@@ -46,15 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 def shamal(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., tuple[int, str]]]:
-    monkeypatch.setenv("SHAMAL_URL", server.url)
-    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
-    runner = CliRunner()
-
-    def run(*args: str) -> tuple[int, str]:
-        result = runner.invoke(app, list(args), env={"COLUMNS": "160"})
-        return result.exit_code, result.output
-
-    yield run
+    yield cli_against(server, monkeypatch)
     with ShamalClient(server.url, server.token) as api:
         stop_all_jobs(api)
 
