@@ -233,6 +233,11 @@ def _text_checks(fmt: str) -> Callable[[pa.RecordBatch, int], None]:
     """Checks of each text batch: no NUL bytes in a cell, no bytes that are not UTF-8, and
     (CSV) no line break in a cell (an unterminated quote swallowing the file's end)."""
 
+    def forbidden(column: pa.Array) -> bool:
+        if fmt == "csv":
+            return bool(pc.any(pc.match_substring_regex(column, "[\\x00\\r\\n]")).as_py())
+        return bool(pc.any(pc.match_substring(column, "\x00")).as_py())
+
     def check(batch: pa.RecordBatch, rows: int) -> None:
         for index, column in enumerate(batch.columns, start=1):
             where = f"column #{index}, rows {rows + 1:,} to {rows + batch.num_rows:,}"
@@ -242,9 +247,12 @@ def _text_checks(fmt: str) -> Callable[[pa.RecordBatch, int], None]:
                 )
             if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
                 continue
+            # One scan for every byte a cell may not hold; which one, only when there is one.
+            if not forbidden(column):
+                continue
             if pc.any(pc.match_substring(column, "\x00")).as_py():
                 raise InvalidParameter(f"the {fmt} source has NUL bytes in a cell (at {where})")
-            if fmt == "csv" and pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py():
+            if fmt == "csv":
                 raise InvalidParameter(
                     f"the {fmt} source has a line break inside a cell (at {where}): an "
                     "unterminated quote?"
@@ -407,7 +415,7 @@ def read_batches(
     rows = 0
     try:
         batches = _csv(path, limits, text_columns) if fmt == "csv" else reader(path, limits)
-        for batch in batches:
+        for batch in _coalesced(batches):
             if check is not None:
                 check(batch, rows)
             rows += batch.num_rows
@@ -416,6 +424,33 @@ def read_batches(
         if isinstance(exc, InvalidParameter):
             raise
         raise _unreadable(fmt, exc, rows) from None
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` joined into batches of about :data:`_BATCH_ROWS` rows (at most
+    :data:`_BATCH_BYTES`): text sources are read in small blocks (which bound a row's length
+    and the reader's memory), but every later step (checks, profile, Parquet) pays a cost per
+    batch, not only per row."""
+    held: list[pa.RecordBatch] = []
+    rows = size = 0
+    for batch in batches:
+        if held and not batch.schema.equals(held[0].schema):
+            yield _joined(held)
+            held, rows, size = [], 0, 0
+        held.append(batch)
+        rows += batch.num_rows
+        size += batch.nbytes
+        if rows >= _BATCH_ROWS or size >= _BATCH_BYTES:
+            yield _joined(held)
+            held, rows, size = [], 0, 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _schema_json(schema: pa.Schema) -> tuple[dict[str, Any], ...]:

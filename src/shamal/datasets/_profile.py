@@ -428,17 +428,21 @@ class _ColumnState:
         if self.personal or numbers.size == 0 or self.top is None:
             self._hash(hash_words(numbers, self.seed))
             return
-        self._extremes(numbers.min().item(), numbers.max().item())
+        # One sort serves the extremes, the sketch and the counts (runs of equal values):
+        # cheaper than a hash table of every value when most of them are distinct.
+        ordered = np.sort(numbers, kind="stable")
+        self._extremes(ordered[0].item(), ordered[-1].item())
         scale = seconds_per_unit(self.value_type) if self.kind == "temporal" else 1.0
         if self.moments is not None:
-            self.moments.update(numbers.astype(np.float64) * scale)
+            self.moments.update(ordered.astype(np.float64) * scale)
         if self.sketch is not None:
-            self.sketch.update(numbers)
-        # Counted once for the top values; only the distinct values are hashed (a repeated
-        # hash leaves the distinct sketch as it was).
-        counted = pc.value_counts(pa.array(numbers))
-        self._hash(hash_words(counted.field("values").to_numpy(), self.seed))
-        self._top_counted(counted)
+            self.sketch.update(ordered)
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        distinct = ordered[starts]
+        counts = np.diff(np.append(starts, ordered.size))
+        # Only the distinct values are hashed (a repeated hash leaves the sketch as it was).
+        self._hash(hash_words(distinct, self.seed))
+        self._top_counts(pa.array(distinct), counts)
 
     def _hash(self, hashes: npt.NDArray[np.uint64]) -> None:
         if self.distinct is not None:
@@ -456,9 +460,12 @@ class _ColumnState:
     def _top_counted(self, counted: Any) -> None:
         """Take a batch's value counts (Arrow's ``value_counts``) into the top values; only
         the values the summary can hold become Python objects."""
+        self._top_counts(counted.field("values"), counted.field("counts").to_numpy())
+
+    def _top_counts(self, values: Any, counts: npt.NDArray[Any]) -> None:
+        """Take a batch's distinct ``values`` (an Arrow array) and their ``counts``."""
         assert self.top is not None
-        counts = counted.field("counts").to_numpy().astype(np.int64)
-        values = counted.field("values")
+        counts = counts.astype(np.int64)
         capacity = self.top.capacity
         if len(counts) <= capacity:
             self.top.update(values.to_pylist(), counts)

@@ -217,7 +217,7 @@ class QuantileSketch:
     def _compact(self, level: int) -> None:
         if level + 1 == len(self.levels):
             self.levels.append(np.empty(0, dtype=self.dtype))
-        items = np.sort(self.levels[level])
+        items = np.sort(self.levels[level], kind="stable")  # sorted runs: merged, not resorted
         keep = items[:0]
         if len(items) % 2:
             # An odd item out stays behind, so the weight moved up is exactly preserved.
