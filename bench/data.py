@@ -588,8 +588,9 @@ def report(rows: int, size: int, results: dict[str, dict[str, Any]]) -> list[str
     lines += [
         "",
         f"polars reading the file alone (the fastest reader here): {floor:.2f} s; 3x pandera "
-        f"means {pdr['work_s'] / TARGET_VS_PANDERA:.2f} s, 10x GX {ge['work_s'] / TARGET_VS_GE:.2f} s"
-        " for reading, profiling, validating, writing Parquet and storing it",
+        f"means {pdr['work_s'] / TARGET_VS_PANDERA:.2f} s, "
+        f"10x GX {ge['work_s'] / TARGET_VS_GE:.2f} s for reading, profiling, validating, "
+        "writing Parquet and storing it",
         "",
         f"speed-up vs GX       {vs_ge:6.1f}x   target >= {TARGET_VS_GE:.0f}x   "
         f"{verdict(vs_ge >= TARGET_VS_GE)}",
