@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from shamal.datasets._batcher import Message, MicroBatcher
     from shamal.datasets._brokers import Broker, describe, open_broker, parse_url
     from shamal.datasets._columns import Kind, Scalar
+    from shamal.datasets._confined import check_select, quote_identifier, quote_text
     from shamal.datasets._consumer import Consumer
     from shamal.datasets._diff import (
         ColumnShift,
@@ -143,6 +144,9 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "open_broker": ("_brokers", "open_broker"),
     "parse_url": ("_brokers", "parse_url"),
     "validate": ("_validation", "validate"),
+    "check_select": ("_confined", "check_select"),
+    "quote_identifier": ("_confined", "quote_identifier"),
+    "quote_text": ("_confined", "quote_text"),
 }
 
 __all__ = [
@@ -206,6 +210,7 @@ __all__ = [
     "VersionStatus",
     "WriteMode",
     "check_alias",
+    "check_select",
     "check_name",
     "describe",
     "diff",
@@ -213,6 +218,8 @@ __all__ = [
     "open_broker",
     "parse_ref",
     "parse_url",
+    "quote_identifier",
+    "quote_text",
     "validate",
 ]
 
