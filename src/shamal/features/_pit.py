@@ -1,0 +1,550 @@
+"""Point-in-time correct joins of entity rows with feature views, offline, in DuckDB.
+
+A training set is built from *entity rows* (join keys, an entity timestamp, and any other
+columns such as labels) by joining each entity row, for each requested feature view, with that
+view's latest feature row for the same keys as of the entity row's timestamp.
+
+Semantics, for an entity row with keys ``K`` and timestamp ``T`` and a view with TTL ``ttl``
+(seconds, or ``None`` for unlimited):
+
+- **The row chosen** is the view's feature row with keys equal to ``K``, event time ``<= T``
+  (a row stamped exactly ``T`` counts) and, with a TTL, event time ``>= T - ttl`` (inclusive),
+  with the greatest event time. If there is none, the view's features are null for that entity
+  row. If the latest row at or before ``T`` is older than the TTL the features are null: an
+  even older row is never used instead.
+- **Ties** (several feature rows with the same keys and the same event time): the row written
+  last wins, that is the last in the view's input order (its files in the order given, rows in
+  file order). A view with a ``sql`` transformation is ordered by the transformation's output
+  (for a projection or filter over ``source``, the files' order).
+- **Nulls**: feature rows with a null event time or any null join key are ignored. Entity rows
+  with a null key or a null timestamp are kept, with null features. A chosen row's null
+  feature values stay null (row-level semantics, as Feast): no value is taken from another row.
+- **Output**: one Parquet file (zstd) with every entity row exactly once, in the entity rows'
+  order (files in the order given, rows in file order), holding every entity column unchanged
+  first, then each view's requested features in the order the views and features are given.
+  A feature column is named ``feature``, or ``view__feature`` with ``full_names``; two output
+  columns with one name are refused.
+- **Time**: the entity timestamp and the views' event times may be timestamps of any unit, with
+  a time zone or without (naive ones are read as UTC), or dates (midnight UTC); they are
+  compared in UTC at microsecond precision.
+- **Keys**: each view's join keys are columns of that name in both the view and the entity
+  rows, of one type (integers of any width and sign match each other, as do decimals and
+  floating point numbers among themselves).
+
+The join streams through DuckDB under a memory limit, spilling to a temporary directory when
+the data is larger, and the result goes straight to the output file; nothing of it is held in
+Python. The database is confined before any user SQL runs: it may read the entity and view
+files and write the output and its spill files, nothing else (no other file, URL, database or
+extension), and its configuration is locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import duckdb
+import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+from shamal.datasets import check_select, quote_identifier, quote_text
+from shamal.errors import InvalidParameter
+
+__all__ = ["JoinLimits", "JoinResult", "ViewInput", "historical_join"]
+
+logger = logging.getLogger(__name__)
+
+#: Characters DuckDB's Parquet reader would expand as a glob pattern.
+_GLOB: Final = frozenset("*?[]{}")
+_INTEGERS: Final = frozenset(
+    {
+        "TINYINT",
+        "SMALLINT",
+        "INTEGER",
+        "BIGINT",
+        "HUGEINT",
+        "UTINYINT",
+        "USMALLINT",
+        "UINTEGER",
+        "UBIGINT",
+        "UHUGEINT",
+    }
+)
+_FLOATS: Final = frozenset({"FLOAT", "DOUBLE"})
+#: The longest TTL, in seconds (about 3,000 years): its microseconds fit any arithmetic here.
+MAX_TTL_SECONDS: Final = 10**11
+#: The names of DuckDB's virtual Parquet columns that number each row by file and position.
+_ORDINALS: Final = ("file_index", "file_row_number")
+_ENTITY_VIEW: Final = "pit_entities"
+
+
+@dataclass(frozen=True, slots=True)
+class ViewInput:
+    """One feature view as the join reads it.
+
+    Attributes:
+        name: the feature view's name (``view__feature`` with ``full_names``).
+        files: the view's Parquet files in order; among rows with the same keys and event
+            time, the one in a later file (or later in the same file) wins.
+        join_keys: the view's key columns; the entity rows hold columns of the same names.
+        timestamp_field: the view's event-time column.
+        features: the feature columns to return, in order.
+        ttl_seconds: how old a feature row may be, relative to the entity row's timestamp, to
+            be used; ``None``: any age.
+        sql: an optional transformation, one SELECT over a relation named ``source`` (the
+            view's files), whose result holds the keys, the event time and the features.
+    """
+
+    name: str
+    files: tuple[Path, ...]
+    join_keys: tuple[str, ...]
+    timestamp_field: str
+    features: tuple[str, ...]
+    ttl_seconds: int | None = None
+    sql: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinLimits:
+    """What one join may use.
+
+    Attributes:
+        memory_limit_mb: DuckDB's memory limit; a larger join spills to ``temp_dir``.
+        temp_dir: where DuckDB spills; ``None``: a temporary directory made and removed by
+            the call.
+        threads: DuckDB's worker threads.
+    """
+
+    memory_limit_mb: int = 1024
+    temp_dir: Path | None = None
+    threads: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """The written training set: its file, row count and column names in order."""
+
+    path: Path
+    rows: int
+    columns: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Relation:
+    """A relation registered in the join's database, and its columns' DuckDB types."""
+
+    name: str
+    types: dict[str, str] = field(default_factory=dict)
+
+
+def historical_join(
+    entities: pa.Table | Sequence[Path],
+    entity_timestamp: str,
+    views: Sequence[ViewInput],
+    out: Path,
+    *,
+    full_names: bool = False,
+    limits: JoinLimits = JoinLimits(),  # noqa: B008 - frozen, so one shared default is safe
+) -> JoinResult:
+    """Join entity rows with each view's latest feature row as of the entity row's timestamp,
+    as the module's docstring states, and write the result to ``out``.
+
+    Args:
+        entities: the entity rows, an Arrow table or Parquet files (read in order).
+        entity_timestamp: the entity rows' timestamp column.
+        views: the feature views to join, in output order.
+        out: the Parquet file (zstd) to write; replaced if it exists, untouched on failure.
+        full_names: name feature columns ``view__feature`` rather than ``feature``.
+        limits: DuckDB's memory limit, spill directory and threads.
+
+    Returns:
+        The file written, its row count (the entity rows') and its column names.
+
+    Raises:
+        InvalidParameter: a missing column, a non-temporal timestamp, a join key whose types
+            differ, two output columns with one name, a missing file, a refused or failing
+            transformation, or limits out of range; nothing is written then.
+    """
+    _check_request(entity_timestamp, views, limits)
+    for view in views:
+        if view.sql is not None:
+            try:
+                check_select(view.sql)
+            except InvalidParameter as exc:
+                raise InvalidParameter(f"view {view.name!r}: {exc.message}") from None
+    entity_files = None if isinstance(entities, pa.Table) else _files("entity rows", entities)
+    view_files = [_files(f"view {view.name!r}", view.files) for view in views]
+    out = Path(out).resolve()
+    if not out.parent.is_dir():
+        raise InvalidParameter("the output file's directory does not exist; create it first.")
+    partial = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
+    readable = [*(entity_files or ()), *(f for files in view_files for f in files)]
+    with _spill_directory(limits.temp_dir) as spill:
+        hidden = [*readable, partial, spill]
+        try:
+            with _confined(limits, spill, [*readable, partial]) as con:
+                return _run(
+                    con, entities, entity_timestamp, views, view_files, partial, out, full_names
+                )
+        except duckdb.Error as exc:
+            raise InvalidParameter(f"the join failed: {_clean(exc, hidden)}") from None
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def _run(
+    con: duckdb.DuckDBPyConnection,
+    entities: pa.Table | list[Path],
+    entity_timestamp: str,
+    views: Sequence[ViewInput],
+    view_files: list[list[Path]],
+    partial: Path,
+    out: Path,
+    full_names: bool,
+) -> JoinResult:
+    prefix = _prefix(entities, views)
+    entity = _open_entities(con, entities, prefix)
+    _check_column(entity, entity_timestamp, "the entity rows", temporal=True)
+    sources = [
+        _open_view(con, index, view, files, prefix)
+        for index, (view, files) in enumerate(zip(views, view_files, strict=True))
+    ]
+    for view, source in zip(views, sources, strict=True):
+        _check_view(view, source, entity)
+    names = _output_names(list(entity.types), views, full_names)
+    steps, query = _join_steps(list(entity.types), entity_timestamp, views, sources, names, prefix)
+    for step in steps:
+        con.execute(step)
+    (rows,) = con.execute(
+        f"COPY ({query}) TO {quote_text(str(partial))} "  # nosec B608 - quoted names only
+        "(FORMAT parquet, COMPRESSION zstd)"
+    ).fetchone() or (0,)
+    partial.replace(out)
+    columns = (*entity.types, *names)
+    logger.debug("point-in-time join wrote %d rows, %d columns", rows, len(columns))
+    return JoinResult(path=out, rows=int(rows), columns=tuple(columns))
+
+
+def _check_request(entity_timestamp: str, views: Sequence[ViewInput], limits: JoinLimits) -> None:
+    if not isinstance(entity_timestamp, str) or not entity_timestamp:
+        raise InvalidParameter("entity_timestamp must name the entity rows' timestamp column.")
+    if not 16 <= limits.memory_limit_mb <= 1_048_576:
+        raise InvalidParameter("memory_limit_mb must be between 16 and 1048576.")
+    if not 1 <= limits.threads <= 256:
+        raise InvalidParameter("threads must be between 1 and 256.")
+    for view in views:
+        ttl = view.ttl_seconds
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_TTL_SECONDS
+        ):
+            raise InvalidParameter(
+                f"view {view.name!r}: ttl_seconds must be None or an integer from 0 to "
+                f"{MAX_TTL_SECONDS}."
+            )
+        if not view.files:
+            raise InvalidParameter(f"view {view.name!r} has no Parquet files.")
+
+
+def _files(what: str, paths: Sequence[Path]) -> list[Path]:
+    if isinstance(paths, str | Path) or not paths:
+        raise InvalidParameter(f"{what}: give a non-empty sequence of Parquet files.")
+    files = [Path(p).resolve() for p in paths]
+    for number, path in enumerate(files, start=1):
+        if _GLOB & set(str(path)):
+            raise InvalidParameter(f"{what}: file {number} has glob characters in its name.")
+        if not path.is_file():
+            raise InvalidParameter(f"{what}: file {number} of {len(files)} does not exist.")
+    return files
+
+
+@contextlib.contextmanager
+def _spill_directory(given: Path | None) -> Iterator[Path]:
+    if given is not None:
+        path = Path(given).resolve()
+        if not path.is_dir():
+            raise InvalidParameter("temp_dir does not exist; create it or leave it None.")
+        yield path
+        return
+    made = Path(tempfile.mkdtemp(prefix="shamal-pit-"))
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _confined(
+    limits: JoinLimits, spill: Path, paths: list[Path]
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A private in-memory database that may touch ``paths`` and ``spill`` and nothing else."""
+    con = duckdb.connect(
+        ":memory:",
+        config={
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "memory_limit": f"{limits.memory_limit_mb}MB",
+            "threads": limits.threads,
+            "temp_directory": str(spill),
+        },
+    )
+    try:
+        listing = ", ".join(quote_text(str(p)) for p in paths)
+        directory = quote_text(str(spill).rstrip("/") + "/")
+        for setting in (
+            "SET preserve_insertion_order = true",
+            "SET TimeZone = 'UTC'",
+            "SET python_enable_replacements = false",
+            f"SET allowed_paths = [{listing}]",
+            f"SET allowed_directories = [{directory}]",
+            "SET enable_external_access = false",
+            "SET lock_configuration = true",
+        ):
+            con.execute(setting)
+        yield con
+    finally:
+        con.close()
+
+
+def _clean(exc: BaseException, paths: Sequence[Path]) -> str:
+    """An error's first line, without the server's file names."""
+    text = str(exc).strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
+    for path in sorted(paths, key=lambda p: len(str(p)), reverse=True):
+        text = text.replace(str(path), "<file>")
+    return text[:300]
+
+
+def _prefix(entities: pa.Table | list[Path], views: Sequence[ViewInput]) -> str:
+    """A prefix for the join's own columns that no user column starts with (a random part
+    covers the columns not known before the files are read)."""
+    names = [*entities.column_names] if isinstance(entities, pa.Table) else []
+    for view in views:
+        names.extend([*view.join_keys, view.timestamp_field, *view.features])
+    prefix = f"__pit{uuid.uuid4().hex[:12]}"
+    while any(name.startswith(prefix) for name in names):
+        prefix += "_"
+    return prefix + "_"
+
+
+def _describe(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    rows = con.execute(f"DESCRIBE {quote_identifier(relation)}").fetchall()
+    return {str(row[0]): str(row[1]) for row in rows}
+
+
+def _parquet_scan(files: Sequence[Path]) -> str:
+    listing = ", ".join(quote_text(str(p)) for p in files)
+    # can_have_nan: Parquet statistics leave NaN out; without it DuckDB may prune such rows.
+    return f"read_parquet([{listing}], union_by_name = true, can_have_nan = true)"
+
+
+def _ordered_scan(con: duckdb.DuckDBPyConnection, files: Sequence[Path], prefix: str) -> str:
+    """A SELECT of every column of the files plus ``{prefix}file`` and ``{prefix}row``, which
+    number the rows in input order."""
+    scan = _parquet_scan(files)
+    columns = con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()  # nosec B608
+    file_, row = quote_identifier(prefix + "file"), quote_identifier(prefix + "row")
+    if any(str(c[0]) in _ORDINALS for c in columns):
+        # A data column hides DuckDB's virtual ordinals: number the single-threaded,
+        # order-preserving scan instead.
+        logger.debug("Parquet columns shadow the file ordinals; numbering the scan")
+        return f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM {scan}"
+    return f"SELECT *, file_index AS {file_}, file_row_number AS {row} FROM {scan}"  # nosec B608
+
+
+def _open_entities(
+    con: duckdb.DuckDBPyConnection, entities: pa.Table | list[Path], prefix: str
+) -> _Relation:
+    """Register the entity rows as a view holding their columns and the two ordinals."""
+    file_ = quote_identifier(prefix + "file")
+    if isinstance(entities, pa.Table):
+        numbered = entities.append_column(
+            prefix + "row", pa.array(range(entities.num_rows), pa.int64())
+        )
+        con.register(prefix + "arrow", numbered)
+        source = quote_identifier(prefix + "arrow")
+        con.execute(
+            f"CREATE VIEW {_ENTITY_VIEW} AS SELECT *, 0 AS {file_} FROM {source}"  # nosec B608
+        )
+    else:
+        scan = _ordered_scan(con, entities, prefix)
+        con.execute(f"CREATE VIEW {_ENTITY_VIEW} AS {scan}")
+    types = _describe(con, _ENTITY_VIEW)
+    return _Relation(_ENTITY_VIEW, {k: v for k, v in types.items() if not k.startswith(prefix)})
+
+
+def _open_view(
+    con: duckdb.DuckDBPyConnection, index: int, view: ViewInput, files: list[Path], prefix: str
+) -> _Relation:
+    """Register a view's rows (after its transformation) with their ordinals."""
+    name = f"pit_view_{index}"
+    scan = _ordered_scan(con, files, prefix)
+    if view.sql is None:
+        body = scan
+    else:
+        file_, row = quote_identifier(prefix + "file"), quote_identifier(prefix + "row")
+        text = duckdb.extract_statements(view.sql)[0].query.strip().rstrip(";")
+        # The user's query sees `source` (without our ordinals) and runs confined; its output
+        # order is the tie order. Newlines keep a trailing comment from eating our text.
+        body = (
+            f"WITH source AS (SELECT * EXCLUDE ({file_}, {row}) FROM ({scan})) "
+            f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM (\n{text}\n)"
+        )
+    try:
+        con.execute(f"CREATE VIEW {name} AS {body}")  # nosec B608 - quoted names only
+    except duckdb.Error as exc:
+        what = "transformation" if view.sql is not None else "files"
+        raise InvalidParameter(
+            f"view {view.name!r}: the {what} failed: {_clean(exc, files)}"
+        ) from None
+    types = _describe(con, name)
+    return _Relation(name, {k: v for k, v in types.items() if not k.startswith(prefix)})
+
+
+def _check_column(relation: _Relation, column: str, where: str, *, temporal: bool) -> None:
+    kind = relation.types.get(column)
+    if kind is None:
+        raise InvalidParameter(f"{where} have no column {column!r}.")
+    if temporal and not _is_temporal(kind):
+        raise InvalidParameter(
+            f"{where}: column {column!r} is {kind}, not a timestamp or date; "
+            "give a timestamp column."
+        )
+
+
+def _is_temporal(kind: str) -> bool:
+    return kind == "DATE" or kind.startswith("TIMESTAMP")
+
+
+def _family(kind: str) -> str:
+    if kind in _INTEGERS:
+        return "integer"
+    if kind.startswith("DECIMAL"):
+        return "decimal"
+    if kind in _FLOATS:
+        return "float"
+    return kind
+
+
+def _check_view(view: ViewInput, source: _Relation, entity: _Relation) -> None:
+    where = f"view {view.name!r}"
+    _check_column(source, view.timestamp_field, f"{where}'s rows", temporal=True)
+    for feature in view.features:
+        _check_column(source, feature, f"{where}'s rows", temporal=False)
+    for key in view.join_keys:
+        _check_column(source, key, f"{where}'s rows", temporal=False)
+        if key not in entity.types:
+            raise InvalidParameter(f"the entity rows have no join key column {key!r} ({where}).")
+        theirs, ours = source.types[key], entity.types[key]
+        if _family(theirs) != _family(ours):
+            raise InvalidParameter(
+                f"join key {key!r} is {ours} in the entity rows but {theirs} in {where}; "
+                "cast one side so the types match."
+            )
+
+
+def _output_names(entity_columns: list[str], views: Sequence[ViewInput], full: bool) -> list[str]:
+    seen = dict.fromkeys(entity_columns, "an entity column")
+    names = []
+    for view in views:
+        for feature in view.features:
+            name = f"{view.name}__{feature}" if full else feature
+            if name in seen:
+                hint = "" if full else "; pass full_names=True to name features view__feature"
+                raise InvalidParameter(
+                    f"output column {name[:200]!r} of view {view.name!r} clashes with "
+                    f"{seen[name]}{hint}."
+                )
+            seen[name] = f"a feature of view {view.name!r}"
+            names.append(name)
+    return names
+
+
+def _utc(column: str) -> str:
+    """An expression for a temporal column as a naive timestamp in UTC."""
+    # TIMESTAMPTZ casts to UTC wall time (the session's zone is UTC); dates become midnight.
+    return f"CAST({column} AS TIMESTAMP)"
+
+
+def _join_steps(
+    entity_columns: list[str],
+    entity_timestamp: str,
+    views: Sequence[ViewInput],
+    sources: list[_Relation],
+    names: list[str],
+    prefix: str,
+) -> tuple[list[str], str]:
+    """The join as statements and a final query: the entity rows, then one ASOF LEFT JOIN
+    per view, each materialized in a temporary table, then the result in entity order.
+
+    Each join lands in a table of its own because DuckDB cannot stream an ASOF join into
+    another join or a sort within its memory limit, while each step alone spills.
+    """
+    q = quote_identifier
+    t, file_ = q(prefix + "t"), q(prefix + "file")
+    steps = [
+        f"CREATE TEMP VIEW e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t} "  # nosec B608
+        f"FROM {_ENTITY_VIEW}"
+    ]
+    results: list[str] = []
+    for i, (view, source) in enumerate(zip(views, sources, strict=True)):
+        steps.append(f"CREATE TEMP VIEW v{i} AS {_latest_rows(i, view, source.name, prefix)}")
+        picked = [q(f"{prefix}v{i}_{j}") for j in range(len(view.features))]
+        steps.append(f"CREATE TEMP TABLE e{i + 1} AS {_asof(i, view, picked, prefix)}")
+        if i:
+            steps.append(f"DROP TABLE e{i}")
+        results.extend(picked)
+    selected = [q(c) for c in entity_columns] + [
+        f"{r} AS {q(n)}" for r, n in zip(results, names, strict=True)
+    ]
+    final = (
+        f"SELECT {', '.join(selected)} FROM e{len(views)} "  # nosec B608 - quoted names only
+        f"ORDER BY {file_}, {q(prefix + 'row')}"
+    )
+    return steps, final
+
+
+def _latest_rows(i: int, view: ViewInput, relation: str, prefix: str) -> str:
+    """One row per (keys, event time), the last written, with renamed columns."""
+    q = quote_identifier
+    file_, row = q(prefix + "file"), q(prefix + "row")
+    keys = [q(k) for k in view.join_keys]
+    ts = _utc(q(view.timestamp_field))
+    columns = [f"{k} AS {q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(keys)]
+    columns.append(f"{ts} AS {q(f'{prefix}t{i}')}")
+    columns += [f"{q(f)} AS {q(f'{prefix}f{i}_{j}')}" for j, f in enumerate(view.features)]
+    present = " AND ".join(f"{c} IS NOT NULL" for c in [*keys, q(view.timestamp_field)])
+    partition = ", ".join([*keys, ts])
+    return (
+        f"SELECT {', '.join(columns)} FROM {q(relation)} WHERE {present} "  # nosec B608
+        f"QUALIFY row_number() OVER (PARTITION BY {partition} "
+        f"ORDER BY {file_} DESC, {row} DESC) = 1"
+    )
+
+
+def _asof(i: int, view: ViewInput, picked: list[str], prefix: str) -> str:
+    """The entity rows so far with view ``i``'s features, nulled where older than the TTL."""
+    q = quote_identifier
+    t, vt = q(prefix + "t"), f"v{i}.{q(f'{prefix}t{i}')}"
+    conditions = [
+        f"e{i}.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
+    ]
+    conditions.append(f"e{i}.{t} >= {vt}")
+    values = [f"e{i}.*"]
+    for j, name in enumerate(picked):
+        value = f"v{i}.{q(f'{prefix}f{i}_{j}')}"
+        if view.ttl_seconds is not None:
+            # HUGEINT: the difference of two extreme timestamps overflows BIGINT microseconds.
+            age = f"CAST(epoch_us(e{i}.{t}) AS HUGEINT) - epoch_us({vt})"
+            value = f"CASE WHEN {age} <= {int(view.ttl_seconds) * 1_000_000} THEN {value} END"
+        values.append(f"{value} AS {name}")
+    return (
+        f"SELECT {', '.join(values)} FROM e{i} "  # nosec B608
+        f"ASOF LEFT JOIN v{i} ON {' AND '.join(conditions)}"
+    )
