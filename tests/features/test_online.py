@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from shamal.errors import InvalidParameter, ServiceUnavailable
+from shamal.errors import Conflict, InvalidParameter, ServiceUnavailable
 from shamal.features._online import (
     OnlineRow,
     OnlineStore,
@@ -251,6 +251,25 @@ def test_rows_without_a_key_or_a_time_are_skipped(store: OnlineStore) -> None:
     assert store.count("v") == 1
     assert values(store, "v", (3,)) is None
 
+    floats = table([math.nan, math.inf, 0.5], [T0] * 3, x=[1, 2, 3])
+    assert write(store, "f", floats) == 1
+    assert store.count("f") == 1
+    assert [g["f"] for g in store.read(["f"], [(math.nan,), (math.inf,), (None,)])] == [None] * 3
+
+
+def test_times_before_1970_are_ordered_too(store: OnlineStore) -> None:
+    old, older = datetime(1969, 7, 20, 20, 17, tzinfo=UTC), datetime(1900, 1, 1, tzinfo=UTC)
+    write(store, "v", table([1], [old], x=["1969"]))
+    assert write(store, "v", table([1], [older], x=["1900"])) == 0
+    assert store.read(["v"], [(1,)])[0]["v"] == OnlineRow(old, {"x": "1969"})
+
+
+def test_a_key_asked_twice_and_no_views(store: OnlineStore) -> None:
+    write(store, "v", table([1], [T0], x=[1]))
+    got = store.read(["v", "v"], [(1,), (2,), (1,)])
+    assert [None if g["v"] is None else g["v"].values for g in got] == [{"x": 1}, None, {"x": 1}]
+    assert store.read([], [(1,), (2,)]) == [{}, {}]
+
 
 def test_values_keep_their_types(store: OnlineStore) -> None:
     when = datetime(2025, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
@@ -393,8 +412,14 @@ def test_bad_columns_are_refused_clearly(store: OnlineStore) -> None:
     assert store.count("v") == 0
 
 
-def test_ping_answers_on_a_live_store(store: OnlineStore) -> None:
+def test_ping_answers_on_a_live_store_and_a_closed_one_refuses(store: OnlineStore) -> None:
     store.ping()
+    store.close()
+    with pytest.raises(Conflict, match="closed"):
+        store.read(["v"], [(1,)])
+    with pytest.raises(Conflict, match="closed"):
+        store.ping()
+    store.close()
 
 
 def test_an_unreachable_redis_is_a_clear_error() -> None:
@@ -404,7 +429,11 @@ def test_an_unreachable_redis_is_a_clear_error() -> None:
     assert "secret" not in caught.value.message
     with pytest.raises(ServiceUnavailable):
         unreachable.read(["v"], [(1,)])
+    with pytest.raises(ServiceUnavailable):
+        write(unreachable, "v", table([1], [T0], x=[1]))
     unreachable.close()
+    with pytest.raises(InvalidParameter, match="port"):
+        RedisOnlineStore("redis://127.0.0.1:notaport/0")
 
 
 # ---------------------------------------------------------------------- opening by URL

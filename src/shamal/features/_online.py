@@ -88,7 +88,8 @@ class OnlineStore(Protocol):
     - writes are monotonic and idempotent: a row replaces the stored row of its
       (view, entity) only when its event time is >= the stored one's, so replaying a chunk
       changes nothing and an older chunk never overwrites a newer one;
-    - rows returned are fresh objects the caller may keep or change;
+    - each read returns fresh objects the caller may keep or change (a key asked twice in
+      one read gets the same row objects twice);
     - a bad argument (a column that is missing or of a type the store cannot keep)
       raises :class:`~shamal.errors.InvalidParameter`; an unreachable backend raises
       :class:`~shamal.errors.ServiceUnavailable`; a closed store raises
@@ -243,14 +244,33 @@ def _untag(tag: list[Any]) -> Any:
     return float(tag[1])
 
 
-def decode_row(payload: bytes) -> OnlineRow:
-    """An :class:`OnlineRow` from its stored bytes."""
-    decoded = orjson.loads(payload)
-    values: dict[str, Any] = decoded[1]
-    if len(decoded) > 2:
-        for name, tag in decoded[2].items():
-            values[name] = _untag(tag)
-    return OnlineRow(_EPOCH + timedelta(microseconds=decoded[0]), values)
+class RowDecoder:
+    """Turns stored rows (parsed JSON) into :class:`OnlineRow` objects; one per read, so
+    that rows of the same event time (the rule after a materialization) share one
+    datetime instead of building each."""
+
+    __slots__ = ("_times",)
+
+    def __init__(self) -> None:
+        self._times: dict[int, datetime] = {}
+
+    def __call__(self, decoded: list[Any] | None) -> OnlineRow | None:
+        if decoded is None:
+            return None
+        micros: int = decoded[0]
+        when = self._times.get(micros)
+        if when is None:
+            when = self._times[micros] = _EPOCH + timedelta(microseconds=micros)
+        values: dict[str, Any] = decoded[1]
+        if len(decoded) > 2:
+            for name, tag in decoded[2].items():
+                values[name] = _untag(tag)
+        return OnlineRow(when, values)
+
+
+def _parse_payloads(payloads: Sequence[bytes]) -> list[Any]:
+    """Parse many stored rows with one JSON parse (each payload is a JSON array)."""
+    return orjson.loads(b"[" + b",".join(payloads) + b"]")  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +292,23 @@ def _require_columns(rows: pa.Table, names: Sequence[str]) -> None:
         )
 
 
+def _latest_per_entity(
+    key_columns: list[list[Any]], stamps: list[int | None]
+) -> dict[bytes, tuple[int, int]]:
+    """Entity key bytes -> (event micros, row index) of its latest row (ties: the later row),
+    skipping rows with a null key part or a null event time."""
+    latest: dict[bytes, tuple[int, int]] = {}
+    for i, parts in enumerate(zip(*key_columns, strict=True)):
+        us = stamps[i]
+        if us is None or None in parts:
+            continue
+        entity = orjson.dumps(list(parts))
+        seen = latest.get(entity)
+        if seen is None or us >= seen[0]:
+            latest[entity] = (us, i)
+    return latest
+
+
 def encode_rows(
     rows: pa.Table, join_keys: Sequence[str], timestamp_field: str, features: Sequence[str]
 ) -> list[EncodedRow]:
@@ -284,22 +321,16 @@ def encode_rows(
     if not join_keys:
         raise InvalidParameter("a feature view needs at least one join key")
     _require_columns(rows, [*join_keys, timestamp_field, *features])
-    key_columns = [_column_keys(rows.column(k), k) for k in join_keys]
-    stamps = _micros(rows.column(timestamp_field), timestamp_field)
-    latest: dict[bytes, tuple[int, int]] = {}
-    for i, parts in enumerate(zip(*key_columns, strict=True)):
-        us = stamps[i]
-        if us is None or None in parts:
-            continue
-        entity = orjson.dumps(list(parts))
-        seen = latest.get(entity)
-        if seen is None or us >= seen[0]:
-            latest[entity] = (us, i)
+    latest = _latest_per_entity(
+        [_column_keys(rows.column(k), k) for k in join_keys],
+        _micros(rows.column(timestamp_field), timestamp_field),
+    )
     columns = [(name, *_feature_column(rows.column(name), name)) for name in features]
+    tagging = [(name, tagged) for name, _, tagged in columns if tagged]
     encoded = []
     for entity, (us, i) in latest.items():
         values = {name: column[i] for name, column, _ in columns}
-        tags = {name: tagged[i] for name, _, tagged in columns if i in tagged}
+        tags = {name: tagged[i] for name, tagged in tagging if i in tagged}
         body = [us, values, tags] if tags else [us, values]
         encoded.append(EncodedRow(entity, us, orjson.dumps(body)))
     return encoded
@@ -426,14 +457,15 @@ class SqliteOnlineStore:
                     )
                     for view, entity, payload in connection.execute(query, [*views, *batch]):
                         found[view, entity] = payload
-        out: list[dict[str, OnlineRow | None]] = []
-        for entity in entities:
-            row: dict[str, OnlineRow | None] = {}
-            for view in views:
-                payload = found.get((view, entity)) if entity is not None else None
-                row[view] = None if payload is None else decode_row(payload)
-            out.append(row)
-        return out
+        decode = RowDecoder()
+        rows = {
+            where: decode(parsed)
+            for where, parsed in zip(found, _parse_payloads(list(found.values())), strict=True)
+        }
+        return [
+            {view: rows.get((view, entity)) if entity is not None else None for view in views}
+            for entity in entities
+        ]
 
     def delete_view(self, view: str) -> int:
         """See :meth:`OnlineStore.delete_view`."""
@@ -489,6 +521,22 @@ end
 return written
 """
 
+#: KEYS: entity hashes; ARGV: views. Returns one JSON array of len(KEYS) * len(ARGV) rows
+#: (null where missing), entity-major: Redis concatenates what Python would parse reply by
+#: reply, and one JSON parse reads it (twice as fast as a pipeline of HMGETs in redis-py).
+_READ_SCRIPT = """
+local rows = {}
+local n = 0
+for i = 1, #KEYS do
+  local got = redis.call('HMGET', KEYS[i], unpack(ARGV))
+  for j = 1, #ARGV do
+    n = n + 1
+    rows[n] = got[j] or 'null'
+  end
+end
+return '[' .. table.concat(rows, ',') .. ']'
+"""
+
 #: KEYS[1]: the view's set; KEYS[2..]: some of its entity hashes. ARGV[1]: the view.
 _DELETE_SCRIPT = """
 local deleted = 0
@@ -501,9 +549,19 @@ return deleted
 
 
 def _describe(url: str) -> str:
-    """host:port/db of a Redis URL, without its credentials."""
+    """host:port/db of a Redis URL, without its credentials.
+
+    Raises:
+        InvalidParameter: the URL's port is not a number.
+    """
     parts = urlsplit(url)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        raise InvalidParameter(
+            "the online store's Redis URL has a bad port; use redis://host:port/db"
+        ) from None
+    return f"{parts.hostname or 'localhost'}:{port}{parts.path[:40]}"
 
 
 class RedisOnlineStore:
@@ -512,8 +570,8 @@ class RedisOnlineStore:
     Layout, under ``prefix``: ``e:<entity key>`` is a hash (field: view name, value: the
     row); ``v:<view>`` is the set of the entity hashes holding that view, which makes
     :meth:`count` exact and :meth:`delete_view` touch only that view's fields. Writes run a
-    server-side script that keeps each field's newest row (atomic per call); reads are one
-    pipeline of HMGETs, one round trip.
+    server-side script that keeps each field's newest row (atomic per call, 2,000 rows a
+    call); a read is one server-side script that HMGETs every entity, one round trip.
 
     Thread-safe (redis-py's connection pool).
 
@@ -525,7 +583,14 @@ class RedisOnlineStore:
     def __init__(self, url: str, *, prefix: str = "shamal:features:") -> None:
         self._where = _describe(url)
         self._prefix = prefix.encode()
-        self._client = self._connect(url)
+        self._closed = False
+        try:
+            self._client = self._connect(url)
+        except ValueError:
+            raise InvalidParameter(
+                f"the online store's Redis URL for {self._where} is malformed; "
+                "use redis://[user:password@]host:port/db"
+            ) from None
         self._write_script = self._client.register_script(_WRITE_SCRIPT)
         self._delete_script = self._client.register_script(_DELETE_SCRIPT)
 
@@ -541,6 +606,8 @@ class RedisOnlineStore:
     def _errors(self) -> Iterator[None]:
         import redis
 
+        if self._closed:
+            raise Conflict("the online store is closed")
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -580,28 +647,28 @@ class RedisOnlineStore:
     def read(
         self, views: Sequence[str], keys: Sequence[EntityKey]
     ) -> list[dict[str, OnlineRow | None]]:
-        """See :meth:`OnlineStore.read`: one pipeline, one HMGET per distinct entity."""
+        """See :meth:`OnlineStore.read`: one script call (HMGET of every entity's hash)."""
         entities = [encode_key(key) for key in keys]
         views = list(dict.fromkeys(views))
         wanted = list(dict.fromkeys(e for e in entities if e is not None))
-        found: dict[bytes, list[bytes | None]] = {}
-        if wanted and views:
-            with self._errors():
-                pipeline = self._client.pipeline(transaction=False)
-                for wanted_entity in wanted:
-                    pipeline.hmget(self._entity_key(wanted_entity), views)
-                found = dict(zip(wanted, pipeline.execute(), strict=True))
-        missing: list[bytes | None] = [None] * len(views)
-        out: list[dict[str, OnlineRow | None]] = []
-        for entity in entities:
-            payloads = found.get(entity, missing) if entity is not None else missing
-            out.append(
-                {
-                    view: None if payload is None else decode_row(payload)
-                    for view, payload in zip(views, payloads, strict=True)
-                }
+        if not wanted or not views:
+            return [dict.fromkeys(views) for _ in entities]
+        with self._errors():
+            # EVAL, not EVALSHA: one round trip even when the server's script cache is cold.
+            reply = self._client.eval(
+                _READ_SCRIPT, len(wanted), *(self._entity_key(e) for e in wanted), *views
             )
-        return out
+        decode = RowDecoder()
+        flat = [decode(row) for row in orjson.loads(reply)]
+        width = len(views)
+        found = {
+            entity: dict(zip(views, flat[i * width : (i + 1) * width], strict=True))
+            for i, entity in enumerate(wanted)
+        }
+        return [
+            dict(found[entity]) if entity is not None else dict.fromkeys(views)
+            for entity in entities
+        ]
 
     def delete_view(self, view: str) -> int:
         """See :meth:`OnlineStore.delete_view`: the view's set, 2,000 entities a call."""
@@ -627,6 +694,7 @@ class RedisOnlineStore:
 
     def close(self) -> None:
         """See :meth:`OnlineStore.close`."""
+        self._closed = True
         self._client.close()
 
 
