@@ -160,30 +160,43 @@ def _entity_fields(old: Entity, new: Entity) -> tuple[str, ...]:
     return tuple(f for f in ("join_keys", "description") if getattr(old, f) != getattr(new, f))
 
 
+def _membership(before: Sequence[str], after: Sequence[str]) -> list[str]:
+    """``features.+NAME`` for each added, ``features.-NAME`` for each removed."""
+    kept = set(before) & set(after)
+    return [f"features.+{n}" for n in after if n not in kept] + [
+        f"features.-{n}" for n in before if n not in kept
+    ]
+
+
+def _reordered(before: Sequence[str], after: Sequence[str]) -> list[str]:
+    """``features.order`` when the names both lists hold are in another order."""
+    kept = set(before) & set(after)
+    same = [n for n in before if n in kept] == [n for n in after if n in kept]
+    return [] if same else ["features.order"]
+
+
 def _view_fields(old: FeatureView, new: FeatureView) -> tuple[str, ...]:
-    changed = [f for f in _VIEW_FIELDS if getattr(old, f) != getattr(new, f)]
     before = {f.name: f.dtype for f in old.features}
     after = {f.name: f.dtype for f in new.features}
-    changed += [f"features.+{n}" for n in after if n not in before]
-    changed += [f"features.-{n}" for n in before if n not in after]
-    changed += [
-        f"features.~{n}:{before[n]}->{after[n]}"
-        for n in before
-        if n in after and before[n] != after[n]
+    retyped = [
+        f"features.~{n}:{dtype}->{after[n]}"
+        for n, dtype in before.items()
+        if after.get(n, dtype) != dtype
     ]
-    if [n for n in before if n in after] != [n for n in after if n in before]:
-        changed.append("features.order")
-    return tuple(changed)
+    return (
+        *(f for f in _VIEW_FIELDS if getattr(old, f) != getattr(new, f)),
+        *_membership(list(before), list(after)),
+        *retyped,
+        *_reordered(list(before), list(after)),
+    )
 
 
 def _service_fields(old: FeatureService, new: FeatureService) -> tuple[str, ...]:
-    changed = [f for f in ("owner", "description") if getattr(old, f) != getattr(new, f)]
-    changed += [f"features.+{r}" for r in new.features if r not in old.features]
-    changed += [f"features.-{r}" for r in old.features if r not in new.features]
-    kept_old = [r for r in old.features if r in new.features]
-    if kept_old != [r for r in new.features if r in old.features]:
-        changed.append("features.order")
-    return tuple(changed)
+    return (
+        *(f for f in ("owner", "description") if getattr(old, f) != getattr(new, f)),
+        *_membership(old.features, new.features),
+        *_reordered(old.features, new.features),
+    )
 
 
 # ---------------------------------------------------------------- what breaks a service in use
@@ -258,20 +271,34 @@ def _service_breaks(name: str, current: Definitions, result: Definitions) -> lis
             reasons += _view_breaks(opening, old_view, new_view, current, result)
     for view_name, feature, star in old_pairs:
         old_view, new_view = _lookup(current.views, view_name), _lookup(result.views, view_name)
-        if old_view is None or new_view is None or old_view.feature(feature) is None:
-            continue
-        ref = f"'{view_name}:{feature}'" + (f" (through '{view_name}:*')" if star else "")
-        old_type, new_feature = old_view.feature(feature).dtype, new_view.feature(feature)
-        if new_feature is None:
-            reasons.append(f"{opening} reads {ref}, which would be removed from its view.")
-        elif new_feature.dtype != old_type:
-            reasons.append(
-                f"{opening} reads {ref}, whose type would change from {old_type} to "
-                f"{new_feature.dtype}."
-            )
-        elif (view_name, feature) not in new_pairs:
-            reasons.append(
-                f"{opening} its new feature list drops {ref}; adding features is fine, "
-                "removing one breaks the models that read it."
-            )
+        if old_view is not None and new_view is not None:
+            reasons += _feature_breaks(opening, old_view, new_view, feature, star, new_pairs)
     return reasons
+
+
+def _feature_breaks(
+    opening: str,
+    old_view: FeatureView,
+    new_view: FeatureView,
+    feature: str,
+    star: bool,
+    new_pairs: Collection[tuple[str, str]],
+) -> list[str]:
+    old_feature, new_feature = old_view.feature(feature), new_view.feature(feature)
+    if old_feature is None:
+        return []
+    view_name = old_view.name
+    ref = f"'{view_name}:{feature}'" + (f" (through '{view_name}:*')" if star else "")
+    if new_feature is None:
+        return [f"{opening} reads {ref}, which would be removed from its view."]
+    if new_feature.dtype != old_feature.dtype:
+        return [
+            f"{opening} reads {ref}, whose type would change from {old_feature.dtype} to "
+            f"{new_feature.dtype}."
+        ]
+    if (view_name, feature) not in new_pairs:
+        return [
+            f"{opening} its new feature list drops {ref}; adding features is fine, "
+            "removing one breaks the models that read it."
+        ]
+    return []
