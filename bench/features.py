@@ -1,0 +1,851 @@
+"""Features: offline retrieval, materialization and online serving, Shamal vs Feast.
+
+One generated data set, two feature stores, the same machine and the same Redis, in one run:
+
+- **Feast** (``bench/.features-venv``, see ``PEER_PACKAGES``): a repo generated in a temp folder,
+  ``provider: local``, a file registry, the ``file`` offline store (Parquet read by pandas and
+  dask) and the ``redis`` online store on ``127.0.0.1:6379`` db ``REDIS_DB`` under a project name
+  unique to the run. Its entity, five feature views and feature service are applied with
+  ``FeatureStore.apply`` in a process of their own before anything is timed.
+- **Shamal**: the functions under "the Shamal side" below (they land with issue 21).
+
+The data: ``ENTITIES`` entities (1,000,000 at ``--scale 1``), five feature views ``fv0..fv4``,
+each a Parquet file of ``entity_id`` (int64), ``event_timestamp`` (timestamp[us, UTC]) and 20
+features ``fv{i}_f{j}`` (15 float64, 5 int64), with ``ROWS_PER_ENTITY`` = 2 rows per entity,
+at a random time in each half of the ``SPAN`` (90 days from ``START``): 2,000,000 rows per
+view, 10,000,000 in all. Every view's TTL is 60 days. The entity rows: ``ENTITY_ROWS``
+(1,000,000) rows of ``entity_id`` (uniform over the entities), ``event_timestamp`` (uniform from
+30 days after ``START`` to 20 days after the span's end) and a ``label``: about 10% of them
+fall before an entity's first row in some view, about 13% past the TTL of its latest row in
+some view, and about 76% find a row in all five. ``--scale S`` multiplies every row count.
+
+What is measured, each tool in turn, part by part:
+
+- **offline**: point-in-time join of the entity rows with all 100 features. Feast:
+  ``get_historical_features(entity_df=<pandas frame of the entity rows>, features=[all 100])
+  .to_arrow()``; the entity rows are read into pandas before the clock starts. Time from the
+  call to the Arrow table; peak memory is the worker process's maximum resident set size, as
+  ``wait4`` reports it when the process ends (imports and the store's start-up included).
+  Feast's file offline store (dask) drops an entity row that has no feature row within the TTL
+  in some view, where a left join keeps it with nulls; so the two results are compared on the
+  rows that found a row in all five views: their count and the sum of their ``fv{i}_f0``.
+- **materialize**: the latest row of each of the entities, all five views, written to the
+  online store (Redis). Feast: ``store.materialize(START - 1 day, START + SPAN + 1 day)``.
+- **online**: ``POST`` requests of 1, 10 and 100 entities, all 100 features each, from
+  ``CONCURRENCY`` = 8 client threads (one keep-alive ``httpx.Client`` each, bodies encoded
+  beforehand from the same seeded entity ids for both tools), ``WARMUP_S`` seconds of warm-up
+  not counted, then ``--online-seconds`` (10) seconds counted, and longer until at least
+  ``MIN_REQUESTS`` (200) requests are counted: p50, p99 of each request's latency and requests
+  per second. Feast: ``feast serve`` (its Python feature server,
+  gunicorn + uvicorn) with ``--workers`` ``--server-workers`` (1), ``--no-access-log`` and
+  ``--max-requests 0`` (its default recycles a worker every ~1,000 requests, a restart that
+  would land in the p99), body ``{"features": ["fv0:fv0_f0", ...], "entities":
+  {"entity_id": [...]}}`` to ``/get-online-features``. Before the load, one 100-entity answer is
+  checked against the Parquet files (``fv{i}_f0`` of each view, the entity's latest row).
+  The client runs in this process, on the same CPUs as the servers, the same for both.
+
+Run from the repository root with Shamal's venv::
+
+    .venv/bin/python bench/features.py --scale 0.01 --only feast   # a quick run of Feast alone
+    .venv/bin/python bench/features.py                              # the benchmark
+
+The peer venv ``bench/.features-venv`` (git-ignored) is created when it is missing. Only keys
+of the run's project are deleted from Redis at the end. Exit status: 0 once the benchmark ran,
+pass or fail; 2 when the peer venv could not be set up or a tool failed. When both tools ran,
+the last line sums it up: ``offline_speedup X materialize_speedup Y online_p99_ratio_min Z``
+(Feast's time or p99 over Shamal's; the smallest of the three p99 ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PEER_VENV = REPO / "bench" / ".features-venv"
+PEER_PACKAGES = ("feast[redis]==0.67.0", "pandas==2.3.3", "pyarrow==26.0.1")
+SEED = 21
+ENTITIES = 1_000_000
+ENTITY_ROWS = 1_000_000
+VIEWS = 5
+FEATURES_PER_VIEW = 20
+ROWS_PER_ENTITY = 2
+CHUNK_ENTITIES = 250_000
+START = datetime(2026, 1, 1, tzinfo=UTC)
+SPAN = timedelta(days=90)
+TTL = timedelta(days=60)
+#: The entity rows' times: from this long after START to this long after START + SPAN.
+ENTITY_TIMES = (timedelta(days=30), timedelta(days=20))
+REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 1
+ONLINE_SIZES = (1, 10, 100)
+CONCURRENCY = 8
+WARMUP_S = 3.0
+MIN_REQUESTS = 200
+#: Request bodies encoded beforehand per size, used round-robin.
+BODY_POOL = 1000
+TARGET_OFFLINE = 10.0
+TARGET_MATERIALIZE = 5.0
+TARGET_ONLINE_P99 = 5.0
+NOT_YET = "Shamal's feature store lands with issue 21"
+TOOLS = ("shamal", "feast")
+
+#: Encodes one online request for all 100 features of the given entity ids.
+EncodeRequest = Callable[[Sequence[int]], bytes]
+#: What a tool's online side hands the load generator: URL, encoder, and how to stop it.
+OnlineTarget = tuple[str, EncodeRequest, Callable[[], None]]
+
+
+# ------------------------------------------------------------------------------ the data
+
+
+def feature_names(view: int) -> list[str]:
+    """The 20 feature columns of view ``fv{view}``."""
+    return [f"fv{view}_f{j}" for j in range(FEATURES_PER_VIEW)]
+
+
+def is_int_feature(j: int) -> bool:
+    """Every fourth feature is int64, the rest float64."""
+    return j % 4 == 3
+
+
+def feature_refs() -> list[str]:
+    """All 100 features as ``view:feature`` references, view by view."""
+    return [f"fv{i}:{name}" for i in range(VIEWS) for name in feature_names(i)]
+
+
+def scaled(count: int, scale: float) -> int:
+    return max(1, round(count * scale))
+
+
+def generate(data_dir: Path, scale: float) -> None:
+    """Write ``fv0..fv4.parquet`` and ``entity_rows.parquet`` into ``data_dir``, seeded."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(SEED)
+    entities = scaled(ENTITIES, scale)
+    start_us = int(START.timestamp() * 1e6)
+    span_us = int(SPAN.total_seconds() * 1e6)
+    ts_type = pa.timestamp("us", tz="UTC")
+    for view in range(VIEWS):
+        writer = None
+        for first in range(0, entities, CHUNK_ENTITIES):
+            ids = np.arange(first + 1, min(first + CHUNK_ENTITIES, entities) + 1, dtype=np.int64)
+            n = len(ids) * ROWS_PER_ENTITY
+            # Row k of an entity falls in the k-th part of the span.
+            part_us = span_us // ROWS_PER_ENTITY
+            ts = np.tile(np.arange(ROWS_PER_ENTITY) * part_us, len(ids))
+            columns: dict[str, Any] = {
+                "entity_id": pa.array(np.repeat(ids, ROWS_PER_ENTITY)),
+                "event_timestamp": pa.array(start_us + ts + rng.integers(0, part_us, n), ts_type),
+            }
+            for j, name in enumerate(feature_names(view)):
+                values = rng.integers(0, 1000, n) if is_int_feature(j) else rng.random(n)
+                columns[name] = pa.array(values)
+            table = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(data_dir / f"fv{view}.parquet", table.schema)
+            writer.write_table(table)
+        assert writer is not None
+        writer.close()
+    rows = scaled(ENTITY_ROWS, scale)
+    low = start_us + int(ENTITY_TIMES[0].total_seconds() * 1e6)
+    high = start_us + span_us + int(ENTITY_TIMES[1].total_seconds() * 1e6)
+    entity_rows = pa.table(
+        {
+            "entity_id": pa.array(rng.integers(1, entities + 1, rows, dtype=np.int64)),
+            "event_timestamp": pa.array(rng.integers(low, high, rows), ts_type),
+            "label": pa.array(rng.integers(0, 2, rows, dtype=np.int64)),
+        }
+    )
+    pq.write_table(entity_rows, data_dir / "entity_rows.parquet")
+
+
+def summarize(table: Any) -> dict[str, Any]:
+    """What an offline result is compared on (its row order is free): ``rows``, ``found``
+    (per view, the non-null count of ``fv{i}_f0``), ``all_found`` (rows with all five
+    non-null) and ``checksum`` (the sum of the five over those rows)."""
+    import pyarrow.compute as pc
+
+    columns = [table.column(f"fv{i}_f0") for i in range(VIEWS)]
+    found = [table.num_rows - column.null_count for column in columns]
+    everywhere = pc.and_(*[pc.is_valid(c) for c in columns[:2]])
+    for column in columns[2:]:
+        everywhere = pc.and_(everywhere, pc.is_valid(column))
+    total = 0.0
+    for column in columns:
+        total += pc.sum(pc.filter(column, everywhere)).as_py() or 0.0
+    return {
+        "rows": table.num_rows,
+        "found": found,
+        "all_found": pc.sum(everywhere).as_py() or 0,
+        "checksum": round(total, 6),
+    }
+
+
+def latest_values(data_dir: Path, ids: Sequence[int]) -> list[list[float | None]]:
+    """Per view, ``fv{i}_f0`` of each entity's latest row (None when it has no row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    wanted = pa.array(sorted(set(ids)), pa.int64())
+    out: list[list[float | None]] = []
+    for view in range(VIEWS):
+        table = pq.read_table(
+            data_dir / f"fv{view}.parquet", columns=["entity_id", "event_timestamp", f"fv{view}_f0"]
+        )
+        table = table.filter(pc.is_in(table.column("entity_id"), value_set=wanted))
+        best: dict[int, tuple[Any, float]] = {}
+        for row in table.to_pylist():
+            key = row["entity_id"]
+            if key not in best or row["event_timestamp"] > best[key][0]:
+                best[key] = (row["event_timestamp"], row[f"fv{view}_f0"])
+        out.append([best[i][1] if i in best else None for i in ids])
+    return out
+
+
+# ------------------------------------------------------------------------------ Feast
+
+
+def feast_repo(repo: Path, project: str) -> None:
+    """Write the Feast repo's ``feature_store.yaml``: local provider, file registry, file
+    offline store, Redis online store on db ``REDIS_DB``."""
+    repo.mkdir(parents=True, exist_ok=True)
+    (repo / "feature_store.yaml").write_text(
+        f"project: {project}\n"
+        "provider: local\n"
+        f"registry: {repo / 'registry.db'}\n"
+        "offline_store:\n"
+        "  type: file\n"
+        "online_store:\n"
+        "  type: redis\n"
+        f'  connection_string: "{REDIS_HOST}:{REDIS_PORT},db={REDIS_DB}"\n'
+        "entity_key_serialization_version: 3\n"
+    )
+
+
+def feast_apply(data_dir: Path, work: Path) -> dict[str, Any]:
+    """Register the entity, the five feature views over their Parquet files and a feature
+    service of all 100 features (``FeatureStore.apply``)."""
+    from feast import (
+        Entity,
+        FeatureService,
+        FeatureStore,
+        FeatureView,
+        Field,
+        FileSource,
+        ValueType,
+    )
+    from feast.types import Float64, Int64
+
+    entity = Entity(name="entity", join_keys=["entity_id"], value_type=ValueType.INT64)
+    views = [
+        FeatureView(
+            name=f"fv{i}",
+            entities=[entity],
+            ttl=TTL,
+            schema=[
+                Field(name=name, dtype=Int64 if is_int_feature(j) else Float64)
+                for j, name in enumerate(feature_names(i))
+            ],
+            source=FileSource(
+                name=f"fv{i}_source",
+                path=str(data_dir / f"fv{i}.parquet"),
+                timestamp_field="event_timestamp",
+            ),
+            online=True,
+        )
+        for i in range(VIEWS)
+    ]
+    started = time.perf_counter()
+    FeatureStore(repo_path=str(work)).apply(
+        [entity, *views, FeatureService(name="all_features", features=views)]
+    )
+    return {"work_s": time.perf_counter() - started}
+
+
+def feast_offline(data_dir: Path, work: Path) -> dict[str, Any]:
+    """``get_historical_features`` of the entity rows, all 100 features, to Arrow."""
+    import pandas as pd
+    from feast import FeatureStore
+
+    store = FeatureStore(repo_path=str(work))
+    entity_df = pd.read_parquet(data_dir / "entity_rows.parquet")
+    started = time.perf_counter()
+    table = store.get_historical_features(entity_df=entity_df, features=feature_refs()).to_arrow()
+    elapsed = time.perf_counter() - started
+    return {"work_s": elapsed, **summarize(table)}
+
+
+def feast_materialize(data_dir: Path, work: Path) -> dict[str, Any]:
+    """``materialize`` of all five views over the whole time range into Redis."""
+    from feast import FeatureStore
+
+    store = FeatureStore(repo_path=str(work))
+    started = time.perf_counter()
+    store.materialize(START - timedelta(days=1), START + SPAN + timedelta(days=1))
+    return {"work_s": time.perf_counter() - started}
+
+
+def feast_online_target(work: Path, workers: int) -> OnlineTarget:
+    """Start ``feast serve`` on the repo in ``work`` and wait until it is ready and quiet."""
+    from _servers import ServerProcess, free_port
+
+    port = free_port()
+    argv = [str(PEER_VENV / "bin" / "feast"), "-c", str(work), "serve", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--workers", str(workers), "--no-access-log"]
+    argv += ["--max-requests", "0"]
+    server = ServerProcess(
+        name="Feast",
+        argv=argv,
+        env={},
+        log=work / "feast-serve.log",
+        port=port,
+        ready_path="/health",
+    )
+    server.start()
+    server.settle()
+    refs = feature_refs()
+
+    def encode(ids: Sequence[int]) -> bytes:
+        return json.dumps({"features": refs, "entities": {"entity_id": list(ids)}}).encode()
+
+    return server.url + "/get-online-features", encode, server.stop
+
+
+def check_feast_online(url: str, body: bytes, expected: list[list[float | None]]) -> str:
+    """Compare one Feast answer's ``fv{i}_f0`` values with the Parquet files' latest rows."""
+    import httpx
+
+    response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    if response.status_code != 200:
+        return f"NO: status {response.status_code}: {response.text[:200]}"
+    answer = response.json()
+    names = answer["metadata"]["feature_names"]
+    wrong = 0
+    for view in range(VIEWS):
+        got = answer["results"][names.index(f"fv{view}_f0")]["values"]
+        wrong += sum(g != e for g, e in zip(got, expected[view], strict=True))
+    total = VIEWS * len(expected[0])
+    return f"yes, {total} of {total}" if wrong == 0 else f"NO: {wrong} of {total} differ"
+
+
+# ------------------------------------------------------------------------------ the Shamal side
+# Written by the integrator with issue 21. Each offline/materialize function runs in a worker
+# process of its own (Shamal's venv, PYTHONPATH=src), with ``work`` the same folder for all
+# three, kept between them: the materialize step's state is there for the online step.
+
+
+def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
+    """Point-in-time join of ``data_dir/entity_rows.parquet`` with all 100 features.
+
+    Returns:
+        ``{"work_s": <seconds of the join alone>, **summarize(<the result as an Arrow table>)}``.
+    """
+    raise NotImplementedError(NOT_YET)
+
+
+def run_shamal_materialize(data_dir: Path, work: Path) -> dict[str, Any]:
+    """The latest row of every entity, all five views, into Redis.
+
+    Returns:
+        ``{"work_s": <seconds of the materialization alone>}``.
+    """
+    raise NotImplementedError(NOT_YET)
+
+
+def shamal_online_target(data_dir: Path, work: Path, *, workers: int = 1) -> OnlineTarget:
+    """Start Shamal's online feature endpoint (``workers`` server processes, like Feast's),
+    ready and quiet, over what :func:`run_shamal_materialize` wrote.
+
+    Returns:
+        ``(url, encode, stop)``: the URL the requests are POSTed to, a function that encodes
+        the request for all 100 features of some entity ids, and one that stops the server.
+    """
+    raise NotImplementedError(NOT_YET)
+
+
+WORKERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
+    "feast-apply": feast_apply,
+    "feast-offline": feast_offline,
+    "feast-materialize": feast_materialize,
+    "shamal-offline": run_shamal_offline,
+    "shamal-materialize": run_shamal_materialize,
+}
+
+
+def worker(name: str, data_dir: Path, work: Path, out: Path) -> int:
+    try:
+        result = WORKERS[name](data_dir, work)
+    except NotImplementedError as exc:
+        result = {"not_implemented": str(exc)}
+    out.write_text(json.dumps(result))
+    return 0
+
+
+# ------------------------------------------------------------------------------ the load
+
+
+def load(
+    url: str,
+    body_for: Callable[[int], bytes],
+    concurrency: int,
+    duration_s: float,
+    *,
+    warmup_s: float = WARMUP_S,
+    min_requests: int = MIN_REQUESTS,
+) -> dict[str, Any]:
+    """POST ``body_for(n)`` (n counts the requests) to ``url`` from ``concurrency`` threads,
+    each with its own keep-alive client, back to back: ``warmup_s`` seconds not counted, then
+    ``duration_s`` seconds counted, and on until ``min_requests`` are counted (at most
+    ``max(60, 5 * duration_s)`` seconds more), so that a p99 rests on enough requests.
+
+    Returns:
+        ``requests`` (counted), ``errors`` (answers other than 200 among them), ``first_error``,
+        ``p50_ms``, ``p99_ms``, ``rps`` (counted requests over the counted window, from its
+        start to the last counted answer).
+    """
+    import httpx
+
+    counter = itertools.count()
+    measure_from = time.perf_counter() + warmup_s
+    until = measure_from + duration_s
+    hard_stop = until + max(60.0, 5 * duration_s)
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    last_done = [measure_from] * concurrency
+    errors: list[str] = []
+
+    def client(slot: int) -> None:
+        headers = {"content-type": "application/json"}
+        with httpx.Client(timeout=60.0, headers=headers) as http:
+            while True:
+                body = body_for(next(counter))
+                sent = time.perf_counter()
+                enough = sum(map(len, latencies)) >= min_requests
+                if (sent >= until and enough) or sent >= hard_stop:
+                    return
+                response = http.post(url, content=body)
+                done = time.perf_counter()
+                if sent >= measure_from:
+                    latencies[slot].append(done - sent)
+                    last_done[slot] = done
+                    if response.status_code != 200:
+                        errors.append(f"{response.status_code}: {response.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ordered = sorted(itertools.chain.from_iterable(latencies))
+    if not ordered:
+        raise RuntimeError(f"no request to {url} finished within {duration_s} s")
+
+    def percentile(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1000
+
+    return {
+        "requests": len(ordered),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "p50_ms": percentile(0.50),
+        "p99_ms": percentile(0.99),
+        "rps": len(ordered) / (max(last_done) - measure_from),
+    }
+
+
+def entity_pools(entities: int) -> dict[int, list[list[int]]]:
+    """Per request size, ``BODY_POOL`` lists of entity ids, seeded: the same for both tools."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 1)
+    return {
+        size: rng.integers(1, entities + 1, (BODY_POOL, size)).tolist() for size in ONLINE_SIZES
+    }
+
+
+def drive(
+    target: OnlineTarget, pools: dict[int, list[list[int]]], seconds: float
+) -> dict[str, Any]:
+    """Load the target at each request size, one after the other; stop it at the end."""
+    url, encode, stop = target
+    try:
+        out: dict[str, Any] = {}
+        for size in ONLINE_SIZES:
+            bodies = [encode(ids) for ids in pools[size]]
+            out[str(size)] = load(url, lambda n, b=bodies: b[n % len(b)], CONCURRENCY, seconds)
+        return out
+    finally:
+        stop()
+
+
+# ------------------------------------------------------------------------------ the parent
+
+
+def ensure_peer_venv(say: Callable[[str], None]) -> Path:
+    """The peer venv with Feast and its Redis extra, created when missing."""
+    python = PEER_VENV / "bin" / "python"
+    probe = "import feast, redis; from feast.infra.online_stores.redis import RedisOnlineStore"
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+    ):
+        return python
+    base = shutil.which("python3") or "python3"
+    say(f"creating the peer venv: {base} -m venv {PEER_VENV} (a minute or more)")
+    subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return python
+
+
+def _versions(python: Path) -> str:
+    code = (
+        "import feast, pandas, pyarrow, redis;"
+        "print(f'feast {feast.__version__}, pandas {pandas.__version__}, "
+        "pyarrow {pyarrow.__version__}, redis-py {redis.__version__}')"
+    )
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown versions"
+
+
+def measure(name: str, python: Path, data_dir: Path, work: Path) -> dict[str, Any] | None:
+    """Run one worker in a process of its own: its result with its wall time and peak RSS,
+    or None when that side is not implemented yet."""
+    out = work.parent / f"{name}.json"
+    env = dict(os.environ)
+    if name.startswith("shamal"):
+        env["PYTHONPATH"] = str(REPO / "src")
+    command = [str(python), str(Path(__file__).resolve()), "--worker", name]
+    paths = ["--data", str(data_dir), "--work", str(work), "--out", str(out)]
+    started = time.perf_counter()
+    process = subprocess.Popen([*command, *paths], env=env, cwd=work)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    if process.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{name} failed with exit status {process.returncode}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    if "not_implemented" in result:
+        return None
+    result["process_s"] = wall
+    result["peak_mb"] = usage.ru_maxrss / 1024  # Linux: kilobytes
+    return result
+
+
+def redis_keys(project: str, *, delete: bool) -> int:
+    """Count (and delete, with ``delete``) the Redis keys of Feast's ``project`` in db
+    ``REDIS_DB``: Feast's keys end with the project's name. Nothing else is touched."""
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
+    try:
+        count = 0
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=b"*" + project.encode(), count=10_000):
+            count += 1
+            batch.append(key)
+            if delete and len(batch) >= 10_000:
+                client.delete(*batch)
+                batch = []
+        if delete and batch:
+            client.delete(*batch)
+        return count
+    finally:
+        client.close()
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _value(results: dict[str, Any], tool: str, path: Sequence[str]) -> float | None:
+    node: Any = results.get(tool)
+    for key in path:
+        if not isinstance(node, dict) or node.get(key) is None:
+            return None
+        node = node[key]
+    return float(node)
+
+
+def _ratio(shamal: float | None, feast: float | None, higher_is_better: bool) -> float | None:
+    """How many times better Shamal does than Feast."""
+    if shamal is None or feast is None or min(shamal, feast) <= 0:
+        return None
+    return shamal / feast if higher_is_better else feast / shamal
+
+
+def _rows() -> list[tuple[str, tuple[str, ...], str, bool]]:
+    """The table's rows: label, where the figure sits, its format, whether higher is better."""
+    rows = [
+        ("offline: time, s", ("offline", "work_s"), ".2f", False),
+        ("offline: peak memory (max RSS), MiB", ("offline", "peak_mb"), ",.0f", False),
+        ("materialize: time, s", ("materialize", "work_s"), ".2f", False),
+        ("materialize: peak memory (max RSS), MiB", ("materialize", "peak_mb"), ",.0f", False),
+    ]
+    for size in ONLINE_SIZES:
+        name = f"online {size:>3} entit{'y' if size == 1 else 'ies'}"
+        rows += [
+            (f"{name}: p50, ms", ("online", str(size), "p50_ms"), ".2f", False),
+            (f"{name}: p99, ms", ("online", str(size), "p99_ms"), ".2f", False),
+            (f"{name}: requests/s", ("online", str(size), "rps"), ",.0f", True),
+        ]
+    return rows
+
+
+def report(scale: float, results: dict[str, Any], seconds: float) -> list[str]:
+    """The side-by-side table, the checks and the verdict lines."""
+    entities = scaled(ENTITIES, scale)
+    rows_per_view = entities * ROWS_PER_ENTITY
+    lines = [
+        f"{entities:,} entities; {VIEWS} views x {FEATURES_PER_VIEW} features, "
+        f"{rows_per_view:,} rows each; {scaled(ENTITY_ROWS, scale):,} entity rows; online: "
+        f"concurrency {CONCURRENCY}, {WARMUP_S:.0f} s warm-up + {seconds:.0f} s per size",
+        "",
+        f"{'':42}{'Shamal':>12}{'Feast':>12}{'ratio':>10}   (ratio: times better, Shamal)",
+    ]
+    for label, path, fmt, higher in _rows():
+        shamal, feast = _value(results, "shamal", path), _value(results, "feast", path)
+        ratio = _ratio(shamal, feast, higher)
+        cells = ["n/a" if v is None else format(v, fmt) for v in (shamal, feast)] + [
+            "n/a" if ratio is None else f"{ratio:.1f}x"
+        ]
+        lines.append(f"{label:42}{cells[0]:>12}{cells[1]:>12}{cells[2]:>10}")
+    offline = {t: (results.get(t) or {}).get("offline") for t in TOOLS}
+    for tool in TOOLS:
+        if offline[tool]:
+            o = offline[tool]
+            lines.append(
+                f"{tool} offline result: {o['rows']:,} rows, fv*_f0 found {o['found']}, "
+                f"{o['all_found']:,} rows with all five, their sum {o['checksum']}"
+            )
+    if offline["shamal"] and offline["feast"]:
+        same = offline["shamal"]["all_found"] == offline["feast"]["all_found"]
+        same = same and math.isclose(
+            offline["shamal"]["checksum"], offline["feast"]["checksum"], rel_tol=1e-9
+        )
+        lines.append(f"offline results agree on the rows with all five: {'yes' if same else 'NO'}")
+    feast = results.get("feast") or {}
+    if "redis_keys" in feast:
+        lines.append(f"Feast's Redis keys after materialize: {feast['redis_keys']:,}")
+    if "online_check" in feast:
+        lines.append(f"Feast's online answer matches the latest rows: {feast['online_check']}")
+    for tool in TOOLS:
+        for size, run in ((results.get(tool) or {}).get("online") or {}).items():
+            if run["errors"]:
+                lines.append(
+                    f"{tool} at {size}: {run['errors']} errors, first {run['first_error']}"
+                )
+    return lines + ["", *verdicts(results)]
+
+
+def summary(results: dict[str, Any]) -> dict[str, float] | None:
+    """The three figures of the last line, or None when a side is missing."""
+    offline = _ratio(
+        _value(results, "shamal", ("offline", "work_s")),
+        _value(results, "feast", ("offline", "work_s")),
+        False,
+    )
+    materialize = _ratio(
+        _value(results, "shamal", ("materialize", "work_s")),
+        _value(results, "feast", ("materialize", "work_s")),
+        False,
+    )
+    p99 = [
+        _ratio(
+            _value(results, "shamal", ("online", str(size), "p99_ms")),
+            _value(results, "feast", ("online", str(size), "p99_ms")),
+            False,
+        )
+        for size in ONLINE_SIZES
+    ]
+    if offline is None or materialize is None or None in p99:
+        return None
+    return {
+        "offline_speedup": offline,
+        "materialize_speedup": materialize,
+        "online_p99_ratio_min": min(r for r in p99 if r is not None),
+    }
+
+
+def verdicts(results: dict[str, Any]) -> list[str]:
+    figures = summary(results)
+    if figures is None:
+        return ["verdicts: n/a (Shamal's side did not run: " + NOT_YET + ")"]
+    targets = {
+        "offline_speedup": TARGET_OFFLINE,
+        "materialize_speedup": TARGET_MATERIALIZE,
+        "online_p99_ratio_min": TARGET_ONLINE_P99,
+    }
+    return [
+        f"{name:22}{figures[name]:7.1f}x   target >= {target:.0f}x   "
+        f"{'PASS' if figures[name] >= target else 'FAIL'}"
+        for name, target in targets.items()
+    ]
+
+
+def online_target(tool: str, data_dir: Path, work: Path, workers: int) -> OnlineTarget | None:
+    if tool == "feast":
+        return feast_online_target(work, workers)
+    try:
+        return shamal_online_target(data_dir, work, workers=workers)
+    except NotImplementedError:
+        return None
+
+
+def run_all(
+    args: argparse.Namespace, tools: Sequence[str], peer: Path | None, folder: Path, project: str
+) -> dict[str, Any]:
+    """Generate the data, then each part for each tool in turn."""
+    say = _say
+    data_dir = folder / "data"
+    data_dir.mkdir()
+    started = time.perf_counter()
+    _generate_in_child(data_dir, args.scale)
+    say(f"generated the data in {time.perf_counter() - started:.1f} s")
+    works = {tool: folder / tool for tool in tools}
+    pythons = {"shamal": Path(sys.executable), "feast": peer or Path("python3")}
+    results: dict[str, Any] = {tool: {} for tool in tools}
+    if "feast" in tools:
+        feast_repo(works["feast"], project)
+        applied = measure("feast-apply", pythons["feast"], data_dir, works["feast"])
+        say(f"feast apply: {applied['work_s'] if applied else 0:.1f} s (not timed)")
+    for work in works.values():
+        work.mkdir(exist_ok=True)
+    for part in ("offline", "materialize"):
+        for tool in tools:
+            say(f"{part}: {tool} ...")
+            got = measure(f"{tool}-{part}", pythons[tool], data_dir, works[tool])
+            results[tool][part] = got
+            say(
+                f"  {tool}: not implemented"
+                if got is None
+                else f"  {tool}: {got['work_s']:.2f} s, peak {got['peak_mb']:,.0f} MiB"
+            )
+    if "feast" in tools:
+        results["feast"]["redis_keys"] = redis_keys(project, delete=False)
+    pools = entity_pools(scaled(ENTITIES, args.scale))
+    for tool in tools:
+        say(f"online: {tool} ...")
+        target = online_target(tool, data_dir, works[tool], args.server_workers)
+        if target is None:
+            say(f"  {tool}: not implemented")
+            continue
+        if tool == "feast":
+            try:
+                expected = latest_values(data_dir, pools[100][0])
+                check = check_feast_online(target[0], target[1](pools[100][0]), expected)
+            except Exception:
+                target[2]()
+                raise
+            results[tool]["online_check"] = check
+        results[tool]["online"] = drive(target, pools, args.online_seconds)
+        say(
+            "  "
+            + ", ".join(
+                f"{size}: p99 {run['p99_ms']:.1f} ms {run['rps']:,.0f}/s"
+                for size, run in results[tool]["online"].items()
+            )
+        )
+    return results
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every row count")
+    parser.add_argument("--only", choices=(*TOOLS, "both"), default="both", help="which tools")
+    parser.add_argument(
+        "--online-seconds", type=float, default=10.0, help="counted seconds per request size"
+    )
+    parser.add_argument(
+        "--server-workers", type=int, default=1, help="server processes of each online server"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the data and work folders")
+    parser.add_argument("--dir", type=Path, default=None, help="where the data is written")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not args.worker and scaled(ENTITIES, args.scale) < max(ONLINE_SIZES):
+        parser.error(f"--scale must leave at least {max(ONLINE_SIZES)} entities")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.worker:
+        return worker(args.worker, args.data, args.work, args.out)
+    say = _say
+    tools = TOOLS if args.only == "both" else (args.only,)
+    peer = None
+    if "feast" in tools:
+        try:
+            peer = ensure_peer_venv(say)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            say(f"cannot set up the peer venv {PEER_VENV}: {exc}")
+            return 2
+    load_avg = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    say(f"{_cpu()}, {os.cpu_count()} CPUs, load average at start {load_avg}")
+    say(f"Shamal: {sys.executable}; peer: {_versions(peer) if peer else 'not run'}")
+    folder = Path(tempfile.mkdtemp(prefix="bench-features-", dir=args.dir))
+    project = f"bench_features_{os.getpid()}_{int(time.time())}"
+    try:
+        results = run_all(args, tools, peer, folder, project)
+    except RuntimeError as exc:
+        say(str(exc))
+        return 2
+    finally:
+        if "feast" in tools:
+            say(f"deleted {redis_keys(project, delete=True):,} Redis keys of project {project}")
+        if args.keep:
+            say(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    for line in report(args.scale, results, args.online_seconds):
+        say(line)
+    say(f"load average at end {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    figures = summary(results)
+    if figures is not None:
+        say(" ".join(f"{name} {value:.1f}" for name, value in figures.items()))
+    return 0
+
+
+def _generate_in_child(data_dir: Path, scale: float) -> None:
+    """Generate in a process of its own, so this one stays small (a child's peak memory
+    counts from what it inherits)."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import features; "
+        "features.generate(__import__('pathlib').Path(sys.argv[2]), float(sys.argv[3]))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    subprocess.run([sys.executable, "-c", code, here, str(data_dir), str(scale)], check=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
