@@ -377,6 +377,35 @@ def test_concurrent_writers_end_with_the_newest_row(store: OnlineStore) -> None:
     assert store.count("v") == 200
 
 
+def test_readers_in_threads_never_see_time_go_back(store: OnlineStore) -> None:
+    keys = [(k,) for k in range(50)]
+    write(store, "v", table(list(range(50)), [T0] * 50, x=[0] * 50))
+    done = threading.Event()
+    seen: list[list[int]] = [[] for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def reader(mine: list[int]) -> None:
+        try:
+            while not done.is_set() or not mine:
+                got = store.read(["v"], keys)
+                mine.append(min(g["v"].values["x"] for g in got))  # type: ignore[union-attr]
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(mine,)) for mine in seen]
+    for thread in threads:
+        thread.start()
+    for h in range(1, 21):
+        write(store, "v", table(list(range(50)), [T0 + timedelta(hours=h)] * 50, x=[h] * 50))
+    done.set()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert all(mine == sorted(mine) for mine in seen)
+    assert [g["v"].values["x"] for g in store.read(["v"], keys)] == [20] * 50  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------- hostile input
 def test_hostile_view_names_and_keys_round_trip(store: OnlineStore) -> None:
     view = "v'\"\n*{}[]?\\ %_ é"
@@ -409,6 +438,8 @@ def test_bad_columns_are_refused_clearly(store: OnlineStore) -> None:
         store.write("v", listed, ["id"], "ts", ["l"])
     with pytest.raises(InvalidParameter, match="entity key"):
         store.read(["v"], [(b"bytes",)])  # type: ignore[list-item]
+    with pytest.raises(InvalidParameter, match="64 bits"):
+        store.read(["v"], [(2**70,)])
     assert store.count("v") == 0
 
 

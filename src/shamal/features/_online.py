@@ -60,7 +60,8 @@ EntityKey = tuple[str | int | float | bool | None, ...]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Rows per write round trip (Redis script call, SQLite executemany batch).
 _CHUNK = 2000
-#: Bound parameters per SQLite read query (SQLite >= 3.32 allows 32766).
+#: Most bound parameters per SQLite read query (below the library's own limit, 32766 since
+#: SQLite 3.32, and never above what the connection reports).
 _SQLITE_VARIABLES = 30000
 _REDIS_CONNECT_SECONDS = 5.0
 
@@ -165,7 +166,10 @@ def encode_key(key: Sequence[Any]) -> bytes | None:
                 f"an entity key part is a {kind.__name__}; use str, int, float or bool values"
             )
         parts.append(part)
-    return orjson.dumps(parts)
+    try:
+        return orjson.dumps(parts)
+    except orjson.JSONEncodeError:
+        raise InvalidParameter("an entity key int is wider than 64 bits") from None
 
 
 def _column_keys(column: pa.ChunkedArray, name: str) -> list[Any]:
@@ -449,7 +453,9 @@ class SqliteOnlineStore:
         if wanted and views:
             with self._errors():
                 connection = self._connection()
-                for batch in _chunks(wanted, max(1, _SQLITE_VARIABLES - len(views))):
+                limit = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                per_query = max(1, min(limit, _SQLITE_VARIABLES) - len(views))
+                for batch in _chunks(wanted, per_query):
                     query = (
                         "SELECT view, entity, payload FROM online_features WHERE view IN "
                         f"({','.join('?' * len(views))}) AND entity IN "
