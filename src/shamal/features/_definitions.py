@@ -647,7 +647,8 @@ def problems(defs: Definitions) -> list[Problem]:
     return found
 
 
-def _subject(kind: str, name: object) -> str:
+def subject_of(kind: str, name: object) -> str:
+    """What a problem is about: ``feature view 'x'`` (``kind`` as the messages write it)."""
     return f"{kind} {_shown(name)}"
 
 
@@ -674,10 +675,13 @@ def _unique_problems(defs: Definitions, found: list[Problem]) -> None:
                 continue
             problem = _name_problem(kind, item.name)
             if problem is not None:
-                found.append((_subject(kind, item.name), problem))
+                found.append((subject_of(kind, item.name), problem))
             elif item.name in seen:
                 found.append(
-                    (_subject(kind, item.name), f"defined more than once; {kind} names are unique")
+                    (
+                        subject_of(kind, item.name),
+                        f"defined more than once; {kind} names are unique",
+                    )
                 )
             seen.add(item.name)
 
@@ -707,7 +711,7 @@ def _text_problems(subject: str, item: Any, found: list[Problem]) -> None:
 def _entity_problems(entity: Entity, found: list[Problem]) -> None:
     if not isinstance(entity, Entity):
         return
-    subject = _subject("entity", entity.name)
+    subject = subject_of("entity", entity.name)
     typed = _type_problems(subject, entity, _ENTITY_FIELDS)
     if typed:
         found.extend(typed)
@@ -731,7 +735,7 @@ def _view_problems(
 ) -> None:
     if not isinstance(view, FeatureView):
         return
-    subject = _subject("feature view", view.name)
+    subject = subject_of("feature view", view.name)
     typed = _type_problems(subject, view, _VIEW_FIELDS)
     if typed:
         found.extend(typed)
@@ -889,7 +893,7 @@ def _cycle_problems(views: Mapping[str, FeatureView], found: list[Problem]) -> N
         if first not in reported:
             reported.add(first)
             text = " -> ".join([*ordered, first])
-            found.append((_subject("feature view", first), f"views read from each other: {text}"))
+            found.append((subject_of("feature view", first), f"views read from each other: {text}"))
 
 
 def _service_problems(
@@ -897,7 +901,7 @@ def _service_problems(
 ) -> None:
     if not isinstance(service, FeatureService):
         return
-    subject = _subject("feature service", service.name)
+    subject = subject_of("feature service", service.name)
     typed = _type_problems(subject, service, _SERVICE_FIELDS)
     if typed:
         found.extend(typed)
