@@ -54,7 +54,9 @@ __all__ = [
     "Feature",
     "FeatureService",
     "FeatureView",
+    "Tags",
     "check_name",
+    "normalize_source",
 ]
 
 logger = logging.getLogger(__name__)
