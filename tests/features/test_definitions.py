@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -134,10 +137,28 @@ def test_source_forms_are_normalized() -> None:
 
 def test_views_are_hashable_and_tags_read_only() -> None:
     view = _defs().view("customer_stats")
-    assert hash(view) == hash(dataclasses.replace(view, tags={"x": "y"}))
-    with pytest.raises(TypeError):
-        view.tags["tier"] = "silver"  # type: ignore[index]
+    assert hash(view) == hash(Definitions.from_yaml(YAML).view("customer_stats"))
+    assert view != dataclasses.replace(view, tags={"x": "y"})
+    changes: list[Callable[[dict[str, str]], object]] = [
+        lambda t: t.__setitem__("tier", "silver"),
+        lambda t: t.update(tier="silver"),
+        lambda t: t.pop("tier"),
+        lambda t: t.clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change(view.tags)
     assert view.tags == {"tier": "gold", "area": "fraud"}
+    assert list(view.tags) == ["area", "tier"]
+
+
+def test_definitions_pickle_copy_and_serialize() -> None:
+    defs = _defs()
+    assert pickle.loads(pickle.dumps(defs)) == defs
+    assert copy.deepcopy(defs) == defs
+    view = defs.view("customer_stats")
+    assert dataclasses.asdict(view)["tags"] == {"area": "fraud", "tier": "gold"}
+    assert json.loads(json.dumps(view.tags)) == {"area": "fraud", "tier": "gold"}
 
 
 def test_an_empty_document_is_empty_definitions() -> None:
@@ -253,7 +274,8 @@ def test_the_example_is_valid() -> None:
 
 def test_check_name_states_the_rule() -> None:
     check_name("feature", "total_7d")
-    for bad in ("Total", "7d", "_x", "a-b", "", "x" * 64):
+    bad: Any
+    for bad in ("Total", "7d", "_x", "a-b", "", "x" * 64, "total\n", 7):
         with pytest.raises(InvalidParameter, match="lowercase letter followed by up to 62"):
             check_name("feature", bad)
 
@@ -357,6 +379,7 @@ def _rule_cases() -> list[tuple[str, Any, str]]:
             "longer than 64 KiB",
         ),
         ("bad owner", view("merchant_stats", owner="Payments Team"), "is not a team name"),
+        ("owner with a newline", view("merchant_stats", owner="payments\n"), "not a team name"),
         (
             "bad service owner",
             lambda d: d["feature_services"][0].update(owner=""),

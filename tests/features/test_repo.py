@@ -34,6 +34,7 @@ stats = FeatureView(
 SERVICES_PY = """
 from shamal.features._definitions import Definitions, FeatureService
 from helpers import TEAM
+import views.stats
 
 definitions = Definitions(services=[FeatureService("fraud", ["customer_stats:*"], TEAM)])
 """
@@ -76,7 +77,9 @@ def test_a_mixed_folder_is_read_merged_and_validated(tmp_path: Path) -> None:
     assert stats.source == "data:customers@prod"
     assert defs.resolve_service("fraud") == (("customer_stats", "total"),)
     assert sys.path == path_before
-    assert "helpers" not in sys.modules  # the repository's own modules are forgotten
+    # the repository's own modules (and namespace packages) are forgotten
+    assert "helpers" not in sys.modules
+    assert "views" not in sys.modules
     assert not [m for m in sys.modules if m.startswith("_shamal_repo_")]
 
 

@@ -34,8 +34,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from shamal.datasets import parse_ref
 from shamal.errors import InvalidParameter, NotFound
@@ -55,7 +54,9 @@ __all__ = [
     "Feature",
     "FeatureService",
     "FeatureView",
+    "Tags",
     "check_name",
+    "normalize_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def _shown(value: object) -> str:
 
 
 def _name_problem(kind: str, name: object) -> str | None:
-    if isinstance(name, str) and _NAME.match(name):
+    if isinstance(name, str) and _NAME.fullmatch(name):
         return None
     return (
         f"{kind} name {_shown(name)} is not valid: a name is a lowercase letter followed by up "
@@ -155,13 +156,32 @@ def normalize_source(source: Any) -> Any:
         return source
 
 
+class Tags(dict[str, str]):
+    """A feature view's tags: a dict (JSON encoders and ``dataclasses.asdict`` take it as
+    one) that refuses changes, as the frozen view around it does; hashable and picklable."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a feature view's tags are read-only; use dataclasses.replace")
+
+    __setitem__ = __delitem__ = _refuse
+    clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def __reduce__(self) -> tuple[type[Tags], tuple[dict[str, str]]]:
+        return (Tags, (dict(self),))
+
+
 @dataclass(frozen=True, slots=True)
 class FeatureView:
     """Features computed from one source, keyed by its entities' join keys, as of a time.
 
     ``source`` is a dataset reference (normalized to ``data:NAME``, ``data:NAME@alias`` or
     ``data:NAME/3``) or ``view:OTHER``, another view. ``sql``, when given, is one SELECT over
-    a relation named ``source``. ``tags`` is kept read-only; it takes no part in the hash.
+    a relation named ``source``. ``tags`` is kept as read-only :class:`Tags`, sorted by key.
     """
 
     name: str
@@ -174,7 +194,7 @@ class FeatureView:
     online: bool = True
     sql: str | None = None
     description: str = ""
-    tags: Mapping[str, str] = field(default_factory=dict, hash=False)
+    tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entities", _tuple(self.entities))
@@ -182,7 +202,7 @@ class FeatureView:
         object.__setattr__(self, "source", normalize_source(self.source))
         if isinstance(self.tags, Mapping):
             items = sorted(self.tags.items(), key=lambda kv: str(kv[0]))
-            object.__setattr__(self, "tags", MappingProxyType(dict(items)))
+            object.__setattr__(self, "tags", Tags(items))
 
     def feature(self, name: str) -> Feature | None:
         """The feature called ``name``, or None."""
@@ -473,7 +493,8 @@ class Definitions:
                 )
         read: dict[str, tuple[Any, ...]] = {}
         for section in _SECTIONS:
-            raw = data.get(section) or []
+            raw = data.get(section)
+            raw = [] if raw is None else raw
             if not isinstance(raw, list | tuple):
                 raise InvalidParameter(f"{section} must be a list.")
             if len(raw) > _LIMITS[section]:
@@ -698,7 +719,7 @@ def _text_problems(subject: str, item: Any, found: list[Problem]) -> None:
     if len(item.description) > MAX_DESCRIPTION:
         found.append((subject, f"the description is longer than {MAX_DESCRIPTION} characters"))
     owner = getattr(item, "owner", None)  # entities have no owner
-    if owner is not None and not _TEAM.match(owner):
+    if isinstance(owner, str) and not _TEAM.fullmatch(owner):
         found.append(
             (
                 subject,

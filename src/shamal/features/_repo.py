@@ -178,7 +178,11 @@ def _run_module(file: Path, label: str, root: Path) -> dict[str, Any]:
 
 def _forget_modules(known: set[str], root: Path) -> None:
     for added in set(sys.modules) - known:
-        where = getattr(sys.modules[added], "__file__", None)
+        module = sys.modules[added]
+        # A namespace package (a folder without __init__.py) has a __path__ but no __file__.
+        where = getattr(module, "__file__", None) or next(
+            iter(getattr(module, "__path__", [])), None
+        )
         if added.startswith("_shamal_repo_") or (
             where and Path(where).resolve().is_relative_to(root)
         ):
