@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = [
     "GpuSettings",
     "DataSourceSettings",
+    "FeatureSettings",
     "LocalArtifactSettings",
     "NodeSettings",
     "PoolSettings",
@@ -111,6 +112,31 @@ class DataSourceSettings(BaseModel):
         "its compressed size (past expansion_allowance_mib): decompression bombs stop there",
     )
     expansion_allowance_mib: int = Field(default=256, ge=1)
+
+
+class FeatureSettings(BaseModel):
+    """The feature store: where online features live, and how much a training-set join may
+    hold in memory before it spills to disk."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    online_store: str = Field(
+        default="sqlite",
+        description="the online store: `sqlite` (a file under SHAMAL_HOME), "
+        "`sqlite:////abs/path.db`, or `redis://HOST:PORT/DB` for production",
+    )
+    online_region: str | None = Field(
+        default=None,
+        description="the region the online store is in: a feature view over a dataset whose "
+        "residency policy does not allow it is never materialized there",
+    )
+    join_memory_mb: int = Field(
+        default=1024,
+        ge=64,
+        description="what one point-in-time join may hold in memory; past it, it spills to "
+        "SHAMAL_HOME/features/spill",
+    )
+    materialize_chunk_rows: int = Field(default=100_000, ge=1000, le=10_000_000)
 
 
 class GpuSettings(BaseModel):
@@ -361,6 +387,7 @@ class Settings(BaseSettings):
     )
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     data_sources: DataSourceSettings = Field(default_factory=DataSourceSettings)
+    features: FeatureSettings = Field(default_factory=FeatureSettings)
     audit_check_s: float = Field(
         default=300.0,
         ge=0,

@@ -23,6 +23,7 @@ from shamal.cli import (
     tracking,
     user,
 )
+from shamal.cli import features as features_cmd
 from shamal.cli import lineage as lineage_cmd
 from shamal.cli import tune as tune_cmd
 from shamal.cli._common import ShamalGroup
@@ -80,6 +81,7 @@ app.command("deploy")(deploy.deploy)
 app.add_typer(deploy.deployments, name="deployments")
 app.add_typer(data.app, name="data")
 app.command("lineage")(lineage_cmd.lineage)
+app.add_typer(features_cmd.app, name="features")
 
 
 def main() -> None:

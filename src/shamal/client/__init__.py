@@ -32,6 +32,7 @@ from shamal.client._compare import (
 )
 from shamal.client._datasets import DatasetCalls, has_password, is_remote, redact, source_format
 from shamal.client._deployments import DeploymentCalls
+from shamal.client._features import FeatureCalls
 from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
@@ -79,7 +80,9 @@ def default_token() -> str | None:
         return None
 
 
-class ShamalClient(TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls, LineageCalls):
+class ShamalClient(
+    TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls, LineageCalls, FeatureCalls
+):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 
     Args:

@@ -163,6 +163,7 @@ class Deployment:
     revision: int
     sticky_header: str = DEFAULT_STICKY_HEADER
     sample_rate: float = DEFAULT_SAMPLE_RATE
+    feature_service: str | None = None
     created_by: str = ""
     created_at: datetime | None = None
     updated_at: datetime | None = None
@@ -264,6 +265,9 @@ class DeploymentSpec:
         canary: a version taking ``weight`` percent of traffic, moved up by ``plan``.
         shadows: versions mirroring ``weight`` percent of requests; answers never returned.
         team: the owning team (default: the caller's only team); fixed once created.
+        feature_service: the feature service whose online features are looked up for a
+            request's entities before the model is called (and which the feature store then
+            refuses to break).
     """
 
     primaries: tuple[WeightedUri, ...]
@@ -274,6 +278,7 @@ class DeploymentSpec:
     sticky_header: str = DEFAULT_STICKY_HEADER
     sample_rate: float = DEFAULT_SAMPLE_RATE
     team: str | None = None
+    feature_service: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ MAX_MIN_REQUESTS = 1_000_000_000
 _NAME_RE = re.compile(NAME_PATTERN)
 _URI_RE = re.compile(MODEL_URI_PATTERN)
 _HEADER_RE = re.compile(HEADER_PATTERN)
+_FEATURE_SERVICE_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 #: Upper bounds (ms) of the latency histogram's buckets: geometric, 0.1 ms to ~2 minutes, each
 #: 20% above the one before, so a percentile read off it is at most 20% high.
@@ -137,6 +138,18 @@ def check_sample_rate(rate: float) -> float:
     if not _finite(rate) or not 0 <= rate <= 1:
         raise InvalidParameter("the sample rate is a fraction from 0 to 1")
     return float(rate)
+
+
+def check_feature_service(name: str | None) -> str | None:
+    """A feature service's name (as the feature store's names are), or None."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _FEATURE_SERVICE_RE.fullmatch(name):
+        raise InvalidParameter(
+            "a feature service's name is lower-case letters, digits and '_', starting with a "
+            "letter (at most 63)"
+        )
+    return name
 
 
 def check_sticky_header(header: str) -> str:

@@ -142,6 +142,11 @@ class DeploymentService:
         return tuple(self._resolve(principal, w, role) for w in wanted)
 
     # ------------------------------------------------------------------ deploy
+    def feature_services_in_use(self) -> frozenset[str]:
+        """The feature services some deployment names (the feature store keeps them whole)."""
+        with self._db.unit_of_work(write=False) as s:
+            return _store.feature_services(s)
+
     def deploy(self, ctx: AuditContext, name: str, spec: DeploymentSpec) -> Deployment:
         """Create the deployment, or replace its spec (a new revision; the rollout restarts).
 
@@ -225,6 +230,7 @@ class DeploymentService:
             revision=1,
             sticky_header=header,
             sample_rate=rate,
+            feature_service=_rules.check_feature_service(spec.feature_service),
             created_by=principal.name,
             created_at=now,
             updated_at=now,

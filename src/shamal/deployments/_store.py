@@ -97,6 +97,7 @@ def _deployment(row: DeploymentRow) -> Deployment:
         revision=row.revision,
         sticky_header=row.sticky_header,
         sample_rate=row.sample_rate,
+        feature_service=row.feature_service,
         created_by=row.created_by,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -114,6 +115,7 @@ def _spec_columns(d: Deployment) -> dict[str, Any]:
         "interval_s": d.plan.interval_s,
         "sticky_header": d.sticky_header,
         "sample_rate": d.sample_rate,
+        "feature_service": d.feature_service,
         "phase": d.state.phase.value,
         "canary_weight": d.state.canary_weight,
         "step_index": d.state.step_index,
@@ -194,6 +196,14 @@ def serving(
             if len(found) == limit:
                 break
     return found
+
+
+def feature_services(s: Session) -> frozenset[str]:
+    """The feature services deployments name."""
+    rows = s.execute(
+        select(DeploymentRow.feature_service).where(DeploymentRow.feature_service.is_not(None))
+    ).scalars()
+    return frozenset(name for name in rows if name)
 
 
 def progressing(s: Session) -> list[str]:

@@ -152,6 +152,11 @@ class DeployIn(_Model):
     sticky_header: str = Field(default=DEFAULT_STICKY_HEADER, pattern=_rules.HEADER_PATTERN)
     sample_rate: float = Field(default=DEFAULT_SAMPLE_RATE, ge=0, le=1, allow_inf_nan=False)
     team: str | None = Field(default=None, pattern=_rules.NAME_PATTERN, max_length=64)
+    feature_service: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_]{0,62}$",
+        description="a feature service whose online features each request's entities get",
+    )
 
     def spec(self) -> DeploymentSpec:
         return DeploymentSpec(
@@ -163,6 +168,7 @@ class DeployIn(_Model):
             sticky_header=self.sticky_header,
             sample_rate=self.sample_rate,
             team=self.team,
+            feature_service=self.feature_service,
         )
 
 
@@ -220,6 +226,7 @@ class DeploymentOut(_Model):
     state: StateOut
     sticky_header: str
     sample_rate: float
+    feature_service: str | None = None
     created_by: str
     created_at: datetime | None
     updated_at: datetime | None
@@ -256,6 +263,7 @@ class DeploymentOut(_Model):
             ),
             sticky_header=d.sticky_header,
             sample_rate=d.sample_rate,
+            feature_service=d.feature_service,
             created_by=d.created_by,
             created_at=d.created_at,
             updated_at=d.updated_at,

@@ -18,6 +18,7 @@ from shamal.config import Settings
 from shamal.datasets import api as datasets_api
 from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
+from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
@@ -49,6 +50,7 @@ UPLOAD_PREFIXES: tuple[str, ...] = (
     "/api/v1/artifacts/",
     "/api/2.0/mlflow-artifacts/artifacts/",
     datasets_api.UPLOAD_PREFIX,
+    features_api.UPLOAD_PREFIX,
 )
 #: Code snapshots stream to disk too, up to what a snapshot may be (never more than an upload).
 SNAPSHOT_PREFIX = "/api/v1/snapshots/"
@@ -78,6 +80,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.datasets = platform.datasets
     app.state.lineage = platform.lineage
     app.state.dataset_sources = platform.dataset_sources
+    app.state.features = platform.features
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -142,6 +145,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(deployments_api.router)
     app.include_router(datasets_api.router)
     app.include_router(lineage_api.router)
+    app.include_router(features_api.router)
     return app
 
 

@@ -14,6 +14,7 @@ from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolic
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
 from shamal.executors import detect_local_gpus
+from shamal.features import FeatureStoreService
 from shamal.jobs import JobService
 from shamal.lineage import LineageService
 from shamal.registry import RegistryService
@@ -62,10 +63,12 @@ class Platform:
     datasets: DatasetService
     lineage: LineageService
     dataset_sources: SourceIngestion
+    features: FeatureStoreService
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
     def close(self) -> None:
+        self.features.close()
         self.tune.close()
         self.db.dispose()
 
@@ -157,6 +160,15 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         lineage=LineageService(datasets, tracking, registry, deployments),
         dataset_sources=SourceIngestion(
             datasets, sources, settings.resolved_upload_spool_dir / "datasets"
+        ),
+        features=FeatureStoreService(
+            db,
+            audit,
+            security,
+            datasets,
+            settings.features,
+            settings.home,
+            in_use=deployments.feature_services_in_use,
         ),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,

@@ -21,6 +21,11 @@ from shamal.db.models.deployments import (
     DeploymentSampleRow,
     DeploymentStatsRow,
 )
+from shamal.db.models.features import (
+    FeatureApplyRow,
+    FeatureMaterializationRow,
+    FeatureObjectRow,
+)
 from shamal.db.models.jobs import (
     JobAttemptRow,
     JobEventRow,
@@ -64,6 +69,9 @@ __all__ = [
     "AuditEntryRow",
     "AuditHeadRow",
     "Base",
+    "FeatureApplyRow",
+    "FeatureMaterializationRow",
+    "FeatureObjectRow",
     "DataAliasRow",
     "DataPartStoreRow",
     "DataDeadLetterRow",

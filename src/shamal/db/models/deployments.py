@@ -37,6 +37,8 @@ class DeploymentRow(Base):
     interval_s: Mapped[float] = mapped_column(Float)
     sticky_header: Mapped[str] = mapped_column(String(64))
     sample_rate: Mapped[float] = mapped_column(Float)
+    #: The feature service whose online features a request's entities are given (None: none).
+    feature_service: Mapped[str | None] = mapped_column(String(64), nullable=True)
     phase: Mapped[str] = mapped_column(String(16))
     canary_weight: Mapped[int] = mapped_column(Integer)
     step_index: Mapped[int] = mapped_column(Integer)

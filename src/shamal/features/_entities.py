@@ -1,0 +1,115 @@
+"""What the feature store's service hands out: frozen, free of the database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "KINDS",
+    "Applied",
+    "EntityRows",
+    "FeatureObject",
+    "MaterializeState",
+    "Materialization",
+    "OnlineFeatures",
+    "TrainingSet",
+]
+
+#: The kinds of definitions, as the registry names them.
+KINDS = ("entity", "feature_view", "feature_service")
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureObject:
+    """One version of one definition (``definition`` as its JSON form)."""
+
+    kind: str
+    name: str
+    version: int
+    owner: str
+    definition: dict[str, Any]
+    digest: str
+    deleted: bool
+    apply_number: int
+    created_by: str
+    created_at: datetime
+
+    @property
+    def uri(self) -> str:
+        """How lineage names it: ``features:/feature_view/NAME/3``."""
+        return f"features:/{self.kind}/{self.name}/{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one apply did: its registry number (None when nothing changed) and the versions
+    it wrote."""
+
+    number: int | None
+    changes: tuple[dict[str, Any], ...]
+    written: tuple[FeatureObject, ...] = ()
+
+
+class MaterializeState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Materialization:
+    """A materialization of one feature view version into the online store."""
+
+    id: str
+    view: str
+    view_version: int
+    source: str
+    store: str
+    start: datetime | None
+    end: datetime
+    state: MaterializeState
+    chunks_done: int
+    chunks_total: int
+    rows: int
+    error: str | None
+    created_by: str
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRows:
+    """The rows a training set is built for: an Arrow table, or a dataset reference
+    (``orders@prod``) whose version holds them, optionally through ``sql`` (one SELECT over it,
+    named ``source``); ``timestamp`` names their time column."""
+
+    rows: Any  # pyarrow.Table | str
+    timestamp: str = "event_timestamp"
+    sql: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSet:
+    """A point-in-time join's result: a Parquet file, and what it was built from (the view
+    versions and the dataset versions they read)."""
+
+    path: Any  # pathlib.Path; Any keeps this module free of I/O types in its signatures
+    rows: int
+    columns: tuple[str, ...]
+    views: tuple[dict[str, Any], ...]
+    saved_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineFeatures:
+    """Online values, column by column: ``values[name][i]`` is entity ``i``'s value, and
+    ``status[name][i]`` one of ``present``, ``not_found`` or ``expired`` (older than the
+    view's TTL: its value is None)."""
+
+    entities: dict[str, list[Any]]
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    status: dict[str, list[str]] = field(default_factory=dict)
+    event_timestamps: dict[str, list[datetime | None]] = field(default_factory=dict)
