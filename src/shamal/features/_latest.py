@@ -42,7 +42,7 @@ def compose_sql(chain: Sequence[str | None]) -> str | None:
         if sql is None:
             continue
         check_select(sql)
-        composed = sql if composed is None else f"WITH source AS ({composed}) SELECT * FROM ({sql})"
+        composed = sql if composed is None else f"WITH source AS ({composed}) SELECT * FROM ({sql})"  # nosec B608 - user SQL checked as one SELECT, run confined
     return composed
 
 
@@ -77,7 +77,7 @@ class _Confined:
             ):
                 self.con.execute(setting)
             scans = " UNION ALL ".join(
-                f"SELECT *, {index} AS __file FROM read_parquet({quote_text(str(path))}, "
+                f"SELECT *, {index} AS __file FROM read_parquet({quote_text(str(path))}, "  # nosec B608 - quoted paths
                 "file_row_number = true)"
                 for index, path in enumerate(files)
             )
@@ -100,7 +100,7 @@ class _Confined:
                 parameters or {},
             )
             found = self.con.execute(
-                f"SELECT count(*) FROM read_parquet({quote_text(str(self.out))})"
+                f"SELECT count(*) FROM read_parquet({quote_text(str(self.out))})"  # nosec B608 - quoted path
             ).fetchone()
         except duckdb.Error as exc:
             self.out.unlink(missing_ok=True)
@@ -121,7 +121,7 @@ def select_rows(files: Sequence[Path], sql: str, out: Path, *, memory_limit_mb: 
     check_select(sql)
     duck = _Confined(files, out, memory_limit_mb)
     try:
-        duck.copy(f"SELECT * FROM ({sql})")
+        duck.copy(f"SELECT * FROM ({sql})")  # nosec B608 - user SQL checked as one SELECT, run confined
     finally:
         duck.close()
     return out
@@ -152,7 +152,7 @@ def latest_rows(
         body = "SELECT * FROM __scan"
         if sql is not None:
             # A transformed view: ties go to the order its query returns rows in.
-            body = f"SELECT *, 0 AS __file, row_number() OVER () AS file_row_number FROM ({sql})"
+            body = f"SELECT *, 0 AS __file, row_number() OVER () AS file_row_number FROM ({sql})"  # nosec B608 - user SQL checked, run confined
         keys = ", ".join(quote_identifier(k) for k in join_keys)
         ts = quote_identifier(timestamp_field)
         columns = ", ".join(quote_identifier(c) for c in (*join_keys, timestamp_field, *features))
@@ -163,7 +163,7 @@ def latest_rows(
             conditions.append(f"CAST({ts} AS TIMESTAMPTZ) > CAST($start AS TIMESTAMPTZ)")
             parameters["start"] = window[0]
         query = (
-            f"SELECT {columns} FROM ({body}) WHERE {' AND '.join(conditions)} "
+            f"SELECT {columns} FROM ({body}) WHERE {' AND '.join(conditions)} "  # nosec B608 - quoted names, values bound
             f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {ts} DESC, "
             f"__file DESC, file_row_number DESC) = 1 ORDER BY {keys}"
         )

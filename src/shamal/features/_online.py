@@ -457,7 +457,7 @@ class SqliteOnlineStore:
                 per_query = max(1, min(limit, _SQLITE_VARIABLES) - len(views))
                 for batch in _chunks(wanted, per_query):
                     query = (
-                        "SELECT view, entity, payload FROM online_features WHERE view IN "
+                        "SELECT view, entity, payload FROM online_features WHERE view IN "  # nosec B608 - placeholders only
                         f"({','.join('?' * len(views))}) AND entity IN "
                         f"({','.join('?' * len(batch))})"
                     )
