@@ -549,3 +549,15 @@ def test_missing_files_are_refused(tmp_path: Path) -> None:
         historical_join(_entities([1], [5]), "ts", [view], tmp_path / "out.parquet")
     with pytest.raises(InvalidParameter, match="does not exist"):
         historical_join([tmp_path / "nope.parquet"], "ts", [], tmp_path / "out.parquet")
+
+
+def test_errors_keep_the_servers_paths_out(tmp_path: Path) -> None:
+    view = _view(tmp_path, "v", [_features([1], [0], [1.0])])
+    entities = _write(tmp_path / "entities.parquet", _entities([1], [5]))
+    for named in (view.files[0], entities):  # a file of the view's, and one of the join's
+        sql = f"SELECT * FROM read_json('{named}')"
+        hostile = ViewInput("h", view.files, ("customer_id",), "event_ts", ("spend",), sql=sql)
+        with pytest.raises(InvalidParameter, match="transformation") as caught:
+            historical_join([entities], "ts", [hostile], tmp_path / "out.parquet")
+        assert "<file>" in caught.value.message
+        assert str(tmp_path) not in caught.value.message

@@ -195,6 +195,9 @@ def historical_join(
                 )
         except duckdb.Error as exc:
             raise InvalidParameter(f"the join failed: {_clean(exc, hidden)}") from None
+        except InvalidParameter as exc:
+            # A user's transformation may name our files in an error: keep them out.
+            raise InvalidParameter(_clean(exc.message, hidden)) from None
         finally:
             partial.unlink(missing_ok=True)
 
@@ -313,7 +316,7 @@ def _confined(
         con.close()
 
 
-def _clean(exc: BaseException, paths: Sequence[Path]) -> str:
+def _clean(exc: BaseException | str, paths: Sequence[Path]) -> str:
     """An error's first line, without the server's file names."""
     text = str(exc).strip()
     text = text.splitlines()[0] if text else type(exc).__name__
