@@ -270,6 +270,12 @@ def test_time_zones_naive_and_dates(tmp_path: Path) -> None:
     out = _read(historical_join(dates, "day", [view], tmp_path / "out.parquet"))
     assert out["spend"] == [None, 2.0]
     assert out["day"] == [dt.date(2024, 1, 1), dt.date(2024, 1, 2)]
+    daily = pa.table(
+        {"customer_id": [1], "event_ts": [dt.date(2024, 1, 2)], "spend": [5.0]}
+    )  # a date is midnight UTC
+    by_day = _view(tmp_path, "d", [daily])
+    out = _read(historical_join(aware, "ts", [by_day], tmp_path / "out.parquet"))
+    assert out["spend"] == [None, None, 5.0]
 
 
 def test_a_transformation_over_the_source(tmp_path: Path) -> None:
