@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Final
 
 import duckdb
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 
 from shamal.datasets import check_select, quote_identifier, quote_text
@@ -194,6 +195,9 @@ def historical_join(
                 )
         except duckdb.Error as exc:
             raise InvalidParameter(f"the join failed: {_clean(exc, hidden)}") from None
+        except InvalidParameter as exc:
+            # A user's transformation may name our files in an error: keep them out.
+            raise InvalidParameter(_clean(exc.message, hidden)) from None
         finally:
             partial.unlink(missing_ok=True)
 
@@ -210,7 +214,7 @@ def _run(
 ) -> JoinResult:
     prefix = _prefix(entities, views)
     entity = _open_entities(con, entities, prefix)
-    _check_column(entity, entity_timestamp, "the entity rows", temporal=True)
+    _check_column(entity, entity_timestamp, "the entity table", temporal=True)
     sources = [
         _open_view(con, index, view, files, prefix)
         for index, (view, files) in enumerate(zip(views, view_files, strict=True))
@@ -312,7 +316,7 @@ def _confined(
         con.close()
 
 
-def _clean(exc: BaseException, paths: Sequence[Path]) -> str:
+def _clean(exc: BaseException | str, paths: Sequence[Path]) -> str:
     """An error's first line, without the server's file names."""
     text = str(exc).strip()
     text = text.splitlines()[0] if text else type(exc).__name__
@@ -365,7 +369,7 @@ def _open_entities(
     file_ = quote_identifier(prefix + "file")
     if isinstance(entities, pa.Table):
         numbered = entities.append_column(
-            prefix + "row", pa.array(range(entities.num_rows), pa.int64())
+            prefix + "row", pa.array(np.arange(entities.num_rows, dtype=np.int64))
         )
         con.register(prefix + "arrow", numbered)
         source = quote_identifier(prefix + "arrow")
@@ -410,7 +414,7 @@ def _open_view(
 def _check_column(relation: _Relation, column: str, where: str, *, temporal: bool) -> None:
     kind = relation.types.get(column)
     if kind is None:
-        raise InvalidParameter(f"{where} have no column {column!r}.")
+        raise InvalidParameter(f"{where} holds no column {column!r}; check its name.")
     if temporal and not _is_temporal(kind):
         raise InvalidParameter(
             f"{where}: column {column!r} is {kind}, not a timestamp or date; "
@@ -434,13 +438,15 @@ def _family(kind: str) -> str:
 
 def _check_view(view: ViewInput, source: _Relation, entity: _Relation) -> None:
     where = f"view {view.name!r}"
-    _check_column(source, view.timestamp_field, f"{where}'s rows", temporal=True)
+    _check_column(source, view.timestamp_field, where, temporal=True)
     for feature in view.features:
-        _check_column(source, feature, f"{where}'s rows", temporal=False)
+        _check_column(source, feature, where, temporal=False)
     for key in view.join_keys:
-        _check_column(source, key, f"{where}'s rows", temporal=False)
+        _check_column(source, key, where, temporal=False)
         if key not in entity.types:
-            raise InvalidParameter(f"the entity rows have no join key column {key!r} ({where}).")
+            raise InvalidParameter(
+                f"the entity table holds no column {key!r}, a join key of {where}; add it."
+            )
         theirs, ours = source.types[key], entity.types[key]
         if _family(theirs) != _family(ours):
             raise InvalidParameter(
