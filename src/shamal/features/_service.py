@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -107,6 +108,60 @@ def _pairs(features: Sequence[str]) -> list[tuple[str, str]]:
             )
         pairs.append((view, name))
     return pairs
+
+
+def _with_times(rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``rows`` with the text of these columns read as ISO-8601 times (JSON has no time)."""
+    for name in columns:
+        column = rows.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                cast = column.cast(pa.timestamp("us", tz="UTC"))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise InvalidParameter(
+                    f"column {name!r} holds text that is not an ISO-8601 time"
+                ) from None
+            rows = rows.set_column(rows.schema.get_field_index(name), name, cast)
+    return rows
+
+
+_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=([^\]]+))?\]")
+
+
+def _arrow_type(text: str) -> pa.DataType | None:
+    """An Arrow type from its name as a version's schema records it (None: not a simple one)."""
+    found = _TIMESTAMP.fullmatch(text)
+    if found is not None:
+        return pa.timestamp(found.group(1), tz=found.group(2))
+    try:
+        return pa.type_for_alias(text)
+    except ValueError:
+        return None
+
+
+def _conformed(rows: pa.Table, schema: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """``rows`` as the dataset's columns: in its order, cast to its types.
+
+    Raises:
+        InvalidParameter: a column of the dataset missing, or a value that does not cast.
+    """
+    names = [str(c["name"]) for c in schema]
+    missing = [n for n in names if n not in rows.column_names]
+    if missing:
+        raise InvalidParameter(f"pushed rows lack the dataset's column(s) {', '.join(missing)}")
+    columns = []
+    for spec in schema:
+        column = rows.column(str(spec["name"]))
+        wanted = _arrow_type(str(spec["type"]))
+        if wanted is not None and column.type != wanted:
+            try:
+                column = column.cast(wanted)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise InvalidParameter(
+                    f"column {spec['name']!r} does not hold {spec['type']} values"
+                ) from None
+        columns.append(column)
+    return pa.table(columns, names=names)
 
 
 class _Registry:
@@ -793,12 +848,15 @@ class FeatureStoreService:
         ]
         if missing:
             raise InvalidParameter(f"pushed rows lack column(s) {', '.join(missing)}")
+        times = [view.timestamp_field, *(f.name for f in view.features if f.dtype == "timestamp")]
+        rows = _with_times(rows, times)
         if offline:
             dataset = view.source.removeprefix("data:").split("@", 1)[0].split("/", 1)[0]
+            current = self._datasets.version(principal, dataset)
             self._datasets.ingest_batches(
                 ctx,
                 dataset,
-                rows.to_batches(),
+                _conformed(rows, current.schema).to_batches(),
                 source={"kind": "feature-push", "view": view_name},
                 mode=WriteMode.APPEND,
             )
