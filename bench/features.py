@@ -35,16 +35,17 @@ What is measured, each tool in turn, part by part:
   online store (Redis). Feast: ``store.materialize(START - 1 day, START + SPAN + 1 day)``.
 - **online**: ``POST`` requests of 1, 10 and 100 entities, all 100 features each, from
   ``CONCURRENCY`` = 8 client threads (one keep-alive ``http.client`` connection each, bodies
-  encoded beforehand from the same seeded entity ids for both tools), ``WARMUP_S`` seconds of
-  warm-up not counted, then ``--online-seconds`` (10) seconds counted, and longer until at least
-  ``MIN_REQUESTS`` (200) requests are counted: p50, p99 of each request's latency and requests
-  per second. Feast: ``feast serve`` (its Python feature server,
-  gunicorn + uvicorn) with ``--workers`` ``--server-workers`` (1), ``--no-access-log`` and
-  ``--max-requests 0`` (its default recycles a worker every ~1,000 requests, a restart that
-  would land in the p99), body ``{"features": ["fv0:fv0_f0", ...], "entities":
-  {"entity_id": [...]}}`` to ``/get-online-features``. Before the load, one 100-entity answer is
-  checked against the Parquet files (``fv{i}_f0`` of each view, the entity's latest row).
-  The client runs in this process, on the same CPUs as the servers, the same for both.
+  encoded beforehand from the same seeded entity ids for both tools, sent in the same order),
+  ``WARMUP_S`` seconds of warm-up not counted, then ``--online-seconds`` (10) seconds counted,
+  and longer until at least ``MIN_REQUESTS`` (200) requests are counted: p50 and p99 of the
+  requests' latencies, and requests per second. Feast: ``feast serve`` (its Python feature
+  server, gunicorn + uvicorn) with ``--workers`` set to ``--server-workers`` (1),
+  ``--no-access-log`` and ``--max-requests 0`` (its default recycles a worker every ~1,000
+  requests, a restart that would land in the p99); the body is ``{"features":
+  ["fv0:fv0_f0", ...], "entities": {"entity_id": [...]}}``, POSTed to
+  ``/get-online-features``. Before the load, one 100-entity answer is checked against the
+  Parquet files (``fv{i}_f0`` of each view, from the entity's latest row). The client runs in
+  this process, on the same CPUs as the servers, the same for both.
 
 Run from the repository root with Shamal's venv::
 
@@ -81,7 +82,8 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / "bench" / ".features-venv"
-PEER_PACKAGES = ("feast[redis]==0.67.0", "pandas==2.3.3", "pyarrow==26.0.1")
+FEAST_VERSION = "0.67.0"
+PEER_PACKAGES = (f"feast[redis]=={FEAST_VERSION}", "pandas==2.3.3", "pyarrow==26.0.1")
 SEED = 21
 ENTITIES = 1_000_000
 ENTITY_ROWS = 1_000_000
@@ -396,9 +398,10 @@ def check_feast_online(url: str, body: bytes, expected: list[list[float | None]]
 
 
 # ------------------------------------------------------------------------------ the Shamal side
-# Written by the integrator with issue 21. Each offline/materialize function runs in a worker
-# process of its own (Shamal's venv, PYTHONPATH=src), with ``work`` the same folder for all
-# three, kept between them: the materialize step's state is there for the online step.
+# Written by the integrator with issue 21. The offline and materialize functions run each in a
+# worker process of its own (Shamal's venv, PYTHONPATH=src); the online one runs in the parent,
+# and the load generator after it. ``work`` is the same folder for all three, kept between
+# them: the materialize step's state is there for the online step.
 
 
 def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
@@ -561,9 +564,12 @@ def drive(
 
 
 def ensure_peer_venv(say: Callable[[str], None]) -> Path:
-    """The peer venv with Feast and its Redis extra, created when missing."""
+    """The peer venv with Feast and its Redis extra, made when missing or on another version."""
     python = PEER_VENV / "bin" / "python"
-    probe = "import feast, redis; from feast.infra.online_stores.redis import RedisOnlineStore"
+    probe = (
+        "import feast, redis; from feast.infra.online_stores.redis import RedisOnlineStore; "
+        f"assert feast.__version__ == {FEAST_VERSION!r}"
+    )
     if (
         python.exists()
         and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
