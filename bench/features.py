@@ -73,7 +73,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from http.client import HTTPConnection, HTTPException
 from pathlib import Path
@@ -91,7 +91,9 @@ VIEWS = 5
 FEATURES_PER_VIEW = 20
 ROWS_PER_ENTITY = 2
 CHUNK_ENTITIES = 250_000
-START = datetime(2026, 1, 1, tzinfo=UTC)
+#: The span starts 95 days before today (midnight UTC): every entity's newest row is then
+#: within the 60-day TTL when the online stores are read, so both answer every value.
+START = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=95)
 SPAN = timedelta(days=90)
 TTL = timedelta(days=60)
 #: The entity rows' times: from this long after START to this long after START + SPAN.
@@ -112,7 +114,9 @@ TOOLS = ("shamal", "feast")
 #: Encodes one online request for all 100 features of the given entity ids.
 EncodeRequest = Callable[[Sequence[int]], bytes]
 #: What a tool's online side hands the load generator: URL, encoder, and how to stop it.
-OnlineTarget = tuple[str, EncodeRequest, Callable[[], None]]
+#: (url, encode, stop, headers): where requests go, how a request is made of entity ids,
+#: how the server stops, and the headers every request carries (a token).
+OnlineTarget = tuple[str, EncodeRequest, Callable[[], None], dict[str, str]]
 
 
 # ------------------------------------------------------------------------------ the data
@@ -377,7 +381,7 @@ def feast_online_target(work: Path, workers: int) -> OnlineTarget:
     def encode(ids: Sequence[int]) -> bytes:
         return json.dumps({"features": refs, "entities": {"entity_id": list(ids)}}).encode()
 
-    return server.url + "/get-online-features", encode, server.stop
+    return server.url + "/get-online-features", encode, server.stop, {}
 
 
 def check_feast_online(url: str, body: bytes, expected: list[list[float | None]]) -> str:
@@ -404,33 +408,181 @@ def check_feast_online(url: str, body: bytes, expected: list[list[float | None]]
 # them: the materialize step's state is there for the online step.
 
 
+#: Shamal's online store in the benchmark: the same Redis as Feast's, another database.
+SHAMAL_REDIS = "redis://127.0.0.1:6379/2"
+
+
+def _shamal_settings(work: Path) -> Any:
+    from shamal.config import FeatureSettings, Settings
+
+    home = work / "shamal-home"
+    return Settings(
+        home=home,
+        database_url=f"sqlite:///{home / 'shamal.db'}",
+        allowed_hosts=("*",),
+        features=FeatureSettings(online_store=SHAMAL_REDIS, join_memory_mb=4096),
+    )
+
+
+def _shamal_definitions() -> Any:
+    from shamal.features import Definitions, Entity, Feature, FeatureService, FeatureView
+
+    views = tuple(
+        FeatureView(
+            name=f"fv{i}",
+            entities=("entity",),
+            source=f"data:fv{i}",
+            timestamp_field="event_timestamp",
+            features=tuple(
+                Feature(name, "int64" if is_int_feature(j) else "float64")
+                for j, name in enumerate(feature_names(i))
+            ),
+            owner="bench",
+            ttl_seconds=int(TTL.total_seconds()),
+        )
+        for i in range(VIEWS)
+    )
+    return Definitions(
+        entities=(Entity("entity", ("entity_id",)),),
+        views=views,
+        services=(FeatureService("all_features", tuple(feature_refs()), "bench"),),
+    )
+
+
+def _shamal_platform(data_dir: Path, work: Path) -> tuple[Any, Any]:
+    """The embedded platform in ``work`` with the five views' datasets ingested and the
+    definitions applied (once: a later step finds them there); its admin's context."""
+    from shamal.datasets import WriteMode
+    from shamal.security import AuditContext
+    from shamal.server import start_platform
+
+    platform = start_platform(_shamal_settings(work))
+    assert platform.admin_secret is not None or (work / "shamal-home" / "token").exists()
+    secret = platform.admin_secret or (work / "shamal-home" / "token").read_text().strip()
+    admin = platform.security.authenticate(secret)
+    ctx = AuditContext(action="bench", actor=admin.name, principal=admin)
+    if platform.features.objects():
+        return platform, ctx
+    platform.security.create_team(ctx, "bench")
+    for i in range(VIEWS):
+        platform.datasets.create(ctx, f"fv{i}", "bench")
+        path = data_dir / f"fv{i}.parquet"
+
+        def chunks(path: Path = path) -> Any:
+            with path.open("rb") as handle:
+                while chunk := handle.read(4 << 20):
+                    yield chunk
+
+        platform.datasets.ingest(ctx, f"fv{i}", chunks(), "parquet", mode=WriteMode.OVERWRITE)
+    platform.features.apply(ctx, _shamal_definitions())
+    return platform, ctx
+
+
 def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
-    """Point-in-time join of ``data_dir/entity_rows.parquet`` with all 100 features.
+    """Point-in-time join of ``data_dir/entity_rows.parquet`` with all 100 features:
+    ``FeatureStoreService.historical`` on an embedded platform (the views' datasets ingested
+    and the definitions applied first, not timed), the entity rows as an Arrow table, the
+    training set written as Parquet and read back.
 
     Returns:
         ``{"work_s": <seconds of the join alone>, **summarize(<the result as an Arrow table>)}``.
     """
-    raise NotImplementedError(NOT_YET)
+    import pyarrow.parquet as pq
+
+    from shamal.features import EntityRows
+
+    platform, ctx = _shamal_platform(data_dir, work)
+    try:
+        entities = pq.read_table(data_dir / "entity_rows.parquet")
+        out = work / "training.parquet"
+        started = time.perf_counter()
+        found = platform.features.historical(
+            ctx, EntityRows(entities, "event_timestamp"), service="all_features", out=out
+        )
+        table = pq.read_table(found.path)
+        elapsed = time.perf_counter() - started
+    finally:
+        platform.close()
+    out.unlink(missing_ok=True)
+    return {"work_s": elapsed, **summarize(table)}
 
 
 def run_shamal_materialize(data_dir: Path, work: Path) -> dict[str, Any]:
-    """The latest row of every entity, all five views, into Redis.
+    """The latest row of every entity, all five views, into Redis (database 2):
+    ``FeatureStoreService.materialize`` of every online view up to the end of the span.
 
     Returns:
         ``{"work_s": <seconds of the materialization alone>}``.
     """
-    raise NotImplementedError(NOT_YET)
+    platform, ctx = _shamal_platform(data_dir, work)
+    try:
+        started = time.perf_counter()
+        runs = platform.features.materialize(ctx, end=START + SPAN + timedelta(days=1))
+        elapsed = time.perf_counter() - started
+    finally:
+        platform.close()
+    return {"work_s": elapsed, "rows": sum(run.rows for run in runs)}
 
 
 def shamal_online_target(data_dir: Path, work: Path, *, workers: int = 1) -> OnlineTarget:
-    """Start Shamal's online feature endpoint (``workers`` server processes, like Feast's),
-    ready and quiet, over what :func:`run_shamal_materialize` wrote.
+    """Start Shamal's server (``workers`` processes, like Feast's) on the home the earlier
+    steps made, ready and quiet; requests name the feature service of all 100 features.
 
     Returns:
-        ``(url, encode, stop)``: the URL the requests are POSTed to, a function that encodes
-        the request for all 100 features of some entity ids, and one that stops the server.
+        ``(url, encode, stop, headers)``: the URL the requests are POSTed to, a function that
+        encodes the request for some entity ids, one that stops the server, and the token.
     """
-    raise NotImplementedError(NOT_YET)
+    from _servers import ServerProcess, free_port
+
+    del data_dir
+    home = work / "shamal-home"
+    port = free_port()
+    argv = [sys.executable, "-m", "shamal", "server", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--workers", str(workers)]
+    env = {
+        "SHAMAL_HOME": str(home),
+        "SHAMAL_DATABASE_URL": f"sqlite:///{home / 'shamal.db'}",
+        "SHAMAL_FEATURES__ONLINE_STORE": SHAMAL_REDIS,
+        "SHAMAL_ACCESS_LOG": "false",
+        "PYTHONPATH": str(REPO / "src"),
+    }
+    server = ServerProcess(
+        name="Shamal",
+        argv=argv,
+        env=env,
+        log=work / "shamal-serve.log",
+        port=port,
+        ready_path="/ready",
+    )
+    server.start()
+    server.settle()
+    token = (home / "token").read_text().strip()
+
+    def encode(ids: Sequence[int]) -> bytes:
+        return json.dumps(
+            {"entities": {"entity_id": list(ids)}, "feature_service": "all_features"}
+        ).encode()
+
+    return (
+        server.url + "/api/v1/features/online",
+        encode,
+        server.stop,
+        {"Authorization": f"Bearer {token}"},
+    )
+
+
+def clear_shamal_redis() -> int:
+    """Remove what the benchmark wrote to Shamal's Redis database; how many keys."""
+    import redis
+
+    client = redis.Redis.from_url(SHAMAL_REDIS)
+    try:
+        removed = 0
+        for key in client.scan_iter(match="shamal:features:*", count=10_000):
+            removed += int(client.delete(key))
+        return removed
+    finally:
+        client.close()
 
 
 WORKERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
@@ -463,6 +615,7 @@ def load(
     *,
     warmup_s: float = WARMUP_S,
     min_requests: int = MIN_REQUESTS,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """POST ``body_for(n)`` (n counts the requests) to ``url`` from ``concurrency`` threads,
     each with its own keep-alive connection, back to back: ``warmup_s`` seconds not counted,
@@ -480,7 +633,7 @@ def load(
     """
     parts = urlsplit(url)
     path = parts.path or "/"
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     counter = itertools.count()
     measure_from = time.perf_counter() + warmup_s
     until = measure_from + duration_s
@@ -546,7 +699,11 @@ def entity_pools(entities: int) -> dict[int, list[list[int]]]:
 
 
 def drive(
-    url: str, encode: EncodeRequest, pools: dict[int, list[list[int]]], seconds: float
+    url: str,
+    encode: EncodeRequest,
+    pools: dict[int, list[list[int]]],
+    seconds: float,
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Load ``url`` at each request size, one after the other."""
     out: dict[str, Any] = {}
@@ -556,7 +713,7 @@ def drive(
         def body_for(n: int, bodies: list[bytes] = bodies) -> bytes:
             return bodies[n % len(bodies)]
 
-        out[str(size)] = load(url, body_for, CONCURRENCY, seconds)
+        out[str(size)] = load(url, body_for, CONCURRENCY, seconds, extra_headers=headers)
     return out
 
 
@@ -853,14 +1010,14 @@ def run_online(
     if target is None:
         _say(f"  {tool}: not implemented")
         return {}
-    url, encode, stop = target
+    url, encode, stop, headers = target
     out: dict[str, Any] = {}
     try:
         if tool == "feast":
             ids = pools[max(ONLINE_SIZES)][0]
             expected = latest_values(data_dir, ids)
             out["online_check"] = check_feast_online(url, encode(ids), expected)
-        out["online"] = drive(url, encode, pools, args.online_seconds)
+        out["online"] = drive(url, encode, pools, args.online_seconds, headers)
     finally:
         stop()
     _say(
@@ -925,6 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if "feast" in tools:
             say(f"deleted {redis_keys(project, delete=True):,} Redis keys of project {project}")
+        if "shamal" in tools:
+            say(f"deleted {clear_shamal_redis():,} Redis keys of Shamal's online store")
         if args.keep:
             say(f"kept {folder}")
         else:

@@ -358,7 +358,7 @@ def _ordered_scan(con: duckdb.DuckDBPyConnection, files: Sequence[Path], prefix:
         # A data column hides DuckDB's virtual ordinals: number the single-threaded,
         # order-preserving scan instead.
         logger.debug("Parquet columns shadow the file ordinals; numbering the scan")
-        return f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM {scan}"
+        return f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM {scan}"  # nosec B608
     return f"SELECT *, file_index AS {file_}, file_row_number AS {row} FROM {scan}"  # nosec B608
 
 
@@ -397,7 +397,7 @@ def _open_view(
         # The user's query sees `source` (without our ordinals) and runs confined; its output
         # order is the tie order. Newlines keep a trailing comment from eating our text.
         body = (
-            f"WITH source AS (SELECT * EXCLUDE ({file_}, {row}) FROM ({scan})) "
+            f"WITH source AS (SELECT * EXCLUDE ({file_}, {row}) FROM ({scan})) "  # nosec B608
             f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM (\n{text}\n)"
         )
     try:
