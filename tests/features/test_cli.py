@@ -136,7 +136,8 @@ def test_plan_apply_train_materialize_and_read_online(
     assert code == 0, out
     found = json.loads(out)
     assert found["features"]["amount"] == [11.0, 20.0, None]
-    assert found["status"]["amount"] == ["present", "present", "not_found"]
+    assert found["views"] == {"amount": "customer_stats"}
+    assert found["status"]["customer_stats"] == ["present", "present", "not_found"]
 
 
 def test_pushes_reach_the_online_store(

@@ -245,7 +245,7 @@ def test_online_values_equal_offline_ones_at_the_same_time(
     for name in ("amount", "count"):
         assert online.values[name] == [r[name] for r in rows]
     # Customer 2's row is 26 h old: past the TTL online as offline.
-    assert online.status["amount"] == ["present", "expired", "present", "not_found"]
+    assert online.status["customer_stats"] == ["present", "expired", "present", "not_found"]
 
 
 def test_a_materialization_cut_short_is_resumed_from_its_last_chunk(
@@ -322,7 +322,7 @@ def test_a_push_writes_online_and_offline_at_once(
     )
     assert store.push(people.ctx("mo"), "customer_stats", fresh) == 1
     online = store.online(people.principals["vi"], {"customer_id": [2]}, service="fraud")
-    assert (online.values["amount"], online.status["amount"]) == ([99.0], ["present"])
+    assert (online.values["amount"], online.status["customer_stats"]) == ([99.0], ["present"])
     latest = platform.datasets.version(people.principals["vi"], "txns")
     assert (latest.version, latest.row_count, latest.mode) == (2, 7, WriteMode.APPEND)
 

@@ -257,7 +257,7 @@ def online(
     for i in range(count):
         row = {k: v[i] for k, v in entities.items()}
         for name, values in found["features"].items():
-            status = found["status"][name][i]
+            status = found["status"][found["views"][name]][i]
             row[name] = values[i] if status == "present" else f"({status})"
         rows.append(row)
     print_table("Online features", [*entities, *found["features"]], rows)

@@ -156,8 +156,9 @@ class FeatureCalls(ClientCalls):
         feature_service: str | None = None,
         full_names: bool = False,
     ) -> dict[str, Any]:
-        """Online values: ``features`` (name -> one value per entity), ``status`` and
-        ``event_timestamps`` alike, and the ``entities`` asked for."""
+        """Online values: ``features`` (name -> one value per entity), ``views`` (name -> the
+        view it was read from), per view ``status`` and ``event_timestamps`` (one per entity),
+        and the ``entities`` asked for."""
         body = {
             "entities": {k: list(v) for k, v in entities.items()},
             "features": list(features) if features is not None else None,

@@ -105,11 +105,13 @@ class TrainingSet:
 
 @dataclass(frozen=True, slots=True)
 class OnlineFeatures:
-    """Online values, column by column: ``values[name][i]`` is entity ``i``'s value, and
-    ``status[name][i]`` one of ``present``, ``not_found`` or ``expired`` (older than the
-    view's TTL: its value is None)."""
+    """Online values, column by column: ``values[name][i]`` is entity ``i``'s value of the
+    feature ``name``, read from view ``views[name]``; per view, ``status[view][i]`` is one of
+    ``present``, ``not_found`` or ``expired`` (older than the view's TTL: its values are None)
+    and ``event_timestamps[view][i]`` the time of the row read."""
 
     entities: dict[str, list[Any]]
     values: dict[str, list[Any]] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)
     status: dict[str, list[str]] = field(default_factory=dict)
     event_timestamps: dict[str, list[datetime | None]] = field(default_factory=dict)

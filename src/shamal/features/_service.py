@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -63,6 +64,8 @@ __all__ = ["MAX_ONLINE_ENTITIES", "FeatureStoreService", "ServicesInUse"]
 
 logger = logging.getLogger(__name__)
 
+#: How long the registry read last stays trusted without asking the database again.
+REGISTRY_CHECK_S = 1.0
 #: Entities one online read may name.
 MAX_ONLINE_ENTITIES = 10_000
 #: How the registry's JSON names each kind's list.
@@ -199,6 +202,7 @@ class FeatureStoreService:
         self._in_use = in_use or (lambda: frozenset())
         self._lock = threading.Lock()
         self._registry: _Registry | None = None
+        self._checked = 0.0
         self._online: OnlineStore | None = None
         self._running: set[str] = set()
 
@@ -210,15 +214,20 @@ class FeatureStoreService:
 
     # ------------------------------------------------------------------ registry
     def _current(self) -> _Registry:
-        """The live registry, re-read only when an apply has moved its number."""
+        """The live registry: re-read when an apply has moved its number, and that number
+        checked at most every :data:`REGISTRY_CHECK_S` (an apply in another server process
+        reaches this one's reads within that; this process's own applies at once)."""
+        cached = self._registry
+        now = time.monotonic()
+        if cached is not None and now - self._checked < REGISTRY_CHECK_S:
+            return cached
         with self._db.unit_of_work(write=False) as s:
             number = _store.latest_apply(s)
-            cached = self._registry
-            if cached is not None and cached.number == number:
-                return cached
-            registry = _Registry(number, _store.live_objects(s))
-        self._registry = registry
-        return registry
+            if cached is None or cached.number != number:
+                cached = _Registry(number, _store.live_objects(s))
+        self._registry = cached
+        self._checked = now
+        return cached
 
     def definitions(self) -> tuple[int, Definitions]:
         """The registry's number and its live definitions (the catalog every account reads)."""
@@ -298,7 +307,9 @@ class FeatureStoreService:
             self._audit.record(s, ctx, f"features/apply/{number}", changes=len(changes))
             return Applied(number, tuple(changes), tuple(written))
 
-        return self._db.run(work)
+        done = self._db.run(work)
+        self._registry = None  # this process reads its own apply at once
+        return done
 
     def _writes(
         self, principal: Principal, registry: _Registry, whole: Definitions, planned: Plan
@@ -796,31 +807,34 @@ class FeatureStoreService:
         full_names: bool,
     ) -> None:
         ttl = None if view.ttl_seconds is None else timedelta(seconds=view.ttl_seconds)
-        rows = [entity.get(view.name) for entity in found]
         states: list[str] = []
         stamps: list[datetime | None] = []
-        for row in rows:
+        present: list[dict[str, Any]] = []  # each entity's values, empty when not present
+        nothing: dict[str, Any] = {}
+        for entity in found:
+            row = entity.get(view.name)
             if row is None:
                 states.append("not_found")
                 stamps.append(None)
+                present.append(nothing)
             elif ttl is not None and now - row.event_ts > ttl:
                 states.append("expired")
                 stamps.append(row.event_ts)
+                present.append(nothing)
             else:
                 states.append("present")
                 stamps.append(row.event_ts)
+                present.append(row.values)
+        answer.status[view.name] = states
+        answer.event_timestamps[view.name] = stamps
         for name in names:
             column = f"{view.name}__{name}" if full_names else name
             if column in answer.values:
                 raise InvalidParameter(
                     f"two views give a feature named {name!r}: ask with full names"
                 )
-            answer.values[column] = [
-                row.values.get(name) if row is not None and state == "present" else None
-                for row, state in zip(rows, states, strict=True)
-            ]
-            answer.status[column] = list(states)
-            answer.event_timestamps[column] = list(stamps)
+            answer.values[column] = [values.get(name) for values in present]
+            answer.views[column] = view.name
 
     def push(
         self, ctx: AuditContext, view_name: str, rows: pa.Table, *, offline: bool = True

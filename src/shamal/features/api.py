@@ -47,6 +47,8 @@ _NAME = r"^[a-z][a-z0-9_]{0,62}$"
 MAX_ENTITY_ROWS = 50_000_000
 
 router = APIRouter(prefix="/api/v1", tags=["features"], responses=ERROR_RESPONSES)
+#: The online read alone: the server routes it before any other (models call it per request).
+online_router = APIRouter(prefix="/api/v1", tags=["features"], responses=ERROR_RESPONSES)
 
 
 def get_features(request: Request) -> FeatureStoreService:
@@ -395,7 +397,9 @@ def list_materializations(
     return [MaterializationOut.of(m) for m in svc.materializations(view, limit=limit)]
 
 
-@router.post("/features/online", summary="Online feature values of entities, in one round trip")
+@online_router.post(
+    "/features/online", summary="Online feature values of entities, in one round trip"
+)
 def post_online(body: OnlineIn, svc: Features, principal: CurrentPrincipal) -> Response:
     found = svc.online(
         principal,
@@ -407,6 +411,7 @@ def post_online(body: OnlineIn, svc: Features, principal: CurrentPrincipal) -> R
     payload = {
         "entities": found.entities,
         "features": found.values,
+        "views": found.views,
         "status": found.status,
         "event_timestamps": found.event_timestamps,
     }

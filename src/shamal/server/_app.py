@@ -133,7 +133,10 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     )
     _add_probes(app)
     # Routing tries routes in order: the MLflow dialect carries the volume (a logger sends
-    # thousands of requests), so it comes first. No path is served by two routers.
+    # thousands of requests), so it comes first, after the one route a model calls on every
+    # prediction (online features: each route tried before it costs it about 10 us).
+    # No path is served by two routers.
+    app.include_router(features_api.online_router)
     app.include_router(tracking_router)
     app.include_router(registry_router)
     app.include_router(security_api.router)
