@@ -11,6 +11,7 @@ it cuts the same chunks again when it is resumed.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -112,6 +113,55 @@ class _Confined:
         shutil.rmtree(self.spill, ignore_errors=True)
 
 
+#: DuckDB types whose JSON is what the online store's own encoder writes for them (DOUBLE:
+#: DuckDB writes the shortest text that reads back as the same double, as orjson does).
+_JSON_EXACT = frozenset(
+    {"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "DOUBLE", "BOOLEAN", "VARCHAR"}
+)
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+_INTEGERS = frozenset({"BIGINT", "INTEGER", "SMALLINT", "TINYINT"})
+
+
+def _encoded_sql(
+    duck: _Confined,
+    body: str,
+    join_keys: Sequence[str],
+    timestamp_field: str,
+    features: Sequence[str],
+) -> str | None:
+    """Columns of each row as the online store keeps it, made column by column by DuckDB:
+    ``__payload``, its JSON (``[<event micros>,{feature: value, ...}]``), ``__micros``, and
+    with integer join keys ``__entity``, the key's JSON. Only when every feature's JSON is
+    exactly what the online store's own encoder writes; None otherwise (timestamps, other
+    types, odd names: encoded in Python). A row holding a NaN or an infinity gets a NULL
+    payload, and is encoded in Python too."""
+    if not features or not all(_PLAIN_NAME.fullmatch(f) for f in features):
+        return None
+    listed = ", ".join(quote_identifier(f) for f in (*join_keys, *features))
+    try:
+        described = duck.con.execute(f"DESCRIBE SELECT {listed} FROM ({body})").fetchall()  # nosec B608 - quoted names
+    except duckdb.Error:
+        return None
+    types = {str(row[0]): str(row[1]) for row in described}
+    if any(types.get(f) not in _JSON_EXACT for f in features):
+        return None
+    columns = [f"epoch_us(CAST({quote_identifier(timestamp_field)} AS TIMESTAMPTZ)) AS __micros"]
+    if all(types.get(k) in _INTEGERS for k in join_keys):
+        parts = " || ',' || ".join(f"CAST({quote_identifier(k)} AS VARCHAR)" for k in join_keys)
+        columns.append(f"'[' || {parts} || ']' AS __entity")
+    doubles = [quote_identifier(f) for f in features if types[f] == "DOUBLE"]
+    finite = " AND ".join(f"({d} IS NULL OR isfinite({d}))" for d in doubles) or "true"
+    packed = ", ".join(f"{f} := {quote_identifier(f)}" for f in features)
+    micros = f"epoch_us(CAST({quote_identifier(timestamp_field)} AS TIMESTAMPTZ))"
+    columns.append(
+        f"CASE WHEN {finite} THEN '[' || CAST({micros} AS VARCHAR) || ',' || "
+        f"CAST(to_json(struct_pack({packed})) AS VARCHAR) || ']' END AS __payload"
+    )
+    return ", ".join(columns)
+
+
 def select_rows(files: Sequence[Path], sql: str, out: Path, *, memory_limit_mb: int) -> Path:
     """Write the rows of one user SELECT over ``files`` (named ``source``) to ``out``.
 
@@ -162,6 +212,9 @@ def latest_rows(
         if window[0] is not None:
             conditions.append(f"CAST({ts} AS TIMESTAMPTZ) > CAST($start AS TIMESTAMPTZ)")
             parameters["start"] = window[0]
+        encoded = _encoded_sql(duck, body, join_keys, timestamp_field, features)
+        if encoded is not None:
+            columns += f", {encoded}"
         query = (
             f"SELECT {columns} FROM ({body}) WHERE {' AND '.join(conditions)} "  # nosec B608 - quoted names, values bound
             f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {ts} DESC, "

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -44,11 +44,14 @@ if TYPE_CHECKING:
     import redis
 
 __all__ = [
+    "EncodedRow",
     "EntityKey",
     "OnlineRow",
     "OnlineStore",
     "RedisOnlineStore",
     "SqliteOnlineStore",
+    "encode_payloads",
+    "encode_rows",
     "open_online_store",
 ]
 
@@ -114,6 +117,12 @@ class OnlineStore(Protocol):
         Returns:
             how many keys now hold the row this call wrote.
         """
+        ...
+
+    def write_encoded(self, view: str, rows: Sequence[EncodedRow]) -> int:
+        """:meth:`write` of rows already encoded (:func:`encode_rows`, or payloads a query
+        made; one row per entity): the same rules, without the encoding. A plain
+        ``(entity, event_us, payload)`` tuple is taken as an :class:`EncodedRow`."""
         ...
 
     def read(
@@ -277,9 +286,9 @@ def _parse_payloads(payloads: Sequence[bytes]) -> list[Any]:
     return orjson.loads(b"[" + b",".join(payloads) + b"]")  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedRow:
-    """One row ready to store: its entity key bytes, event time and payload."""
+class EncodedRow(NamedTuple):
+    """One row ready to store: its entity key bytes, event time and payload (a tuple: a
+    materialization makes millions, and a frozen dataclass costs five times as much)."""
 
     entity: bytes
     event_us: int
@@ -302,11 +311,11 @@ def _latest_per_entity(
     """Entity key bytes -> (event micros, row index) of its latest row (ties: the later row),
     skipping rows with a null key part or a null event time."""
     latest: dict[bytes, tuple[int, int]] = {}
-    for i, parts in enumerate(zip(*key_columns, strict=True)):
-        us = stamps[i]
+    dumps = orjson.dumps
+    for i, (us, parts) in enumerate(zip(stamps, zip(*key_columns, strict=True), strict=True)):
         if us is None or None in parts:
             continue
-        entity = orjson.dumps(list(parts))
+        entity = dumps(parts)  # a tuple is a JSON array, as encode_key's list is
         seen = latest.get(entity)
         if seen is None or us >= seen[0]:
             latest[entity] = (us, i)
@@ -330,14 +339,41 @@ def encode_rows(
         _micros(rows.column(timestamp_field), timestamp_field),
     )
     columns = [(name, *_feature_column(rows.column(name), name)) for name in features]
+    names = [name for name, _, _ in columns]
+    # Rows as tuples in one pass over the columns (C-level), each made a dict by name.
+    by_row = list(zip(*(values for _, values, _ in columns), strict=True)) if columns else []
     tagging = [(name, tagged) for name, _, tagged in columns if tagged]
+    dumps = orjson.dumps
     encoded = []
     for entity, (us, i) in latest.items():
-        values = {name: column[i] for name, column, _ in columns}
-        tags = {name: tagged[i] for name, tagged in tagging if i in tagged}
+        values = dict(zip(names, by_row[i], strict=True)) if columns else {}
+        tags = {name: tagged[i] for name, tagged in tagging if i in tagged} if tagging else None
         body = [us, values, tags] if tags else [us, values]
-        encoded.append(EncodedRow(entity, us, orjson.dumps(body)))
+        encoded.append(EncodedRow(entity, us, dumps(body)))
     return encoded
+
+
+def encode_payloads(
+    rows: pa.Table, join_keys: Sequence[str], timestamp_field: str, payloads: Sequence[bytes]
+) -> list[EncodedRow]:
+    """The rows to store, their payloads made already (one per row of ``rows``, each a
+    stored row's JSON as :func:`encode_rows` makes it: a query can make them column by
+    column); keys and the latest-per-entity rule as :func:`encode_rows`.
+
+    Raises:
+        InvalidParameter: a key or the timestamp column is missing or of a type the store
+            cannot keep; as many payloads as rows are not given.
+    """
+    if not join_keys:
+        raise InvalidParameter("a feature view needs at least one join key")
+    _require_columns(rows, [*join_keys, timestamp_field])
+    if len(payloads) != rows.num_rows:
+        raise InvalidParameter("one payload per row is needed")
+    latest = _latest_per_entity(
+        [_column_keys(rows.column(k), k) for k in join_keys],
+        _micros(rows.column(timestamp_field), timestamp_field),
+    )
+    return [EncodedRow(entity, us, payloads[i]) for entity, (us, i) in latest.items()]
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -425,7 +461,10 @@ class SqliteOnlineStore:
         features: Sequence[str],
     ) -> int:
         """See :meth:`OnlineStore.write`."""
-        encoded = encode_rows(rows, join_keys, timestamp_field, features)
+        return self.write_encoded(view, encode_rows(rows, join_keys, timestamp_field, features))
+
+    def write_encoded(self, view: str, encoded: Sequence[EncodedRow]) -> int:
+        """See :meth:`OnlineStore.write_encoded`: one transaction."""
         if not encoded:
             return 0
         with self._errors():
@@ -433,7 +472,7 @@ class SqliteOnlineStore:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 cursor = connection.executemany(
-                    _UPSERT, [(view, r.entity, r.event_us, r.payload) for r in encoded]
+                    _UPSERT, [(view, r[0], r[1], r[2]) for r in encoded]
                 )
                 written = cursor.rowcount
                 connection.execute("COMMIT")
@@ -506,21 +545,26 @@ class SqliteOnlineStore:
 
 
 # ---------------------------------------------------------------------- Redis
-#: KEYS[1]: the view's set of entity hashes; KEYS[2..]: entity hashes.
-#: ARGV[1]: the view (hash field); ARGV[2i], ARGV[2i+1]: event micros and payload of KEYS[i+1].
-#: A payload starts with "[<event micros>," so the stored time is read from it.
+#: KEYS[1]: the view's set of entity hashes. ARGV[1]: the view (the hash field); ARGV[2]:
+#: the prefix of entity hashes; ARGV[3]: the rows, each "<entity key JSON>\n<payload>\n"
+#: (JSON holds no raw newline). One argument for a whole chunk: packing an argument per row
+#: cost redis-py more than the script's own work. A payload starts with "[<event micros>,",
+#: so both times are read from the payloads. The entity hashes are named here, not in KEYS:
+#: a single Redis (Redis Cluster is not supported by this store anyway).
 _WRITE_SCRIPT = """
 local field = ARGV[1]
+local prefix = ARGV[2]
 local written = 0
-for i = 2, #KEYS do
-  local us = tonumber(ARGV[2 * i - 2])
-  local old = redis.call('HGET', KEYS[i], field)
+for entity, payload in string.gmatch(ARGV[3], '([^\\n]*)\\n([^\\n]*)\\n') do
+  local key = prefix .. entity
+  local old = redis.call('HGET', key, field)
   if not old then
-    redis.call('HSET', KEYS[i], field, ARGV[2 * i - 1])
-    redis.call('SADD', KEYS[1], KEYS[i])
+    redis.call('HSET', key, field, payload)
+    redis.call('SADD', KEYS[1], key)
     written = written + 1
-  elseif tonumber(string.match(old, '^%[(%-?%d+)')) <= us then
-    redis.call('HSET', KEYS[i], field, ARGV[2 * i - 1])
+  elseif tonumber(string.match(old, '^%[(%-?%d+)'))
+      <= tonumber(string.match(payload, '^%[(%-?%d+)')) then
+    redis.call('HSET', key, field, payload)
     written = written + 1
   end
 end
@@ -637,17 +681,17 @@ class RedisOnlineStore:
         features: Sequence[str],
     ) -> int:
         """See :meth:`OnlineStore.write`: one script call per 2,000 rows."""
-        encoded = encode_rows(rows, join_keys, timestamp_field, features)
+        return self.write_encoded(view, encode_rows(rows, join_keys, timestamp_field, features))
+
+    def write_encoded(self, view: str, encoded: Sequence[EncodedRow]) -> int:
+        """See :meth:`OnlineStore.write_encoded`: one script call per 2,000 rows."""
         view_key = self._view_key(view)
         written = 0
         with self._errors():
             for batch in _chunks(encoded, _CHUNK):
-                args: list[Any] = [view]
-                for row in batch:
-                    args.append(row.event_us)
-                    args.append(row.payload)
-                keys = [view_key, *(self._entity_key(r.entity) for r in batch)]
-                written += int(self._write_script(keys=keys, args=args))
+                rows = b"".join(b"%s\n%s\n" % (row[0], row[2]) for row in batch)
+                args: list[str | bytes] = [view, self._prefix + b"e:", rows]
+                written += int(self._write_script(keys=[view_key], args=args))
         return written
 
     def read(

@@ -31,9 +31,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
@@ -55,7 +56,13 @@ from shamal.features._entities import (
     TrainingSet,
 )
 from shamal.features._latest import compose_sql, latest_rows, select_rows
-from shamal.features._online import OnlineStore, open_online_store
+from shamal.features._online import (
+    EncodedRow,
+    OnlineStore,
+    encode_payloads,
+    encode_rows,
+    open_online_store,
+)
 from shamal.features._pit import JoinLimits, ViewInput, historical_join
 from shamal.features._plan import Plan, plan
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
@@ -165,6 +172,37 @@ def _conformed(rows: pa.Table, schema: Sequence[Mapping[str, Any]]) -> pa.Table:
                 ) from None
         columns.append(column)
     return pa.table(columns, names=names)
+
+
+def _write_chunk(
+    store: OnlineStore,
+    view: str,
+    rows: pa.Table,
+    keys: Sequence[str],
+    timestamp_field: str,
+    features: Sequence[str],
+) -> int:
+    """Write one chunk of a materialization (one row per entity): the rows whose stored JSON
+    the query made (:func:`._latest.latest_rows`) as they are, the others (non-finite numbers,
+    types it does not make) encoded here."""
+    if "__payload" not in rows.column_names:
+        return store.write(view, rows, keys, timestamp_field, features)
+    payloads = rows.column("__payload")
+    made = pc.is_valid(payloads)
+    ready = rows.filter(made)
+    texts = ready.column("__payload").cast(pa.binary()).to_pylist()
+    if "__entity" in ready.column_names:
+        entities = ready.column("__entity").cast(pa.binary()).to_pylist()
+        micros = ready.column("__micros").to_pylist()
+        # Plain (entity, micros, payload) tuples: what an EncodedRow is, without its cost.
+        encoded = cast(list[EncodedRow], list(zip(entities, micros, texts, strict=True)))
+    else:
+        encoded = encode_payloads(ready, keys, timestamp_field, texts)
+    if payloads.null_count:
+        plain = [c for c in rows.column_names if not c.startswith("__")]
+        rest = rows.filter(pc.invert(made)).select(plain)
+        encoded += encode_rows(rest, keys, timestamp_field, features)
+    return store.write_encoded(view, encoded)
 
 
 class _Registry:
@@ -695,8 +733,13 @@ class FeatureStoreService:
             for index, batch in enumerate(reader.iter_batches(batch_size=chunk)):
                 if index < run.chunks_done:
                     continue  # written before the run was cut short
-                store.write(
-                    view.name, pa.Table.from_batches([batch]), keys, view.timestamp_field, features
+                _write_chunk(
+                    store,
+                    view.name,
+                    pa.Table.from_batches([batch]),
+                    keys,
+                    view.timestamp_field,
+                    features,
                 )
                 rows += batch.num_rows
                 self._progress(run.id, index + 1, total, rows)
