@@ -324,3 +324,24 @@ def test_periodic_check_moves_a_rollout_whose_traffic_stopped(
     clock.advance(61)
     assert service.check_rollouts() == 0  # a new window: no requests yet
     assert service.get(mo, "quiet").revision == 1
+
+
+def test_a_deployment_names_its_feature_service_and_the_store_sees_it_in_use(
+    service: DeploymentService, people: People
+) -> None:
+    assert service.feature_services_in_use() == frozenset()
+    made = service.deploy(
+        people.ctx("mo", "deployment.deploy"),
+        "fraud-api",
+        _spec(canary=None, feature_service="fraud_features"),
+    )
+    assert made.feature_service == "fraud_features"
+    assert service.feature_services_in_use() == frozenset({"fraud_features"})
+    with pytest.raises(InvalidParameter, match="feature service"):
+        service.deploy(
+            people.ctx("mo", "deployment.deploy"),
+            "other-api",
+            _spec(canary=None, feature_service="Bad Name; DROP"),
+        )
+    service.deploy(people.ctx("mo", "deployment.deploy"), "fraud-api", _spec(canary=None))
+    assert service.feature_services_in_use() == frozenset()

@@ -139,6 +139,7 @@ def serve(
     core = InferenceCore(
         repository,
         router,
+        features=_feature_lookup(router) if deployment is not None else None,
         options=CoreOptions(
             max_queue_delay_s=max_queue_delay_us / 1e6,
             queue_delays_s=queue_delays,
@@ -325,6 +326,19 @@ def _deployment_router(name: str, interval_s: float) -> Any:
             "SHAMAL_TOKEN and `shamal deploy list`."
         )
     return router
+
+
+def _feature_lookup(router: Any) -> Any:
+    """Online features for the deployment's requests, when its spec names a feature service
+    (read from the spec in use at each request: a redeploy may name another)."""
+    from shamal.client import ShamalClient
+    from shamal.serving import OnlineFeatureLookup
+
+    def service_for(model: str) -> str | None:
+        spec = router.deployment
+        return None if spec is None else spec.feature_service
+
+    return OnlineFeatureLookup(ShamalClient(), service_for)
 
 
 def _follow_deployment(

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from shamal.serving._backends import BackendOptions
     from shamal.serving._core import CoreOptions, InferenceCore
     from shamal.serving._deployment import DeploymentRouter
+    from shamal.serving._features import FeatureLookup, OnlineFeatureLookup
     from shamal.serving._repository import (
         VersionLoader,
         discard_download,
@@ -41,6 +42,8 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "BackendOptions": ("_backends", "BackendOptions"),
     "CoreOptions": ("_core", "CoreOptions"),
     "DeploymentRouter": ("_deployment", "DeploymentRouter"),
+    "FeatureLookup": ("_features", "FeatureLookup"),
+    "OnlineFeatureLookup": ("_features", "OnlineFeatureLookup"),
     "InferenceCore": ("_core", "InferenceCore"),
     "LatestVersionRouter": ("_routing", "LatestVersionRouter"),
     "OpenAccess": ("_access", "OpenAccess"),
@@ -62,6 +65,8 @@ __all__ = [
     "BackendOptions",
     "CoreOptions",
     "DeploymentRouter",
+    "FeatureLookup",
+    "OnlineFeatureLookup",
     "InferenceCore",
     "LatestVersionRouter",
     "OpenAccess",

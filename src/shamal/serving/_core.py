@@ -36,6 +36,7 @@ from shamal.errors import (
 from shamal.serving._batching import Batcher, BatchPolicy
 from shamal.serving._classification import check_classifiable, top_classes
 from shamal.serving._datatypes import numpy_dtype
+from shamal.serving._features import FeatureLookup, with_features
 from shamal.serving._metrics import ServerMetrics
 from shamal.serving._repository import ModelRepository, ServedModel
 from shamal.serving._routing import TrafficRouter
@@ -92,9 +93,12 @@ class InferenceCore:
         *,
         options: CoreOptions | None = None,
         metrics: ServerMetrics | None = None,
+        features: FeatureLookup | None = None,
     ) -> None:
         self.repository = repository
         self.router = router
+        #: Where a deployment's feature service is read from (None: requests carry features).
+        self.features = features
         self.options = options or CoreOptions()
         self.metrics = metrics or ServerMetrics()
         self._slots: dict[tuple[str, str], _Slot] = {}
@@ -393,6 +397,8 @@ class InferenceCore:
     async def _run(
         self, served: ServedModel, request: InferRequest, shadows: tuple[str, ...]
     ) -> InferResponse:
+        if self.features is not None:
+            request = await with_features(self.features, served, request)
         inputs, rows = validate_inputs(served, request, self.options.allow_nonfinite)
         wanted = requested_outputs(served.metadata.outputs, request)
         deadline = request_deadline(request)

@@ -114,6 +114,7 @@ def deployment_from_json(body: Mapping[str, Any]) -> Deployment:
         revision=int(body["revision"]),
         sticky_header=str(body.get("sticky_header", "")).lower(),
         sample_rate=float(body.get("sample_rate", 0.0)),
+        feature_service=body.get("feature_service") or None,
     )
 
 
