@@ -46,10 +46,21 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     tokens = set(table["taster"].to_pylist())
     assert len(tokens) == 7
     assert not any("@" in token for token in tokens)
-    assert run.data.params["dataset"] == wine["uri"]
+    # The model trained on the point-in-time join of the labels with the feature view over
+    # the wine data: the training set's version names both, and the run read it.
+    training = api.dataset_version("wine-training")
+    assert training["row_count"] == 178
+    (used,) = training["source"]["feature_views"]
+    assert (used["view"], used["dataset"]) == (
+        "features:/feature_view/wine_measurements/1",
+        wine["uri"],
+    )
+    assert f"saved as {training['uri']}" in text
+    assert "defined feature view wine_measurements" in text
+    assert run.data.params["dataset"] == training["uri"]
     (read,) = run.inputs.dataset_inputs
-    assert json.loads(read.dataset.source) == {"uri": wine["uri"]}
-    assert read.dataset.digest == wine["digest"]
+    assert json.loads(read.dataset.source) == {"uri": training["uri"]}
+    assert read.dataset.digest == training["digest"]
 
 
 def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
@@ -76,9 +87,14 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         text = out.getvalue()
         assert "registered quickstart-wine version 1 as @champion" in text
         # The champion is served over OIP and answered both tritonclient and curl.
-        triton = re.search(r"tritonclient: wine sample 0 -> class (\d) \(true class (\d)\)", text)
+        # ... tritonclient sent the sample's id only: its features were read online.
+        triton = re.search(
+            r"tritonclient: wine sample 0 -> class (\d) \(true class (\d)\), sent its id only",
+            text,
+        )
         assert triton is not None, text
         assert triton.group(1) == triton.group(2) == "0"
+        assert "materialized wine_measurements into the online store (178 samples)" in text
         curl = re.search(r"-> (\{.*\})", text)
         assert curl is not None, text
         answer = json.loads(curl.group(1))

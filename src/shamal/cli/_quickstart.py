@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -70,20 +71,37 @@ columns:
 """
 
 
+#: When the lab measured the samples: one an hour, the last an hour before this instant.
+MEASURED_FROM = "2026-06-01T00:00:00+00:00"
+
+
+def wine_measurements() -> list[str]:
+    """The 13 measurements' names, as feature names (letters, digits and '_')."""
+    from sklearn.datasets import load_wine
+
+    return [name.replace("/", "_") for name in load_wine().feature_names]
+
+
 def wine_csv(folder: Path) -> Path:
-    """scikit-learn's wine data as the CSV a lab would export: its 13 measurements, the class,
-    and who tasted each sample (made up, but personal: it is pseudonymized at ingestion)."""
+    """scikit-learn's wine data as the CSV a lab would export: each sample's id and when it
+    was measured, its 13 measurements, the class, and who tasted it (made up, but personal:
+    it is pseudonymized at ingestion)."""
     import csv
+    from datetime import datetime, timedelta
 
     from sklearn.datasets import load_wine
 
     wine = load_wine()
+    start = datetime.fromisoformat(MEASURED_FROM)
     path = folder / "wine.csv"
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*wine.feature_names, "target", "taster"])
+        writer.writerow(["sample_id", "measured_at", *wine_measurements(), "target", "taster"])
         for index, (row, label) in enumerate(zip(wine.data, wine.target, strict=True)):
-            writer.writerow([*(repr(float(v)) for v in row), int(label), _taster(index)])
+            when = (start + timedelta(hours=index)).isoformat()
+            writer.writerow(
+                [index, when, *(repr(float(v)) for v in row), int(label), _taster(index)]
+            )
     return path
 
 
@@ -110,8 +128,74 @@ def ingest_training_data(client: ShamalClient, folder: Path) -> list[str]:
     ]
 
 
+#: The feature store's view of the wine samples, the service a model reads, and the training
+#: set a point-in-time join builds from them.
+FEATURE_VIEW = "wine_measurements"
+FEATURE_SERVICE = "wine_classifier"
+TRAINING_SET = "wine-training"
+
+
+def define_features(client: ShamalClient) -> list[str]:
+    """Feature definitions as code: the wine samples as entities, their measurements as an
+    online feature view over the wine dataset, and the service the classifier reads; applied
+    (a second run finds nothing to change)."""
+    definitions = {
+        "entities": [{"name": "wine_sample", "join_keys": ["sample_id"]}],
+        "feature_views": [
+            {
+                "name": FEATURE_VIEW,
+                "entities": ["wine_sample"],
+                "source": f"data:{TRAINING_DATA}",
+                "timestamp_field": "measured_at",
+                "owner": QUICKSTART_TEAM,
+                "features": [{"name": n, "dtype": "float64"} for n in wine_measurements()],
+            }
+        ],
+        "feature_services": [
+            {"name": FEATURE_SERVICE, "owner": QUICKSTART_TEAM, "features": [f"{FEATURE_VIEW}:*"]}
+        ],
+    }
+    done = client.apply_features(definitions)
+    changed = f"registry number {done['number']}" if done["number"] else "no change"
+    return [
+        f"defined feature view [bold]{FEATURE_VIEW}[/] (13 measurements of each wine sample, "
+        f"over {TRAINING_DATA}) and service [bold]{FEATURE_SERVICE}[/] ({changed})"
+    ]
+
+
+def build_training_set(client: ShamalClient) -> tuple[Any, list[str]]:
+    """The training set by a point-in-time join: each sample's label at this instant, joined
+    with its measurements as of then, saved as a dataset version whose source names the
+    feature view version and the dataset version it read."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from shamal import data as shamal_data  # pyarrow: loaded for the quickstart only
+
+    with contextlib.suppress(AlreadyExists):
+        client.create_dataset(
+            TRAINING_SET, team=QUICKSTART_TEAM, description="the classifier's training set"
+        )
+    labels = shamal_data.load(TRAINING_DATA, client=client).select(["sample_id", "target"])
+    now = datetime.now(UTC)
+    entities = labels.append_column(
+        "event_timestamp", pa.array([now] * labels.num_rows, pa.timestamp("us", tz="UTC"))
+    )
+    table, headers = client.historical_features(
+        entities, feature_service=FEATURE_SERVICE, save_as=TRAINING_SET
+    )
+    saved = headers.get("x-shamal-saved-as", "")
+    return table, [
+        f"built the training set by a point-in-time join ({table.num_rows} rows x "
+        f"{table.num_columns - 3} features from {headers.get('x-shamal-views', '')}), "
+        f"saved as [bold]{saved}[/]"
+    ]
+
+
 def track_a_model(url: str, token: str) -> list[str]:
-    """Train a classifier on the quickstart's wine dataset with the stock mlflow client: the
+    """Train a classifier on the quickstart's training set (the point-in-time join of the wine
+    samples' labels with their measurements) with the stock mlflow client: the training set's
     dataset version read as the run's input, params, per-epoch metric curves, the model as an
     artifact, registered as `champion`."""
     os.environ["MLFLOW_TRACKING_TOKEN"] = token
@@ -129,11 +213,14 @@ def track_a_model(url: str, token: str) -> list[str]:
     mlflow.set_tracking_uri(url)
     mlflow.set_registry_uri(url)  # both: a process may have pointed the registry elsewhere
     mlflow.set_experiment("quickstart")
+    with ShamalClient(url, token) as api:
+        _, built = build_training_set(api)
     with mlflow.start_run(run_name="wine-sgd") as run, ShamalClient(url, token) as api:
-        # Read inside the run, so the run's lineage starts at the exact version it trained on.
-        read = shamal_data.version(TRAINING_DATA, client=api)
-        table = shamal_data.load(f"{TRAINING_DATA}/{read['version']}", client=api)
-        features = [c for c in table.column_names if c not in ("target", "taster")]
+        # Read inside the run, so the run's lineage starts at the exact version it trained on
+        # (and through it, the feature view and the wine data it was joined from).
+        read = shamal_data.version(TRAINING_SET, client=api)
+        table = shamal_data.load(f"{TRAINING_SET}/{read['version']}", client=api)
+        features = wine_measurements()
         x = np.column_stack([table[c].to_numpy() for c in features])
         y = table["target"].to_numpy()
         x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.3, random_state=0)
@@ -168,6 +255,7 @@ def track_a_model(url: str, token: str) -> list[str]:
     mlflow.MlflowClient().set_registered_model_alias("quickstart-wine", "champion", version.version)
     accuracy = mlflow.get_run(run.info.run_id).data.metrics["test_accuracy"]
     return [
+        *built,
         f"tracked run [bold]{run.info.run_id[:12]}[/] ({read['uri']}, 20 epochs, "
         f"test accuracy {accuracy:.3f}) with the stock mlflow client",
         f"registered [bold]quickstart-wine[/] version {version.version} as [bold]@champion[/]",
@@ -272,14 +360,22 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
     from sklearn.datasets import load_wine
 
     http_port, grpc_port = _port(8000), _port(8001)
-    client.deploy(SERVED_AS, {"primary": [{"model": "models:/quickstart-wine@champion"}]})
+    (materialized,) = client.materialize_features([FEATURE_VIEW])
+    client.deploy(
+        SERVED_AS,
+        {
+            "primary": [{"model": "models:/quickstart-wine@champion"}],
+            "feature_service": FEATURE_SERVICE,
+        },
+    )
     # What the deployment's callers hold: a token that may call its models and nothing else.
     caller = client.create_deployment_token(SERVED_AS, "quickstart-callers")["secret"]
     _start_model_server(client, http_port, grpc_port, caller)
     x, y = load_wine(return_X_y=True)
-    row = x[:1].astype(np.float32)
     steps = [
-        f"deployed [bold]models:/quickstart-wine@champion[/] as [bold]{SERVED_AS}[/], served over "
+        f"materialized {FEATURE_VIEW} into the online store ({materialized['rows']} samples)",
+        f"deployed [bold]models:/quickstart-wine@champion[/] as [bold]{SERVED_AS}[/] with feature "
+        f"service {FEATURE_SERVICE} (callers send a sample id), served over "
         f"the Open Inference Protocol: REST 127.0.0.1:{http_port}, gRPC 127.0.0.1:{grpc_port}",
         f"a token for its callers, which may call deployment {SERVED_AS} and nothing else "
         f"(`shamal deployments token {SERVED_AS}` makes more):\n    {caller}",
@@ -290,13 +386,14 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         steps.append("tritonclient is not installed: `pip install tritonclient[http]` to try it")
     else:
         triton = triton_http.InferenceServerClient(f"127.0.0.1:{http_port}")
-        tensor = triton_http.InferInput("input", list(row.shape), "FP32")
-        tensor.set_data_from_numpy(row)
+        # Only the sample's id: the model server reads its 13 measurements online.
+        tensor = triton_http.InferInput("sample_id", [1], "INT64")
+        tensor.set_data_from_numpy(np.array([0], dtype=np.int64))
         label = triton.infer(SERVED_AS, [tensor], headers=_bearer(caller)).as_numpy("label")
         triton.close()
         steps.append(
             f"tritonclient: wine sample 0 -> class {int(np.asarray(label).reshape(-1)[0])} "
-            f"(true class {int(y[0])})"
+            f"(true class {int(y[0])}), sent its id only: its features were read online"
         )
     body = json.dumps(
         {
@@ -350,6 +447,7 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     )
     with tempfile.TemporaryDirectory(prefix="shamal-quickstart-") as folder:
         steps.extend(ingest_training_data(client, Path(folder)))
+    steps.extend(define_features(client))
     steps.extend(track_a_model(client.url, client.token or ""))
     steps.extend(submit_a_training_job(client))
     steps.extend(serve_the_champion(client))
