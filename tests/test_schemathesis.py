@@ -46,7 +46,17 @@ GRAMMAR_PARAMETERS = {
     "page_token",
     "uri",
 }
-CROSS_FIELD = {("POST", "/api/v1/jobs")}
+CROSS_FIELD = {
+    ("POST", "/api/v1/jobs"),
+    # Entities must hold the join keys of the views asked for, one value each; features or a
+    # service, not both; definitions must hold together (references, no cycles); pushed rows
+    # must be the view's columns: rules over the whole body that no JSON schema states.
+    ("POST", "/api/v1/features/online"),
+    ("POST", "/api/v1/features/plan"),
+    ("POST", "/api/v1/features/apply"),
+    ("POST", "/api/v1/features/historical"),
+    ("POST", "/api/v1/features/views/{name}/push"),
+}
 #: Bodies that are files of a named format: no schema states "a readable CSV".
 FILE_BODIES = {
     ("POST", "/api/v1/dataset-uploads/{name}"),
@@ -59,6 +69,8 @@ FILE_BODIES = {
     ("POST", "/api/v1/datasets/{name}/ingestions/parts"),
     # A batch of parts the caller staged before (every partition of it).
     ("POST", "/api/v1/datasets/{name}/ingestions/commits"),
+    # Entity rows as an Arrow IPC stream.
+    ("POST", "/api/v1/feature-uploads/historical"),
 }
 
 
@@ -78,7 +90,9 @@ def _relaxed_checks(operation: schemathesis.APIOperation) -> list[schemathesis.C
     suite (YAML that parses as one): tests/datasets covers them, hostile files included.
     A lineage ``uri`` names an object in one of six schemes, each with its domain's name
     rules: tests/lineage covers it, hostile URIs included; and a privacy policy (a mapping
-    that parses as one): tests/datasets covers it.
+    that parses as one): tests/datasets covers it. The feature store's requests hold rules
+    across their fields (definitions that validate as a whole, entities that carry the join
+    keys of the views they ask for): tests/features covers them, hostile requests included.
     Every other check still runs there.
 
     A read whose only inputs are optional query filters has one negative case left, an

@@ -124,6 +124,16 @@ _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INTEGERS = frozenset({"BIGINT", "INTEGER", "SMALLINT", "TINYINT"})
 
 
+def _types(duck: _Confined, body: str, names: Sequence[str]) -> dict[str, str]:
+    """The DuckDB types of ``names`` in ``body``'s rows (empty when it cannot tell)."""
+    listed = ", ".join(quote_identifier(n) for n in names)
+    try:
+        described = duck.con.execute(f"DESCRIBE SELECT {listed} FROM ({body})").fetchall()  # nosec B608 - quoted names
+    except duckdb.Error:
+        return {}
+    return {str(row[0]): str(row[1]) for row in described}
+
+
 def _encoded_sql(
     duck: _Confined,
     body: str,
@@ -137,15 +147,10 @@ def _encoded_sql(
     exactly what the online store's own encoder writes; None otherwise (timestamps, other
     types, odd names: encoded in Python). A row holding a NaN or an infinity gets a NULL
     payload, and is encoded in Python too."""
-    if not features or not all(_PLAIN_NAME.fullmatch(f) for f in features):
-        return None
-    listed = ", ".join(quote_identifier(f) for f in (*join_keys, *features))
-    try:
-        described = duck.con.execute(f"DESCRIBE SELECT {listed} FROM ({body})").fetchall()  # nosec B608 - quoted names
-    except duckdb.Error:
-        return None
-    types = {str(row[0]): str(row[1]) for row in described}
-    if any(types.get(f) not in _JSON_EXACT for f in features):
+    types = _types(duck, body, [*join_keys, *features])
+    if not features or any(
+        not _PLAIN_NAME.fullmatch(f) or types.get(f) not in _JSON_EXACT for f in features
+    ):
         return None
     columns = [f"epoch_us(CAST({quote_identifier(timestamp_field)} AS TIMESTAMPTZ)) AS __micros"]
     if all(types.get(k) in _INTEGERS for k in join_keys):

@@ -36,8 +36,8 @@ from shamal.features._entities import (
     TrainingSet,
 )
 from shamal.features._service import MAX_ONLINE_ENTITIES, FeatureStoreService
-from shamal.security import AuditContext
-from shamal.security.api import CurrentPrincipal, audited
+from shamal.security import AuditContext, Principal
+from shamal.security.api import CurrentPrincipal, audited, read_only_post
 
 #: Where entity rows stream in (the server's upload limits cover this prefix).
 UPLOAD_PREFIX = "/api/v1/feature-uploads/"
@@ -57,6 +57,8 @@ def get_features(request: Request) -> FeatureStoreService:
 
 
 Features = Annotated[FeatureStoreService, Depends(get_features)]
+#: A POST that changes nothing (a plan, an online read): not audited.
+ReadOnlyPost = Annotated[Principal, Depends(read_only_post)]
 Kind = Annotated[str, Path(pattern="^(entity|feature_view|feature_service)$")]
 Name = Annotated[str, Path(pattern=_NAME, max_length=63)]
 
@@ -206,7 +208,7 @@ def get_registry(svc: Features, principal: CurrentPrincipal) -> RegistryOut:
 
 
 @router.post("/features/plan", summary="What an apply of these definitions would change")
-def post_plan(body: DefinitionsIn, svc: Features, principal: CurrentPrincipal) -> dict[str, Any]:
+def post_plan(body: DefinitionsIn, svc: Features, principal: ReadOnlyPost) -> dict[str, Any]:
     return svc.plan(principal, body.parsed(), prune=body.prune).to_json()
 
 
@@ -400,7 +402,7 @@ def list_materializations(
 @online_router.post(
     "/features/online", summary="Online feature values of entities, in one round trip"
 )
-def post_online(body: OnlineIn, svc: Features, principal: CurrentPrincipal) -> Response:
+def post_online(body: OnlineIn, svc: Features, principal: ReadOnlyPost) -> Response:
     found = svc.online(
         principal,
         body.entities,
