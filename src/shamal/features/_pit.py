@@ -227,7 +227,7 @@ def _run(
         con.execute(step)
     (rows,) = con.execute(
         f"COPY ({query}) TO {quote_text(str(partial))} "  # nosec B608 - quoted names only
-        "(FORMAT parquet, COMPRESSION zstd)"
+        "(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)"
     ).fetchone() or (0,)
     partial.replace(out)
     columns = (*entity.types, *names)
@@ -486,32 +486,34 @@ def _join_steps(
     names: list[str],
     prefix: str,
 ) -> tuple[list[str], str]:
-    """The join as statements and a final query: the entity rows, then one ASOF LEFT JOIN
-    per view, each materialized in a temporary table, then the result in entity order.
+    """The join as statements and a final query: the entity rows numbered in a table, one
+    ASOF LEFT JOIN per view into a narrow table (the row's number and the view's features),
+    then the entity rows with every view's features by that number, in entity order.
 
     Each join lands in a table of its own because DuckDB cannot stream an ASOF join into
-    another join or a sort within its memory limit, while each step alone spills.
+    another join or a sort within its memory limit, while each step alone spills; a step's
+    table holds only its own view's features, so no step copies what the ones before found.
     """
     q = quote_identifier
-    t, file_ = q(prefix + "t"), q(prefix + "file")
+    t, file_, row, order = (q(prefix + n) for n in ("t", "file", "row", "ord"))
     steps = [
-        f"CREATE TEMP VIEW e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t} "  # nosec B608
-        f"FROM {_ENTITY_VIEW}"
+        f"CREATE TEMP TABLE e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t}, "  # nosec B608
+        f"CAST({file_} AS BIGINT) * {1 << 40} + {row} AS {order} FROM {_ENTITY_VIEW}"
     ]
     results: list[str] = []
+    joins: list[str] = []
     for i, (view, source) in enumerate(zip(views, sources, strict=True)):
         steps.append(f"CREATE TEMP VIEW v{i} AS {_latest_rows(i, view, source.name, prefix)}")
         picked = [q(f"{prefix}v{i}_{j}") for j in range(len(view.features))]
-        steps.append(f"CREATE TEMP TABLE e{i + 1} AS {_asof(i, view, picked, prefix)}")
-        if i:
-            steps.append(f"DROP TABLE e{i}")
-        results.extend(picked)
-    selected = [q(c) for c in entity_columns] + [
+        steps.append(f"CREATE TEMP TABLE r{i} AS {_asof(i, view, picked, prefix)}")
+        joins.append(f"JOIN r{i} ON r{i}.{order} = e0.{order}")
+        results.extend(f"r{i}.{p}" for p in picked)
+    selected = [f"e0.{q(c)}" for c in entity_columns] + [
         f"{r} AS {q(n)}" for r, n in zip(results, names, strict=True)
     ]
     final = (
-        f"SELECT {', '.join(selected)} FROM e{len(views)} "  # nosec B608 - quoted names only
-        f"ORDER BY {file_}, {q(prefix + 'row')}"
+        f"SELECT {', '.join(selected)} FROM e0 {' '.join(joins)} "  # nosec B608 - quoted names
+        f"ORDER BY e0.{order}"
     )
     return steps, final
 
@@ -535,22 +537,22 @@ def _latest_rows(i: int, view: ViewInput, relation: str, prefix: str) -> str:
 
 
 def _asof(i: int, view: ViewInput, picked: list[str], prefix: str) -> str:
-    """The entity rows so far with view ``i``'s features, nulled where older than the TTL."""
+    """Each entity row's number with view ``i``'s features, nulled where older than the TTL."""
     q = quote_identifier
     t, vt = q(prefix + "t"), f"v{i}.{q(f'{prefix}t{i}')}"
     conditions = [
-        f"e{i}.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
+        f"e0.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
     ]
-    conditions.append(f"e{i}.{t} >= {vt}")
-    values = [f"e{i}.*"]
+    conditions.append(f"e0.{t} >= {vt}")
+    values = [f"e0.{q(prefix + 'ord')}"]
     for j, name in enumerate(picked):
         value = f"v{i}.{q(f'{prefix}f{i}_{j}')}"
         if view.ttl_seconds is not None:
             # HUGEINT: the difference of two extreme timestamps overflows BIGINT microseconds.
-            age = f"CAST(epoch_us(e{i}.{t}) AS HUGEINT) - epoch_us({vt})"
+            age = f"CAST(epoch_us(e0.{t}) AS HUGEINT) - epoch_us({vt})"
             value = f"CASE WHEN {age} <= {int(view.ttl_seconds) * 1_000_000} THEN {value} END"
         values.append(f"{value} AS {name}")
     return (
-        f"SELECT {', '.join(values)} FROM e{i} "  # nosec B608
+        f"SELECT {', '.join(values)} FROM e0 "  # nosec B608
         f"ASOF LEFT JOIN v{i} ON {' AND '.join(conditions)}"
     )
