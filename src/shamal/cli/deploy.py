@@ -77,6 +77,10 @@ def _print_deployment(d: dict[str, Any], events: list[dict[str, Any]] | None = N
         f"{', '.join(str(s) for s in plan['steps'])}% every {plan['interval_s']:g} s; "
         f"sticky header {d['sticky_header']}; sample rate {d['sample_rate']:g}"
     )
+    if d.get("feature_service"):
+        console.print(
+            f"Feature service {escape(d['feature_service'])}: callers send its entity keys"
+        )
     if events:
         rows = [{**e, "reason": e["reason"][:80]} for e in events]
         print_table("Recent events", ["at", "revision", "kind", "actor", "reason"], rows)
@@ -123,6 +127,14 @@ def deploy(
         float, typer.Option("--sample-rate", help="Fraction of requests logged for monitoring.")
     ] = 0.01,
     team: Annotated[str | None, typer.Option("--team", help="The owning team.")] = None,
+    feature_service: Annotated[
+        str | None,
+        typer.Option(
+            "--feature-service",
+            help="A feature service: callers send its entity keys, the model server reads "
+            "their online features.",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Deploy model versions behind NAME (create it, or replace its spec).
@@ -159,6 +171,8 @@ def deploy(
         spec["canary"] = {"model": canary, "percent": percent}
     if team is not None:
         spec["team"] = team
+    if feature_service is not None:
+        spec["feature_service"] = feature_service
     deployed = client().deploy(name, spec)
     if as_json:
         console.print_json(data=deployed)
