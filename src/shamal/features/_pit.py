@@ -496,9 +496,12 @@ def _join_steps(
     """
     q = quote_identifier
     t, file_, row, order = (q(prefix + n) for n in ("t", "file", "row", "ord"))
+    # An entity row's ordering key: its time, then past any place (every row at that time).
+    latest = _order_key(f"epoch_us({_utc(q(entity_timestamp))})", str((1 << _PLACE_BITS) - 1))
     steps = [
         f"CREATE TEMP TABLE e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t}, "  # nosec B608
-        f"CAST({file_} AS BIGINT) * {1 << 40} + {row} AS {order} FROM {_ENTITY_VIEW}"
+        f"CAST({file_} AS BIGINT) * {1 << 40} + {row} AS {order}, "
+        f"{latest} AS {q(prefix + 'o')} FROM {_ENTITY_VIEW}"
     ]
     results: list[str] = []
     joins: list[str] = []
@@ -518,22 +521,31 @@ def _join_steps(
     return steps, final
 
 
+#: Room for a row's place (file index and row number) below its event time in one ordering
+#: key: up to 1,024 files of 2^40 rows each.
+_PLACE_BITS: Final = 50
+
+
+def _order_key(micros: str, place: str) -> str:
+    """An event time and a place as one HUGEINT that sorts by time, then place."""
+    return f"(CAST({micros} AS HUGEINT) * {1 << _PLACE_BITS} + {place})"
+
+
 def _latest_rows(i: int, view: ViewInput, relation: str, prefix: str) -> str:
-    """One row per (keys, event time), the last written, with renamed columns."""
+    """A view's rows with renamed columns and an ordering key (event time, then place): the
+    ASOF join takes the greatest key at or before an entity row's, which is the latest row,
+    and of rows with the same keys and time the one written last; no pass to deduplicate."""
     q = quote_identifier
     file_, row = q(prefix + "file"), q(prefix + "row")
     keys = [q(k) for k in view.join_keys]
     ts = _utc(q(view.timestamp_field))
     columns = [f"{k} AS {q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(keys)]
     columns.append(f"{ts} AS {q(f'{prefix}t{i}')}")
+    place = f"CAST({file_} AS HUGEINT) * {1 << 40} + {row}"
+    columns.append(f"{_order_key(f'epoch_us({ts})', place)} AS {q(f'{prefix}o{i}')}")
     columns += [f"{q(f)} AS {q(f'{prefix}f{i}_{j}')}" for j, f in enumerate(view.features)]
     present = " AND ".join(f"{c} IS NOT NULL" for c in [*keys, q(view.timestamp_field)])
-    partition = ", ".join([*keys, ts])
-    return (
-        f"SELECT {', '.join(columns)} FROM {q(relation)} WHERE {present} "  # nosec B608
-        f"QUALIFY row_number() OVER (PARTITION BY {partition} "
-        f"ORDER BY {file_} DESC, {row} DESC) = 1"
-    )
+    return f"SELECT {', '.join(columns)} FROM {q(relation)} WHERE {present}"  # nosec B608
 
 
 def _asof(i: int, view: ViewInput, picked: list[str], prefix: str) -> str:
@@ -543,7 +555,7 @@ def _asof(i: int, view: ViewInput, picked: list[str], prefix: str) -> str:
     conditions = [
         f"e0.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
     ]
-    conditions.append(f"e0.{t} >= {vt}")
+    conditions.append(f"e0.{q(prefix + 'o')} >= v{i}.{q(f'{prefix}o{i}')}")
     values = [f"e0.{q(prefix + 'ord')}"]
     for j, name in enumerate(picked):
         value = f"v{i}.{q(f'{prefix}f{i}_{j}')}"
