@@ -16,6 +16,7 @@ from shamal.config import FeatureSettings, LocalArtifactSettings, Settings
 from shamal.datasets import WriteMode
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.features import Definitions, EntityRows, FeatureStoreService, MaterializeState
+from shamal.lineage import Direction
 from shamal.server import Platform
 from tests.registry.conftest import People, people
 
@@ -218,6 +219,11 @@ def test_a_training_set_is_point_in_time_correct_and_saved_with_its_lineage(
     assert saved.uri == found.saved_as
     assert saved.source["kind"] == "features"
     assert saved.source["feature_views"][0]["dataset"] == "data:/txns/1"
+    # Lineage walks up from the training set through the view's data to its source.
+    up = platform.lineage.lineage(people.principals["vi"], saved.uri, direction=Direction.UP)
+    edges = {(e.source, e.target, e.relation) for e in up.edges}
+    assert ("data:/txns/1", saved.uri, "joined") in edges
+    assert ("source:/txns/1", "data:/txns/1", "ingested") in edges
 
 
 def test_online_values_equal_offline_ones_at_the_same_time(

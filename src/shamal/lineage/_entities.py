@@ -56,7 +56,8 @@ class Node:
 @dataclass(frozen=True, slots=True)
 class Edge:
     """``source`` -> ``target`` (downstream), with what links them (``relation``: ingested,
-    read, input, logged, registered, serves) and its details."""
+    read, input, logged, registered, serves, joined: a training set from a view's data)
+    and its details."""
 
     source: str
     target: str

@@ -216,6 +216,15 @@ class LineageService:
         found = self._datasets.version(walk.principal, _data_ref(ref))
         source = _source_node(found)
         yield source, Edge(source.id, found.uri, "ingested")
+        # A training set the feature store saved: the dataset versions its views read.
+        used = found.source.get("feature_views") if found.source.get("kind") == "features" else None
+        for view in (used if isinstance(used, list) else [])[:MAX_FANOUT]:
+            named = _data_uri(json.dumps({"uri": view.get("dataset")}))
+            if named is None:
+                continue
+            node = self._named(walk, named)
+            detail = {"feature_view": view.get("view")}
+            yield node, Edge(node.id, found.uri, "joined", detail)
 
     def _data_down(self, walk: _Walk, ref: NodeRef) -> Iterator[Step]:
         found = self._datasets.version(walk.principal, _data_ref(ref))
