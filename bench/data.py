@@ -55,6 +55,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import _peers
+
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / "bench" / ".data-venv"
 PEER_PACKAGES = (
@@ -481,18 +483,8 @@ def worker(tool: str, csv: Path, out: Path) -> int:
 
 def ensure_peer_venv(say: Any) -> Path:
     """The peer venv with GX and pandera (its polars backend), created when missing."""
-    python = PEER_VENV / "bin" / "python"
     probe = "import great_expectations, pandera.polars, polars"
-    if (
-        python.exists()
-        and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
-    ):
-        return python
-    base = shutil.which("python3") or "python3"
-    say(f"creating the peer venv: {base} -m venv {PEER_VENV} (a few minutes)")
-    subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
-    return python
+    return _peers.ensure_venv(PEER_VENV, PEER_PACKAGES, probe, say)
 
 
 def _versions(python: Path) -> str:
@@ -501,8 +493,7 @@ def _versions(python: Path) -> str:
         "print(f'great_expectations {great_expectations.__version__}, pandera "
         "{pandera.__version__}, polars {polars.__version__}, pandas {pandas.__version__}')"
     )
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown versions"
+    return _peers.versions(python, code)
 
 
 def measure(tool: str, python: Path, csv: Path, folder: Path) -> dict[str, Any]:

@@ -80,6 +80,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import _peers
+
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / "bench" / ".features-venv"
 FEAST_VERSION = "0.67.0"
@@ -578,8 +580,14 @@ def clear_shamal_redis() -> int:
     client = redis.Redis.from_url(SHAMAL_REDIS)
     try:
         removed = 0
+        batch: list[bytes] = []
         for key in client.scan_iter(match="shamal:features:*", count=10_000):
-            removed += int(client.delete(key))
+            batch.append(key)
+            if len(batch) >= 10_000:
+                removed += int(client.delete(*batch))
+                batch = []
+        if batch:
+            removed += int(client.delete(*batch))
         return removed
     finally:
         client.close()
@@ -722,21 +730,11 @@ def drive(
 
 def ensure_peer_venv(say: Callable[[str], None]) -> Path:
     """The peer venv with Feast and its Redis extra, made when missing or on another version."""
-    python = PEER_VENV / "bin" / "python"
     probe = (
         "import feast, redis; from feast.infra.online_stores.redis import RedisOnlineStore; "
         f"assert feast.__version__ == {FEAST_VERSION!r}"
     )
-    if (
-        python.exists()
-        and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
-    ):
-        return python
-    base = shutil.which("python3") or "python3"
-    say(f"creating the peer venv: {base} -m venv {PEER_VENV} (a minute or more)")
-    subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
-    return python
+    return _peers.ensure_venv(PEER_VENV, PEER_PACKAGES, probe, say)
 
 
 def _versions(python: Path) -> str:
@@ -745,13 +743,13 @@ def _versions(python: Path) -> str:
         "print(f'feast {feast.__version__}, pandas {pandas.__version__}, "
         "pyarrow {pyarrow.__version__}, redis-py {redis.__version__}')"
     )
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown versions"
+    return _peers.versions(python, code)
 
 
 def measure(name: str, python: Path, data_dir: Path, work: Path) -> dict[str, Any] | None:
     """Run one worker in a process of its own: its result with its wall time and peak RSS,
-    or None when that side is not implemented yet."""
+    or None when that side is not implemented yet. A worker that dies (Feast's materialize
+    runs out of memory at scale 1) gives ``failed``, its wall time and peak, and no result."""
     out = work / f"{name}.json"
     env = dict(os.environ)
     if name.startswith("shamal"):
@@ -764,7 +762,13 @@ def measure(name: str, python: Path, data_dir: Path, work: Path) -> dict[str, An
     process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
     if process.returncode != 0 or not out.exists():
-        raise RuntimeError(f"{name} failed with exit status {process.returncode}")
+        killed = process.returncode == -9
+        return {
+            "failed": f"exit status {process.returncode}"
+            + (" (killed: out of memory, see dmesg)" if killed else ""),
+            "process_s": wall,
+            "peak_mb": usage.ru_maxrss / 1024,
+        }
     result: dict[str, Any] = json.loads(out.read_text())
     if "not_implemented" in result:
         return None
@@ -871,6 +875,14 @@ def report(scale: float, results: dict[str, Any], seconds: float) -> list[str]:
                 lines.append(
                     f"{tool} at {size}: {run['errors']} errors, first {run['first_error']}"
                 )
+    for tool in TOOLS:
+        for part in ("offline", "materialize"):
+            got = (results.get(tool) or {}).get(part) or {}
+            if "failed" in got:
+                lines.append(
+                    f"{tool} {part}: FAILED, {got['failed']}, after {got['process_s']:.0f} s "
+                    f"(peak {got['peak_mb']:,.0f} MiB); its online part was not run"
+                )
     return lines + ["", *verdicts(results)]
 
 
@@ -925,6 +937,11 @@ def summary(results: dict[str, Any]) -> dict[str, float] | None:
         )
         for size in ONLINE_SIZES
     ]
+    failed = (results.get("feast") or {}).get("materialize") or {}
+    if materialize is None and "failed" in failed:
+        # Feast died: its time until then bounds the ratio from below.
+        shamal = _value(results, "shamal", ("materialize", "work_s"))
+        materialize = None if not shamal else float(failed["process_s"]) / shamal
     if offline is None or materialize is None or None in p99:
         return None
     return {
@@ -937,7 +954,7 @@ def summary(results: dict[str, Any]) -> dict[str, float] | None:
 def verdicts(results: dict[str, Any]) -> list[str]:
     figures = summary(results)
     if figures is None:
-        return ["verdicts: n/a (Shamal's side did not run: " + NOT_YET + ")"]
+        return ["verdicts: n/a (a part did not run or failed on one side: see above)"]
     targets = {
         "offline_speedup": TARGET_OFFLINE,
         "materialize_speedup": TARGET_MATERIALIZE,
@@ -984,16 +1001,23 @@ def run_all(
             say(f"{part}: {tool} ...")
             got = measure(f"{tool}-{part}", pythons[tool], data_dir, works[tool])
             results[tool][part] = got
-            say(
-                f"  {tool}: not implemented"
-                if got is None
-                else f"  {tool}: {got['work_s']:.2f} s, peak {got['peak_mb']:,.0f} MiB"
-            )
+            if got is None:
+                say(f"  {tool}: not implemented")
+            elif "failed" in got:
+                say(
+                    f"  {tool}: FAILED, {got['failed']}, after {got['process_s']:.0f} s, "
+                    f"peak {got['peak_mb']:,.0f} MiB"
+                )
+            else:
+                say(f"  {tool}: {got['work_s']:.2f} s, peak {got['peak_mb']:,.0f} MiB")
     if "feast" in tools:
         results["feast"]["redis_keys"] = redis_keys(project, delete=False)
     pools = entity_pools(scaled(ENTITIES, args.scale))
     for tool in tools:
         say(f"online: {tool} ...")
+        if "failed" in (results[tool].get("materialize") or {}):
+            say(f"  {tool}: not run: its online store is not filled (materialize failed)")
+            continue
         results[tool].update(run_online(tool, data_dir, works[tool], pools, args))
     return results
 

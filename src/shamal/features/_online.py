@@ -22,6 +22,7 @@ Encodings (shared by both backends):
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import math
@@ -400,7 +401,27 @@ WHERE excluded.event_ts >= online_features.event_ts
 """
 
 
-class SqliteOnlineStore:
+class _EncodingStore(abc.ABC):
+    """What both stores share: :meth:`OnlineStore.write` is :func:`encode_rows`, then the
+    store's own ``write_encoded``."""
+
+    @abc.abstractmethod
+    def write_encoded(self, view: str, encoded: Sequence[EncodedRow]) -> int:
+        """See :meth:`OnlineStore.write_encoded`."""
+
+    def write(
+        self,
+        view: str,
+        rows: pa.Table,
+        join_keys: Sequence[str],
+        timestamp_field: str,
+        features: Sequence[str],
+    ) -> int:
+        """See :meth:`OnlineStore.write`."""
+        return self.write_encoded(view, encode_rows(rows, join_keys, timestamp_field, features))
+
+
+class SqliteOnlineStore(_EncodingStore):
     """The embedded online store: one SQLite file in WAL mode.
 
     Thread-safe: each thread has its own connection (readers never wait for each other nor
@@ -451,17 +472,6 @@ class SqliteOnlineStore:
                 f"the online store's SQLite database failed ({type(exc).__name__}); "
                 "check the server's disk and retry"
             ) from None
-
-    def write(
-        self,
-        view: str,
-        rows: pa.Table,
-        join_keys: Sequence[str],
-        timestamp_field: str,
-        features: Sequence[str],
-    ) -> int:
-        """See :meth:`OnlineStore.write`."""
-        return self.write_encoded(view, encode_rows(rows, join_keys, timestamp_field, features))
 
     def write_encoded(self, view: str, encoded: Sequence[EncodedRow]) -> int:
         """See :meth:`OnlineStore.write_encoded`: one transaction."""
@@ -614,7 +624,7 @@ def _describe(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{port}{parts.path[:40]}"
 
 
-class RedisOnlineStore:
+class RedisOnlineStore(_EncodingStore):
     """The production online store: one Redis hash per entity, a field per view.
 
     Layout, under ``prefix``: ``e:<entity key>`` is a hash (field: view name, value: the
@@ -671,17 +681,6 @@ class RedisOnlineStore:
 
     def _view_key(self, view: str) -> bytes:
         return self._prefix + b"v:" + view.encode()
-
-    def write(
-        self,
-        view: str,
-        rows: pa.Table,
-        join_keys: Sequence[str],
-        timestamp_field: str,
-        features: Sequence[str],
-    ) -> int:
-        """See :meth:`OnlineStore.write`: one script call per 2,000 rows."""
-        return self.write_encoded(view, encode_rows(rows, join_keys, timestamp_field, features))
 
     def write_encoded(self, view: str, encoded: Sequence[EncodedRow]) -> int:
         """See :meth:`OnlineStore.write_encoded`: one script call per 2,000 rows."""
