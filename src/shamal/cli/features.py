@@ -60,6 +60,19 @@ def print_plan(found: dict[str, Any]) -> None:
         console.print(f"[bold red]breaks:[/] {escape(reason)}")
 
 
+def _send(path: Path, prune: bool, as_json: bool, apply: bool) -> dict[str, Any] | None:
+    """The repository's definitions planned (or applied) on the server; the answer, or None
+    once it was printed as JSON."""
+    with client() as c:
+        send = c.apply_features if apply else c.plan_features
+        found = send(_load(path), prune=prune)
+    if as_json:
+        console.print_json(json.dumps(found))
+        return None
+    print_plan(found)
+    return found
+
+
 @app.command("plan")
 @handle_errors
 def plan(
@@ -67,17 +80,12 @@ def plan(
     prune: Annotated[bool, PruneOption] = False,
     as_json: bool = JsonOption,
 ) -> None:
-    """Show what `apply` would change on the server.
+    """Show what `apply` would change on the server (exit 1 when it would be refused).
 
     Example: shamal features plan features/
     """
-    with client() as c:
-        found = c.plan_features(_load(path), prune=prune)
-    if as_json:
-        console.print_json(json.dumps(found))
-        return
-    print_plan(found)
-    if found.get("breaking"):
+    found = _send(path, prune, as_json, apply=False)
+    if found is not None and found.get("breaking"):
         raise typer.Exit(1)
 
 
@@ -92,13 +100,8 @@ def apply(
 
     Example: shamal features apply features/
     """
-    with client() as c:
-        found = c.apply_features(_load(path), prune=prune)
-    if as_json:
-        console.print_json(json.dumps(found))
-        return
-    print_plan(found)
-    if found.get("number") is not None:
+    found = _send(path, prune, as_json, apply=True)
+    if found is not None and found.get("number") is not None:
         console.print(f"Applied as registry number {found['number']}.")
 
 

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.config import FeatureSettings
-from shamal.datasets import DatasetService, DataVersion, WriteMode
+from shamal.datasets import DatasetService, DataVersion, WriteMode, parse_ref
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.features import _store
@@ -64,7 +64,7 @@ from shamal.features._online import (
     open_online_store,
 )
 from shamal.features._pit import JoinLimits, ViewInput, historical_join
-from shamal.features._plan import Plan, plan
+from shamal.features._plan import Plan, applied, plan
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 
 __all__ = ["MAX_ONLINE_ENTITIES", "FeatureStoreService", "ServicesInUse"]
@@ -205,6 +205,11 @@ def _write_chunk(
     return store.write_encoded(view, encoded)
 
 
+def _dataset_of(view: FeatureView) -> str:
+    """The name of the dataset a view reads directly (``data:NAME``, ``@alias``, ``/3``)."""
+    return parse_ref(view.source.removeprefix("data:")).name
+
+
 class _Registry:
     """The live definitions at one registry number, and each object's stored version."""
 
@@ -289,14 +294,10 @@ class FeatureStoreService:
             return _store.history(s, kind, name)
 
     def _desired(self, registry: _Registry, desired: Definitions, prune: bool) -> Definitions:
+        """What the registry holds once ``desired`` is applied, every rule checked (a kept
+        object may no longer hold with the new ones)."""
         desired.validate()
-        if prune:
-            return desired
-        mine = _split(desired)
-        kept = [
-            (key[0], obj.definition) for key, obj in registry.objects.items() if key not in mine
-        ]
-        whole = _joined([*((k[0], v) for k, v in mine.items()), *kept])
+        whole = applied(registry.definitions, desired, prune=prune)
         whole.validate()
         return whole
 
@@ -398,7 +399,7 @@ class FeatureStoreService:
         """A view reads only a dataset of its own team, or a platform-wide one."""
         if not view.source.startswith("data:"):
             return
-        name = view.source.removeprefix("data:").split("@", 1)[0].split("/", 1)[0]
+        name = _dataset_of(view)
         found = self._datasets.get(principal, name)
         if found.team not in ("", team):
             raise PermissionDenied(
@@ -778,9 +779,6 @@ class FeatureStoreService:
         with self._db.unit_of_work(write=False) as s:
             return _store.materializations(s, view, limit=limit)
 
-    def materialization(self, run_id: str) -> Materialization:
-        return self._materialization(run_id)
-
     def online(
         self,
         principal: Principal,
@@ -908,7 +906,7 @@ class FeatureStoreService:
         times = [view.timestamp_field, *(f.name for f in view.features if f.dtype == "timestamp")]
         rows = _with_times(rows, times)
         if offline:
-            dataset = view.source.removeprefix("data:").split("@", 1)[0].split("/", 1)[0]
+            dataset = _dataset_of(view)
             current = self._datasets.version(principal, dataset)
             self._datasets.ingest_batches(
                 ctx,
