@@ -16,6 +16,7 @@ import pytest
 
 from shamal.client import ShamalClient
 from tests.datasets._cli import cli_against
+from tests.features._live import server_with_dataset
 from tests.live import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -46,29 +47,22 @@ fraud = FeatureService(name="fraud", owner="analytics", features=("customer_stat
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("features-home")) as live:
-        with ShamalClient(live.url, live.token) as api:
-            api.create_team("analytics")
-            api.create_dataset("payments", team="analytics")
-            source = tmp_path_factory.mktemp("src") / "payments.parquet"
-            pq.write_table(
-                pa.table(
-                    {
-                        "customer_id": pa.array([1, 1, 2], pa.int64()),
-                        "ts": pa.array(
-                            [
-                                NOW - timedelta(days=3),
-                                NOW - timedelta(days=1),
-                                NOW - timedelta(days=2),
-                            ],
-                            pa.timestamp("us", tz="UTC"),
-                        ),
-                        "amount": [10.0, 11.0, 20.0],
-                    }
-                ),
-                source,
-            )
-            api.ingest_file("payments", source)
+    rows = pa.table(
+        {
+            "customer_id": pa.array([1, 1, 2], pa.int64()),
+            "ts": pa.array(
+                [
+                    NOW - timedelta(days=3),
+                    NOW - timedelta(days=1),
+                    NOW - timedelta(days=2),
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "amount": [10.0, 11.0, 20.0],
+        }
+    )
+    home = tmp_path_factory.mktemp("features-home")
+    with server_with_dataset(home, "analytics", "payments", rows) as (live, api):
         yield live
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from shamal.client import ShamalClient
@@ -22,6 +21,7 @@ from shamal.serving._core import InferenceCore
 from shamal.serving._repository import ModelSource, load_repository
 from shamal.serving._routing import LatestVersionRouter
 from shamal.serving._types import InferInput, InferRequest
+from tests.features._live import server_with_dataset
 from tests.live import LiveServer
 from tests.serving.models import scale_model
 
@@ -47,28 +47,21 @@ DEFINITIONS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("serving-features")) as live:
-        with ShamalClient(live.url, live.token) as api:
-            api.create_team("iot")
-            api.create_dataset("readings", team="iot")
-            source = tmp_path_factory.mktemp("src") / "readings.parquet"
-            pq.write_table(
-                pa.table(
-                    {
-                        "sensor_id": pa.array([7, 8, 7], pa.int64()),
-                        "ts": pa.array(
-                            [NOW - timedelta(hours=3), NOW - timedelta(hours=2), NOW],
-                            pa.timestamp("us", tz="UTC"),
-                        ),
-                        "a": [1.0, 10.0, 2.0],
-                        "b": [0.5, 20.0, 4.0],
-                    }
-                ),
-                source,
-            )
-            api.ingest_file("readings", source)
-            api.apply_features(DEFINITIONS)
-            api.materialize_features()
+    rows = pa.table(
+        {
+            "sensor_id": pa.array([7, 8, 7], pa.int64()),
+            "ts": pa.array(
+                [NOW - timedelta(hours=3), NOW - timedelta(hours=2), NOW],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "a": [1.0, 10.0, 2.0],
+            "b": [0.5, 20.0, 4.0],
+        }
+    )
+    home = tmp_path_factory.mktemp("serving-features")
+    with server_with_dataset(home, "iot", "readings", rows) as (live, api):
+        api.apply_features(DEFINITIONS)
+        api.materialize_features()
         yield live
 
 
