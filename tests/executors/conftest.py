@@ -7,6 +7,7 @@ marked ``slow``); it declares two GPUs that do not exist, so that Ray's GPU assi
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import uuid
@@ -106,13 +107,11 @@ def ray_cluster() -> Iterator[None]:
         "log_to_driver": False,
         "namespace": "shamal-executor-tests",
     }
-    try:
-        ray.init(**options)
-    except RuntimeError:
-        # Ray's own start-up deadline (its GCS writing its port file) can pass on a machine
-        # busy with the rest of the suite: a second start, once, before every Ray test fails.
-        ray.shutdown()
-        ray.init(**options)
+    # Ray waits 30 s by default for its GCS to write its port file, a deadline a machine busy
+    # with the rest of the suite can pass; a retry would leave the slow GCS running, so the
+    # one start gets a longer wait instead (Ray's own operator override).
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    ray.init(**options)
     yield
     ray.shutdown()
 
