@@ -122,7 +122,7 @@ def test_slow_downloads_hold_their_slots_until_the_stream_ends(
         # A client that goes away mid-stream gives its slot back too: with a new stream
         # holding one slot, a second download passes only once the abandoned one is gone.
         slow[1].close()
-        fresh = held.enter_context(contextlib.closing(_open_when_free(http, hog)))
+        held.enter_context(contextlib.closing(_open_when_free(http, hog)))
         wait_for(lambda: _small_passes(http, hog), "the abandoned download's slot", 30)
 
 

@@ -1,0 +1,9 @@
+"""Events: one durable, ordered stream of what happened on the platform (an outbox in the
+metadata database), the consumers that act on it, and what carries it out (webhooks, a
+message broker)."""
+
+from __future__ import annotations
+
+from shamal.events._entities import Event, EventKind, NewEvent
+
+__all__ = ["Event", "EventKind", "NewEvent"]
