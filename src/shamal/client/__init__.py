@@ -35,6 +35,7 @@ from shamal.client._deployments import DeploymentCalls
 from shamal.client._features import FeatureCalls
 from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
+from shamal.client._pipelines import PipelineCalls
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
 from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
 from shamal.jobs import snapshot
@@ -81,7 +82,13 @@ def default_token() -> str | None:
 
 
 class ShamalClient(
-    TrackingCalls, ModelCalls, DeploymentCalls, DatasetCalls, LineageCalls, FeatureCalls
+    TrackingCalls,
+    ModelCalls,
+    DeploymentCalls,
+    DatasetCalls,
+    LineageCalls,
+    FeatureCalls,
+    PipelineCalls,
 ):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 

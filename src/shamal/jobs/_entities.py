@@ -90,6 +90,9 @@ class JobSpec:
     #: The datasets the job reads (``customers``, ``customers@prod``): their residency
     #: policies decide the regions it may run in.
     datasets: tuple[str, ...] = ()
+    #: The job's id, chosen by the caller (32 lower-case hex digits) so that a submission
+    #: retried after a crash finds the job it made instead of making a second one.
+    id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

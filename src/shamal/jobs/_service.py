@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,6 +61,7 @@ MAX_LIST = 1000
 MAX_LOG_READ = 1024 * 1024
 #: The most datasets one job may name as read (its regions are their policies' intersection).
 MAX_DATASETS = 32
+_JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def snapshot_path(digest: str) -> str:
@@ -276,6 +278,10 @@ class JobService:
                 the snapshot is not one the job's team uploaded (NotFound).
         """
         principal = ctx.require_principal()
+        if spec.id is not None:
+            existing = self._submitted(principal, spec.id)
+            if existing is not None:
+                return existing
         command = _rules.check_command(spec.command)
         env = _rules.check_env(spec.env)
         _rules.check_resources(spec)
@@ -288,7 +294,7 @@ class JobService:
         now = self._clock()
         retries = self._settings.default_retries if spec.retries is None else spec.retries
         job = Job(
-            id=uuid.uuid4().hex,
+            id=spec.id or uuid.uuid4().hex,
             name=_rules.check_name(spec.name) or _rules.default_name(command),
             team=team,
             user=principal.name,
@@ -336,7 +342,26 @@ class JobService:
             )
             return stored
 
-        return self._db.run(work)
+        try:
+            return self._db.run(work)
+        except AlreadyExists:
+            found = self._submitted(principal, job.id) if spec.id is not None else None
+            if found is None:
+                raise
+            return found  # the same submission, made twice at once
+
+    def _submitted(self, principal: Principal, job_id: str) -> Job | None:
+        """The job ``job_id`` if the caller submitted it already (an idempotent retry)."""
+        if not _JOB_ID.match(job_id):
+            raise InvalidParameter("a job id is 32 lower-case hex digits")
+        with self._db.unit_of_work(write=False) as s:
+            try:
+                job = _store.get_job(s, job_id)
+            except NotFound:
+                return None
+        if job.user != principal.name:
+            raise InvalidParameter("that job id is taken; leave the id out to get a new one")
+        return job
 
     def _check_capacity(self, job: Job, pool: str | None, team: str) -> None:
         """Refuse a job that could never start: in its pool, else in any pool of the
@@ -426,6 +451,12 @@ class JobService:
         with self._db.unit_of_work(write=False) as s:
             active = _store.jobs_in_states(s, ACTIVE_STATES)
         return self._capacity.waiting(queued, active)
+
+    def jobs_of(self, ids: Collection[str]) -> dict[str, Job]:
+        """The jobs ``ids`` that exist, by id, whoever's they are: for services that submitted
+        them on a user's behalf (a pipeline following its steps), never for callers."""
+        with self._db.unit_of_work(write=False) as s:
+            return {job.id: job for job in _store.jobs_by_id(s, ids)}
 
     def events(self, principal: Principal, job_id: str) -> list[JobEvent]:
         with self._db.unit_of_work(write=False) as s:

@@ -440,6 +440,16 @@ def job_statuses(s: Session, ids: Collection[str]) -> dict[str, tuple[JobState, 
     return out
 
 
+def jobs_by_id(s: Session, ids: Collection[str]) -> list[Job]:
+    """The jobs among ``ids`` that exist (any team: the caller has checked access)."""
+    found: list[Job] = []
+    ordered = sorted(ids)
+    for start in range(0, len(ordered), 500):
+        query = select(JobRow).where(JobRow.id.in_(ordered[start : start + 500]))
+        found.extend(_job(row) for row in s.scalars(query))
+    return found
+
+
 def count_by_state(s: Session, visible: Visibility) -> Mapping[str, int]:
     query = select(JobRow.state, func.count()).group_by(JobRow.state)
     if visible is not None:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.errors import Conflict, InvalidParameter, NotFound, Unauthenticated
+from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied, Unauthenticated
 from shamal.security import _store
 from shamal.security._audit import AuditContext, AuditLog
 from shamal.security._entities import (
@@ -126,6 +126,21 @@ class SecurityService:
                 self._principals.clear()
             self._principals[token_hash] = (principal, until)
         return principal
+
+    def principal_of(self, user: str) -> Principal:
+        """The account ``user`` as work the platform does on their behalf sees it (a
+        pipeline's triggered run): their teams and roles, with the ``job`` scope, so it
+        takes no admin action and manages no tokens, accounts or teams.
+
+        Raises:
+            NotFound: no such account. PermissionDenied: the account is disabled.
+        """
+        with self._db.unit_of_work(write=False) as s:
+            account = _store.get_user(s, user)
+            if account.disabled:
+                raise PermissionDenied(f"the account {user!r} is disabled")
+            roles, team_ids = _store.roles_of(s, account.id)
+        return Principal(user=account, token_id=None, roles=roles, team_ids=team_ids, scope="job")
 
     def forget_principals(self) -> None:
         """Drop cached principals: called after every change to accounts, teams or tokens."""

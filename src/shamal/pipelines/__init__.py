@@ -1,0 +1,80 @@
+"""Pipelines: DAGs of steps that run as scheduled jobs, with a step cache that is never
+wrong, triggers (events and cron schedules) and CI/CD promotion gates.
+
+Users write ``@step`` and ``@pipeline`` functions (or a YAML file) and run them with
+``shamal pipeline run``; the server keeps each run's state in the database and moves it on
+from the scheduler's loop (:class:`PipelineService`).
+
+The SDK's names (``step``, ``pipeline``, ``dataset``...) import without the database layer
+and the services, which load on first use (PEP 562): code inside a step's job imports only
+what it uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shamal import lazy
+from shamal.pipelines._definitions import (
+    MAX_MAP_ITEMS,
+    MAX_STEPS,
+    MAX_VALUE_BYTES,
+    PipelineSpec,
+    Ref,
+    StepSpec,
+    Trigger,
+)
+from shamal.pipelines._sdk import (
+    DatasetInput,
+    Output,
+    Param,
+    Pipeline,
+    Step,
+    dataset,
+    load_pipeline,
+    pipeline,
+    step,
+)
+
+if TYPE_CHECKING:
+    from shamal.pipelines._engine import RunState, StepState
+    from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
+    from shamal.pipelines._service import PipelineService
+
+_WHERE: dict[str, tuple[str, str | None]] = {
+    "PipelineInfo": ("_entities", "PipelineInfo"),
+    "PipelineRun": ("_entities", "PipelineRun"),
+    "PipelineService": ("_service", "PipelineService"),
+    "RunState": ("_engine", "RunState"),
+    "StepRun": ("_entities", "StepRun"),
+    "StepState": ("_engine", "StepState"),
+}
+
+__all__ = [
+    "MAX_MAP_ITEMS",
+    "MAX_STEPS",
+    "MAX_VALUE_BYTES",
+    "DatasetInput",
+    "Output",
+    "Param",
+    "Pipeline",
+    "PipelineInfo",
+    "PipelineRun",
+    "PipelineService",
+    "PipelineSpec",
+    "Ref",
+    "RunState",
+    "Step",
+    "StepRun",
+    "StepSpec",
+    "StepState",
+    "Trigger",
+    "dataset",
+    "load_pipeline",
+    "pipeline",
+    "step",
+]
+
+
+def __getattr__(name: str) -> Any:
+    return lazy.attribute(__name__, _WHERE, name, globals())

@@ -1,0 +1,111 @@
+"""``python -m shamal.pipelines.runner``: one pipeline step, inside the job that runs it.
+
+The server puts the call in the job's environment (``PIPELINE_STEP``: the step's function
+or command and its arguments, as JSON). A function step is imported from the job's code
+folder and called with the arguments; a command step runs with ``PIPELINE_ARGS`` (the
+arguments as JSON) and ``PIPELINE_OUTPUT`` (a file it may write its JSON output to). The
+output goes back to the server with the job's own token. Nothing is unpickled: arguments
+and outputs are JSON, and a step that returns something else fails with what to do.
+
+Exit status: the step's (a function that raises exits 1, with its traceback in the job's
+log, which only its team reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess  # a command step runs its own command, in its own job
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+#: A step's output as JSON: the same limit the server holds small values to.
+MAX_OUTPUT_BYTES = 16 * 1024
+
+
+def _json(value: Any) -> str:
+    def plain(item: Any) -> Any:
+        if hasattr(item, "tolist"):  # numpy scalars and arrays
+            return item.tolist()
+        if isinstance(item, tuple | set | frozenset):
+            return list(item)
+        raise TypeError(f"a step's output cannot hold a {type(item).__name__}")
+
+    return json.dumps(value, default=plain, allow_nan=False)
+
+
+def _call_function(call: dict[str, Any]) -> Any:
+    from shamal.pipelines._sdk import Step, import_file
+
+    file_part, _, qualname = str(call["function"]).partition(":")
+    root = Path.cwd()
+    path = (root / file_part).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise SystemExit(f"{file_part} is outside the job's code folder")
+    target: Any = import_file(path, root)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    fn = target.fn if isinstance(target, Step) else target
+    return fn(**call["args"])
+
+
+def _run_command(call: dict[str, Any]) -> tuple[int, Any]:
+    out = Path.cwd() / ".pipeline-output.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "PIPELINE_ARGS": json.dumps(call["args"]), "PIPELINE_OUTPUT": str(out)}
+    env.pop("PIPELINE_STEP", None)
+    code = subprocess.call(list(call["command"]), env=env)  # argv, no shell
+    if code != 0 or not out.exists():
+        return code, None
+    return code, json.loads(out.read_text())
+
+
+def _report(call: dict[str, Any], output: Any) -> None:
+    body = _json(output)
+    if len(body.encode()) > MAX_OUTPUT_BYTES:
+        raise SystemExit(
+            f"the step's output is {len(body.encode())} bytes as JSON; outputs stop at "
+            f"{MAX_OUTPUT_BYTES}: save data as a dataset version or files as artifacts and "
+            "return their names"
+        )
+    url = os.environ["SHAMAL_URL"].rstrip("/")
+    path = f"/api/v1/pipeline-runs/{call['run']}/steps/{call['key']}/output"
+    answer = httpx.post(
+        url + path,
+        content=json.dumps({"job_id": os.environ.get("SHAMAL_JOB_ID", ""), "output": body}),
+        headers={
+            "Authorization": f"Bearer {os.environ['SHAMAL_TOKEN']}",
+            "Content-Type": "application/json",
+        },
+        timeout=60,
+    )
+    if answer.status_code >= 400:
+        raise SystemExit(f"the server refused the step's output: {answer.text[:500]}")
+
+
+def main() -> int:
+    call = json.loads(os.environ["PIPELINE_STEP"])
+    if call.get("command"):
+        code, output = _run_command(call)
+        if code != 0:
+            return code
+    else:
+        try:
+            output = _call_function(call)
+        except Exception:  # the step's own failure: its log says why
+            traceback.print_exc()
+            return 1
+    try:
+        _report(call, output)
+    except TypeError as exc:
+        print(f"step output: {exc}; return JSON values", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
