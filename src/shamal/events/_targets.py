@@ -63,8 +63,8 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 def _private_refusal(what: str) -> InvalidParameter:
     return InvalidParameter(
-        f"webhook target refused: {what}, which is not a public address; an operator can "
-        f"allow private targets with {ALLOW_PRIVATE_SETTING}=true"
+        f"webhook target refused: {what}; an operator can allow private targets with "
+        f"{ALLOW_PRIVATE_SETTING}=true"
     )
 
 
@@ -148,7 +148,7 @@ def _ip_of_host(host: str) -> Address | None:
         pass
     legacy = _legacy_ipv4(host)
     if legacy is not None and not is_public_address(legacy):
-        raise _private_refusal("the host is a non-canonical spelling of a private IPv4 address")
+        raise _private_refusal("the host spells a non-public IPv4 address")
     raise InvalidParameter(
         "the webhook host is a number but not an IPv4 address written as four decimal "
         "numbers (a.b.c.d); write it that way or use a name"
@@ -234,7 +234,7 @@ def check_webhook_url(url: str, *, allow_private: bool) -> str:
         shown = host
     else:
         if not allow_private and not is_public_address(address):
-            raise _private_refusal(f"the host is {address}")
+            raise _private_refusal("the host is not a public address")
         shown = f"[{address.compressed}]" if address.version == 6 else str(address)
     if port == 0:
         raise InvalidParameter("a webhook URL's port is 1-65535")
@@ -265,7 +265,7 @@ def resolve_public(host: str, port: int, *, allow_private: bool) -> list[str]:
     literal = _ip_of_host(bare) if bare else None
     if literal is not None:
         if not allow_private and not is_public_address(literal):
-            raise _private_refusal(f"the host is {literal}")
+            raise _private_refusal("the host is not a public address")
         return [literal.compressed]
     if not bare:
         raise InvalidParameter("a webhook URL needs a host")
@@ -283,7 +283,8 @@ def resolve_public(host: str, port: int, *, allow_private: bool) -> list[str]:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if not allow_private and not is_public_address(address):
             # One bad answer condemns the name: which answer a client picks is not ours.
-            raise _private_refusal(f"the host resolves to {address}")
+            # The address is not named: the error must not make us an internal DNS oracle.
+            raise _private_refusal("the host resolves to a non-public address")
         if address.compressed not in found:
             found.append(address.compressed)
     if not found:
