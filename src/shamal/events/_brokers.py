@@ -114,6 +114,10 @@ class _LoopThread:
 class NatsPublisher:
     """Publishes to a JetStream stream, creating it (subjects ``<prefix>.>``) if missing.
 
+    The client does not reconnect by itself (its reconnect loop would hold a batch for as
+    long as NATS is down): a lost connection makes :meth:`publish` raise, and the next call
+    connects afresh, so the delivery loop's backoff paces the attempts.
+
     Args:
         url: ``nats://[user:password@]host[:port]``.
         stream: the JetStream stream's name.
@@ -132,10 +136,14 @@ class NatsPublisher:
         if "." in stream:
             raise InvalidParameter("a JetStream stream name has no dots")
         self._prefix = _check_token(subject_prefix, "NATS subject prefix").rstrip(".")
+        self._url = url  # kept to connect again; never printed (it may hold a password)
         self._where = _where(url)
+        self._nc: Any = None
+        self._js: Any = None
+        self._stale = False
         self._runner = _LoopThread("shamal-events-nats")
         try:
-            self._nc, self._js = self._runner.run(self._connect(url), _CONNECT_SECONDS * 2)
+            self._runner.run(self._connect(), _CONNECT_SECONDS * 2)
         except InvalidParameter:
             self._runner.stop()
             raise
@@ -145,15 +153,22 @@ class NatsPublisher:
                 f"cannot publish to NATS JetStream at {self._where} ({type(exc).__name__})"
             ) from None
 
-    async def _connect(self, url: str) -> tuple[Any, Any]:
+    async def _on_error(self, exc: Exception) -> None:
+        logger.warning("NATS at %s: %s", self._where, type(exc).__name__)
+
+    async def _connect(self) -> None:
         import nats
         from nats.js.errors import NotFoundError
 
         nc = await nats.connect(
-            servers=[url],
+            servers=[self._url],
             connect_timeout=_CONNECT_SECONDS,
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
+            allow_reconnect=False,
+            # nats-py's first connect loops over its server list until a server has failed
+            # more than max_reconnect_attempts times (0 or less: forever): two quick tries.
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            error_cb=self._on_error,
         )
         try:
             js = nc.jetstream(timeout=_ACK_SECONDS)
@@ -163,8 +178,7 @@ class NatsPublisher:
             except NotFoundError:
                 await js.add_stream(name=self._stream, subjects=[wanted])
             else:
-                subjects = info.config.subjects or []
-                if wanted not in subjects:
+                if wanted not in (info.config.subjects or []):
                     raise InvalidParameter(
                         f"the JetStream stream {self._stream} exists but does not take "
                         f"{wanted}; add that subject or name another stream"
@@ -172,9 +186,18 @@ class NatsPublisher:
         except BaseException:
             await nc.close()
             raise
-        return nc, js
+        self._nc, self._js = nc, js
 
     async def _publish(self, events: Sequence[Event]) -> None:
+        if self._stale or self._nc is None or self._nc.is_closed:
+            # After any failure start over: a fresh connection, and the stream made again
+            # if someone deleted it.
+            if self._nc is not None:
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
+            self._nc = None
+            await self._connect()
+            self._stale = False
         # One at a time, each ack awaited: the stream keeps our order, and a failure
         # leaves a prefix published (re-sent, then dropped by Nats-Msg-Id).
         for event in events:
@@ -191,22 +214,28 @@ class NatsPublisher:
 
         Raises:
             ServiceUnavailable: no ack (NATS down, stream gone, timeout).
+            InvalidParameter: on reconnecting, the stream turned out to take other subjects.
         """
         if not events:
             return
-        budget = _ACK_SECONDS * (len(events) + 1)
+        budget = _CONNECT_SECONDS * 2 + _ACK_SECONDS * len(events)
         try:
             self._runner.run(self._publish(events), budget)
+        except InvalidParameter:
+            self._stale = True
+            raise
         except Exception as exc:
+            self._stale = True
             raise ServiceUnavailable(
                 f"NATS at {self._where} did not acknowledge the events ({type(exc).__name__}); "
                 "they will be sent again"
             ) from None
 
     def close(self) -> None:
-        """Drain and close the connection, then stop the loop's thread."""
-        with contextlib.suppress(Exception):
-            self._runner.run(self._nc.close(), _CONNECT_SECONDS)
+        """Close the connection, then stop the loop's thread."""
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                self._runner.run(self._nc.close(), _CONNECT_SECONDS)
         self._runner.stop()
 
 
