@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -247,6 +254,86 @@ def test_name_resolving_to_loopback_refused(
     assert (result.ok, result.status) == (False, None)
     assert "127.0.0.1" not in result.error
     assert receiver.connections == 0
+
+
+def _certificate(name: str, folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for ``name`` (its own CA): cert and key files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def tls_receiver(
+    receiver: _Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[_Receiver, list[str], httpx.Client]]:
+    """The receiver behind TLS for ``hook.test``; ``hook.test`` and ``other.test`` both
+    resolve to 127.0.0.1; yields the server names clients asked for (SNI) and a client
+    that trusts the certificate."""
+    cert_file, key_file = _certificate("hook.test", tmp_path)
+    names: list[str] = []
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert_file, key_file)
+    server_side.sni_callback = lambda _sock, name, _ctx: names.append(name or "")  # type: ignore[assignment,func-returns-value]
+    receiver.socket = server_side.wrap_socket(receiver.socket, server_side=True)
+    real = socket.getaddrinfo
+
+    def both_local(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        local = host in {"hook.test", "other.test"}
+        return real("127.0.0.1" if local else host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", both_local)
+    trusting = ssl.create_default_context(cafile=str(cert_file))
+    with httpx.Client(verify=trusting, trust_env=False) as client:
+        yield receiver, names, client
+
+
+def test_https_pinned_keeps_the_name_for_sni_and_certificate(
+    tls_receiver: tuple[_Receiver, list[str], httpx.Client],
+) -> None:
+    receiver, names, client = tls_receiver
+    sender = WebhookSender(allow_private=True, client=client, clock=lambda: NOW)
+    result = sender.send(f"https://hook.test:{receiver.port}/ok", SECRET, BODY, "d")
+    assert result == SendResult(ok=True, status=200, error="")
+    assert names == ["hook.test"]
+    [(_, headers, body)] = receiver.seen
+    assert headers["Host"] == f"hook.test:{receiver.port}"
+    assert verify(SECRET, headers, body, now=NOW)
+
+
+def test_https_certificate_for_another_name_refused(
+    tls_receiver: tuple[_Receiver, list[str], httpx.Client],
+) -> None:
+    receiver, names, client = tls_receiver
+    sender = WebhookSender(allow_private=True, client=client)
+    result = sender.send(f"https://other.test:{receiver.port}/ok", SECRET, BODY, "d")
+    assert result == SendResult(
+        ok=False, status=None, error="TLS handshake failed (certificate or protocol)"
+    )
+    assert names == ["other.test"]
+    assert receiver.seen == []
 
 
 def test_nothing_listening(sender: WebhookSender) -> None:

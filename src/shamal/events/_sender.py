@@ -92,9 +92,20 @@ _REASONS: tuple[tuple[type[httpx.HTTPError], str], ...] = (
 )
 
 
+def _caused_by_tls(exc: BaseException) -> bool:
+    # httpx wraps httpcore's error, which wraps the ssl module's: walk a few links.
+    link: BaseException | None = exc
+    for _ in range(5):
+        if link is None:
+            return False
+        if isinstance(link, ssl.SSLError):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
 def _network_reason(exc: httpx.HTTPError) -> str:
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(exc, httpx.ConnectError) and isinstance(cause, ssl.SSLError):
+    if isinstance(exc, httpx.ConnectError) and _caused_by_tls(exc):
         return "TLS handshake failed (certificate or protocol)"
     for kind, reason in _REASONS:
         if isinstance(exc, kind):

@@ -191,6 +191,26 @@ def _check_text(url: object) -> str:
     return url
 
 
+def _check_host(host: str, *, allow_private: bool) -> Address | None:
+    """Check a (lower-case) host: the address it names literally, or None for a name.
+
+    Raises:
+        InvalidParameter: no host, a malformed one, a legacy numeric spelling, or (unless
+            ``allow_private``) a non-public literal or a ``localhost``-like name.
+    """
+    host = host.rstrip(".")
+    if not host:
+        raise InvalidParameter("a webhook URL needs a host")
+    address = _ip_of_host(host)
+    if address is None:
+        _check_name(host)
+        if not allow_private and _is_private_name(host):
+            raise _private_refusal("the host names this machine or a private network")
+    elif not allow_private and not is_public_address(address):
+        raise _private_refusal("the host is not a public address")
+    return address
+
+
 def check_webhook_url(url: str, *, allow_private: bool) -> str:
     """Check a webhook URL when it is stored; return its normal form.
 
@@ -223,18 +243,10 @@ def check_webhook_url(url: str, *, allow_private: bool) -> str:
             "a webhook URL may not carry a user or password; the receiver checks the "
             "signature made with the webhook's secret instead"
         )
-    host = (parts.hostname or "").rstrip(".")
-    if not host:
-        raise InvalidParameter("a webhook URL needs a host")
-    address = _ip_of_host(host)
+    address = _check_host(parts.hostname or "", allow_private=allow_private)
     if address is None:
-        _check_name(host)
-        if not allow_private and _is_private_name(host):
-            raise _private_refusal("the host names this machine or a private network")
-        shown = host
+        shown = (parts.hostname or "").rstrip(".")
     else:
-        if not allow_private and not is_public_address(address):
-            raise _private_refusal("the host is not a public address")
         shown = f"[{address.compressed}]" if address.version == 6 else str(address)
     if port == 0:
         raise InvalidParameter("a webhook URL's port is 1-65535")
@@ -262,16 +274,9 @@ def resolve_public(host: str, port: int, *, allow_private: bool) -> list[str]:
     """
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     bare = bare.rstrip(".").lower()
-    literal = _ip_of_host(bare) if bare else None
+    literal = _check_host(bare, allow_private=allow_private)
     if literal is not None:
-        if not allow_private and not is_public_address(literal):
-            raise _private_refusal("the host is not a public address")
         return [literal.compressed]
-    if not bare:
-        raise InvalidParameter("a webhook URL needs a host")
-    _check_name(bare)
-    if not allow_private and _is_private_name(bare):
-        raise _private_refusal("the host names this machine or a private network")
     try:
         answers = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
