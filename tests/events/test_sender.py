@@ -296,7 +296,7 @@ def tls_receiver(
     names: list[str] = []
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert_file, key_file)
-    server_side.sni_callback = lambda _sock, name, _ctx: names.append(name or "")  # type: ignore[assignment,func-returns-value]
+    server_side.sni_callback = lambda _sock, name, _ctx: names.append(name or "")
     receiver.socket = server_side.wrap_socket(receiver.socket, server_side=True)
     real = socket.getaddrinfo
 

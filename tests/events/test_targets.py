@@ -187,8 +187,8 @@ PRIVATE_V4 = [
 
 @st.composite
 def private_v4(draw: Callable[..., Any]) -> ipaddress.IPv4Address:
-    network = draw(st.sampled_from(PRIVATE_V4))
-    offset = draw(st.integers(0, network.num_addresses - 1))
+    network: ipaddress.IPv4Network = draw(st.sampled_from(PRIVATE_V4))
+    offset: int = draw(st.integers(0, network.num_addresses - 1))
     return network[offset]
 
 

@@ -141,6 +141,9 @@ class NatsPublisher:
         self._nc: Any = None
         self._js: Any = None
         self._stale = False
+        import nats  # here, not in the loop: a missing library must not read as "unreachable"
+
+        del nats
         self._runner = _LoopThread("shamal-events-nats")
         try:
             self._runner.run(self._connect(), _CONNECT_SECONDS * 2)
