@@ -90,6 +90,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._pour()
 
+    def _stalled(self) -> None:
+        # The status and a little of the body, then nothing more for as long as we like.
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"x" * 10)
+        self.wfile.flush()
+        self.server.release.wait(30)
+
+    def _cut(self) -> None:
+        self.send_response(201)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"x" * 10)
+        self.close_connection = True
+
     def _pour(self) -> None:
         chunk = b"x" * 65536
         try:
@@ -173,6 +189,19 @@ def test_timeout(receiver: _Receiver) -> None:
     finally:
         quick.close()
     assert result == SendResult(ok=False, status=None, error="timed out waiting for the receiver")
+
+
+def test_2xx_with_a_stalled_body_is_ok(receiver: _Receiver) -> None:
+    quick = WebhookSender(allow_private=True, timeout_s=0.3)
+    try:
+        result = quick.send(receiver.url("stalled"), SECRET, BODY, "d")
+    finally:
+        quick.close()
+    assert result == SendResult(ok=True, status=200, error="")
+
+
+def test_2xx_with_a_cut_body_is_ok(receiver: _Receiver, sender: WebhookSender) -> None:
+    assert sender.send(receiver.url("cut"), SECRET, BODY, "d") == SendResult(True, 201, "")
 
 
 def test_redirect_not_followed(receiver: _Receiver, sender: WebhookSender) -> None:

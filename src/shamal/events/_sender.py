@@ -11,7 +11,7 @@ and when (:func:`backoff_s`), is the delivery loop's business. What a send guara
 - redirects are never followed (a 3xx is a failure), environment proxies are ignored (a
   proxy would be the peer instead of the checked address), connections are not kept alive
   (a pooled connection is keyed by address, and must not carry another host's request);
-- at most 64 KiB of the answer are read;
+- at most 64 KiB of the answer are read, for at most ``timeout_s``; the status decides;
 - every failure is a short, fixed reason: no secret, URL or stack trace.
 """
 
@@ -120,7 +120,8 @@ class WebhookSender:
 
     Args:
         allow_private: the operator's ``SHAMAL_EVENTS__ALLOW_PRIVATE_WEBHOOKS``.
-        timeout_s: the limit on connecting, and on each read and write.
+        timeout_s: the limit on connecting, on each read and write, and on reading the
+            answer's body (which is read only to be discarded).
         client: an ``httpx.Client`` to use (e.g. with a private CA bundle); it is not
             closed by :meth:`close`. Redirects are turned off per request either way, but
             its proxy and keep-alive settings are the caller's: the default client trusts
@@ -137,6 +138,7 @@ class WebhookSender:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._allow_private = allow_private
+        self._timeout_s = timeout_s
         self._clock = clock
         self._owns_client = client is None
         self._client = client or httpx.Client(
@@ -193,7 +195,9 @@ class WebhookSender:
         )
         response = self._client.send(request, stream=True, follow_redirects=False)
         try:
-            _read_capped(response)
+            _read_capped(response, time.monotonic() + self._timeout_s)
+        except httpx.HTTPError:
+            pass  # the status line is the answer; a body that breaks off changes nothing
         finally:
             response.close()
         status = response.status_code
@@ -219,11 +223,12 @@ def _host_header(url: httpx.URL) -> str:
     return host if url.port is None else f"{host}:{url.port}"
 
 
-def _read_capped(response: httpx.Response) -> int:
-    # Raw bytes (no decoding), and stop at the cap: an endless answer must not hold us.
+def _read_capped(response: httpx.Response, deadline: float) -> int:
+    # Raw bytes (no decoding); stop at the cap or the deadline: an endless or a
+    # slowly dripping answer must not hold the delivery loop.
     read = 0
     for chunk in response.iter_raw(chunk_size=16 * 1024):
         read += len(chunk)
-        if read >= MAX_ANSWER_BYTES:
+        if read >= MAX_ANSWER_BYTES or time.monotonic() > deadline:
             break
     return read
