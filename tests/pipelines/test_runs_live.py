@@ -4,12 +4,16 @@ with a nested run per step."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from shamal.cli import app
 from shamal.client import ShamalClient
 from shamal.pipelines import load_pipeline
 from tests.live import LiveServer
@@ -48,6 +52,23 @@ def check(summary: dict, fail: bool) -> str:
 def fanout(n: int = 4, fail: bool = False) -> None:
     summary = total(square.map(items(n)))
     check(summary, fail)
+"""
+
+
+WIDE = """
+from shamal.pipelines import pipeline, step
+
+@step(cpus=0.1, memory_mib=256)
+def ones(n: int) -> list[int]:
+    return [1] * n
+
+@step(cpus=0.1, memory_mib=256)
+def each(i: int) -> int:
+    return i
+
+@pipeline
+def wide(n: int = 6000) -> None:
+    each.map(ones(n))
 """
 
 
@@ -169,3 +190,112 @@ def test_mlflow_sees_a_parent_run_with_a_nested_run_per_step(
     names = sorted(c.info.run_name for c in children)
     assert names == sorted(s["key"] for s in run["steps"] if s["key"] != "square")
     assert all(c.info.status == "FINISHED" for c in children)
+
+
+@pytest.fixture
+def shamal(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("SHAMAL_URL", server.url)
+    monkeypatch.setenv("SHAMAL_TOKEN", server.token)
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()
+
+
+def test_the_cli_runs_shows_draws_and_reads_logs(
+    shamal: CliRunner, registered: dict[str, Any], tmp_path: Path
+) -> None:
+    folder = tmp_path / "flow"
+    folder.mkdir()
+    (folder / "flow.py").write_text(textwrap.dedent(STEPS))
+    ran = shamal.invoke(
+        app,
+        [
+            "pipeline",
+            "run",
+            f"{folder / 'flow.py'}:fanout",
+            "--team",
+            "ml",
+            "--param",
+            "n=3",
+            "--wait",
+            "--json",
+        ],
+    )
+    assert ran.exit_code == 0, ran.output
+    summary = json.loads(ran.output)
+    assert summary["state"] == "succeeded"
+    assert summary["wall_s"] > 0
+    assert {s["key"] for s in summary["steps"]} >= {"items", "square[2]", "total", "check"}
+    run_id = summary["run_id"]
+    plot = tmp_path / "dag.svg"
+    shown = shamal.invoke(app, ["pipeline", "show", run_id, "--plot", str(plot)])
+    assert shown.exit_code == 0, shown.output
+    assert "✓ square ×3" in shown.output
+    assert "← items" in shown.output
+    assert "cache: caching is off for this step" in shown.output
+    assert plot.read_text().startswith("<?xml")
+    assert "square" in plot.read_text()
+    logs = shamal.invoke(app, ["pipeline", "logs", run_id, "check"])
+    assert logs.exit_code == 0, logs.output
+    listed = shamal.invoke(app, ["pipeline", "runs", "fanout", "--json"])
+    assert run_id in {r["id"] for r in json.loads(listed.output)}
+    # A run that fails exits 1 with --wait, and says which step and why.
+    failed = shamal.invoke(
+        app,
+        [
+            "pipeline",
+            "run",
+            f"{folder / 'flow.py'}",
+            "--team",
+            "ml",
+            "-p",
+            "fail=true",
+            "-p",
+            "n=1",
+            "--wait",
+        ],
+    )
+    assert failed.exit_code == 1, failed.output
+    assert "✗ check failed" in failed.output
+
+
+def test_hostile_pipelines_are_refused_and_nothing_starts(
+    client: ShamalClient, shamal: CliRunner, tmp_path: Path
+) -> None:
+    before = len(client.pipeline_runs(limit=1000))
+    cyclic = tmp_path / "cyclic.yaml"
+    cyclic.write_text(
+        textwrap.dedent("""
+        name: loop
+        steps:
+          - {name: a, command: [echo, a], args: {x: "${steps.b.output}"}}
+          - {name: b, command: [echo, b], args: {y: "${steps.a.output}"}}
+    """)
+    )
+    out = shamal.invoke(app, ["pipeline", "run", str(cyclic), "--team", "ml"])
+    assert out.exit_code != 0
+    assert "the steps form a cycle: a -> b -> a" in out.output
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("name: lost\nsteps:\n  - {name: a, command: [echo], after: [ghost]}\n")
+    out = shamal.invoke(app, ["pipeline", "run", str(unknown), "--team", "ml"])
+    assert "refers to the unknown step 'ghost'" in out.output
+    # A fan-out past the limit fails its step with what to do; none of its items start.
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "flow.py").write_text(WIDE)
+    out = shamal.invoke(
+        app, ["pipeline", "run", f"{wide / 'flow.py'}", "--team", "ml", "--wait", "--json"]
+    )
+    summary = json.loads(out.output)
+    assert summary["state"] == "failed"
+    assert "holds 6000 items; a mapped step fans out to at most 5000" in summary["reason"]
+    assert not [s for s in summary["steps"] if s["key"].startswith("each[")]
+    # Bodies the API refuses: unknown keys, injected names.
+    for body in (
+        {"spec": {"name": "x; drop table pipelines", "steps": []}},
+        {"spec": {"name": "ok", "steps": [{"name": "a", "function": "../../etc/passwd.py:x"}]}},
+        {"spec": {"name": "ok", "steps": [{"name": "a", "command": ["true"]}]}, "extra": 1},
+    ):
+        answer = client._http.post("/api/v1/pipelines", json=body)
+        assert answer.status_code == 400, answer.text
+        assert "Traceback" not in answer.text
+    assert len(client.pipeline_runs(limit=1000)) == before + 1  # only the wide one started

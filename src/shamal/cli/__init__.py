@@ -25,6 +25,7 @@ from shamal.cli import (
 )
 from shamal.cli import features as features_cmd
 from shamal.cli import lineage as lineage_cmd
+from shamal.cli import pipeline as pipeline_cmd
 from shamal.cli import tune as tune_cmd
 from shamal.cli._common import ShamalGroup
 from shamal.cli.server import server
@@ -82,6 +83,7 @@ app.add_typer(deploy.deployments, name="deployments")
 app.add_typer(data.app, name="data")
 app.command("lineage")(lineage_cmd.lineage)
 app.add_typer(features_cmd.app, name="features")
+app.add_typer(pipeline_cmd.app, name="pipeline")
 
 
 def main() -> None:

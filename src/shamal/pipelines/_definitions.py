@@ -228,6 +228,8 @@ class Trigger:
 
     @classmethod
     def from_json(cls, what: str, data: object) -> Trigger:
+        if isinstance(data, Mapping) and True in data:  # YAML 1.1 reads the key `on` as true
+            data = {("on" if k is True else k): v for k, v in data.items()}
         if not isinstance(data, Mapping) or ("on" in data) == ("schedule" in data):
             raise InvalidParameter(
                 f"{what} needs exactly one of 'on' (an event filter) or "
@@ -393,8 +395,10 @@ def _command(what: str, value: object) -> tuple[str, ...] | None:
 def _list(what: str, value: object) -> list[object]:
     if value is None:
         return []
-    if not isinstance(value, list) or len(value) > MAX_STEPS:
+    if not isinstance(value, list):
         raise InvalidParameter(f"{what}: expected a list")
+    if len(value) > MAX_STEPS:
+        raise InvalidParameter(f"{what}: at most {MAX_STEPS} steps")
     return value
 
 

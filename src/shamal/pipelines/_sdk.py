@@ -29,6 +29,7 @@ pipeline's folder: the code snapshot the server runs them from.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import importlib.util
 import inspect
 import sys
@@ -334,7 +335,9 @@ def import_file(path: Path, root: Path) -> Any:
     """Run the Python file ``path`` as a module named after its place under ``root`` (the
     pipeline's folder, put first on ``sys.path`` so its own imports work)."""
     relative = path.resolve().relative_to(root.resolve())
-    module_name = "_shamal_pipeline_." + ".".join(relative.with_suffix("").parts)
+    # Named after the file's place, so two pipelines' flow.py are two modules.
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"_shamal_pipeline_{where}_" + "_".join(relative.with_suffix("").parts)
     if module_name in sys.modules:
         return sys.modules[module_name]
     if str(root) not in sys.path:

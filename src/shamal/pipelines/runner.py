@@ -35,7 +35,7 @@ def _json(value: Any) -> str:
             return list(item)
         raise TypeError(f"a step's output cannot hold a {type(item).__name__}")
 
-    return json.dumps(value, default=plain, allow_nan=False)
+    return json.dumps(value, default=plain, allow_nan=False, separators=(",", ":"))
 
 
 def _call_function(call: dict[str, Any]) -> Any:

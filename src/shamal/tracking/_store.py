@@ -438,7 +438,7 @@ def log_params(s: Session, run_id: str, params: Sequence[tuple[str, str]]) -> No
     query = select(ParamRow.key, ParamRow.value).where(
         ParamRow.run_id == run_id, ParamRow.key.in_(list(wanted))
     )
-    existing: dict[str, str] = dict(s.execute(query).tuples().all())
+    existing: dict[str, str] = {row.key: row.value for row in s.execute(query)}
     for key, old in existing.items():
         if old != wanted[key]:
             raise InvalidParameter(
