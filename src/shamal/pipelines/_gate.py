@@ -235,9 +235,7 @@ def _wrapped(node: _Node, above: int, *, strict: bool = False) -> str:
 
 def render(node: _Node) -> str:
     """The canonical text of a (sub)expression: what explanations quote."""
-    if isinstance(node, _Literal):
-        return node.text
-    if isinstance(node, _Name):
+    if isinstance(node, _Literal | _Name):
         return node.text
     if isinstance(node, _Unary):
         return node.op + _wrapped(node.operand, 7)
