@@ -437,18 +437,17 @@ class _Parser:
         self._expect("(")
         self._deeper()
         args: list[_Node] = []
-        while not self._is("op", ")"):
+        while not self._is("op", ")") and len(args) <= largest:
             if args:
                 self._expect(",")
             args.append(self._sum())
-            if len(args) > largest:
-                break
-        self._depth -= 1
-        self._expect(")")
         if not smallest <= len(args) <= largest:
             raise InvalidParameter(
-                f"rule: {token.text}() takes {smallest} to {largest} arguments, not {len(args)}"
+                f"rule: {token.text}() takes {smallest} to {largest} arguments"
+                + ("" if len(args) > largest else f", not {len(args)}")
             )
+        self._depth -= 1
+        self._expect(")")
         return _Call(token.text, tuple(args))
 
     def _name(self) -> _Node:
@@ -541,10 +540,12 @@ def _shown_all(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
+_HINT: Final = " (params and tags are text: number(params.x) makes one a number)"
+
+
 def _numeric(value: Value, where: str) -> float | int:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        hint = " (params and tags are text: number(params.x) makes one a number)"
-        raise _Failure(f"{where} takes numbers, not {_text(value)}" + hint * isinstance(value, str))
+        raise _Failure(f"{where} takes numbers, not {_text(value)}" + _HINT * isinstance(value, str))
     return value
 
 
@@ -568,7 +569,8 @@ def _compare(op: str, left: Value, right: Value) -> bool:
         return not _same(left, right)
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right))
     if not numbers and not (isinstance(left, str) and isinstance(right, str)):
-        raise _Failure(f"cannot order {_text(left)} and {_text(right)} with {op}")
+        texts = isinstance(left, str) or isinstance(right, str)
+        raise _Failure(f"cannot order {_text(left)} and {_text(right)} with {op}" + _HINT * texts)
     a: Any = left
     b: Any = right
     if op == "<":
