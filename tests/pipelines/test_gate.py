@@ -227,33 +227,45 @@ _numbers = st.one_of(
 )
 
 
-@st.composite
-def _expressions(draw: st.DrawFn, depth: int = 0) -> tuple[str, Any, dict[str, Any]]:
-    """(text, Python's value, the metrics it names): each node computed with Python's own
-    operators, written with full parentheses, sometimes read through a metric name."""
-    if depth >= 4 or draw(st.booleans()):
-        number = draw(_numbers)
-        if draw(st.booleans()):
-            key = f"m{draw(st.integers(0, 5))}_{depth}_{len(str(number))}"
-            return f"metrics.{key}", number, {key: number}
-        return repr(number), number, {}
-    kind = draw(st.sampled_from(["binary", "binary", "negate", "abs", "min", "max"]))
-    left, a, names = draw(_expressions(depth + 1))
-    if kind == "negate":
-        return f"-({left})", None if a is None else -a, names
-    if kind == "abs":
-        return f"abs({left})", None if a is None else abs(a), names
-    right, b, more = draw(_expressions(depth + 1))
+_Drawn = tuple[str, Any, dict[str, Any]]
+
+
+def _leaf(draw: st.DrawFn, depth: int) -> _Drawn:
+    number = draw(_numbers)
+    if draw(st.booleans()):
+        key = f"m{draw(st.integers(0, 5))}_{depth}_{len(str(number))}"
+        return f"metrics.{key}", number, {key: number}
+    return repr(number), number, {}
+
+
+def _combined(kind: str, op: str, left: _Drawn, right: _Drawn) -> _Drawn:
+    """Two drawn expressions joined by ``kind`` (min, max, or ``op`` for a binary one);
+    the value None stands for a division by zero somewhere inside."""
+    (ltext, a, names), (rtext, b, more) = left, right
     for key, value in more.items():
         if names.setdefault(key, value) != value:  # one name, one value
-            return left, a, names
-    op = draw(st.sampled_from(sorted(_OPS))) if kind == "binary" else kind
-    text = f"{kind}({left}, {right})" if kind in ("min", "max") else f"({left}) {op} ({right})"
-    if a is None or b is None or (op == "/" and b == 0):  # None: a division by zero
+            return left
+    text = f"{kind}({ltext}, {rtext})" if kind in ("min", "max") else f"({ltext}) {op} ({rtext})"
+    if a is None or b is None or (kind == "binary" and op == "/" and b == 0):
         return text, None, names
     if kind in ("min", "max"):
         return text, (min if kind == "min" else max)(a, b), names
     return text, _OPS[op](a, b), names
+
+
+@st.composite
+def _expressions(draw: st.DrawFn, depth: int = 0) -> _Drawn:
+    """(text, Python's value, the metrics it names): each node computed with Python's own
+    operators, written with full parentheses, sometimes read through a metric name."""
+    if depth >= 4 or draw(st.booleans()):
+        return _leaf(draw, depth)
+    kind = draw(st.sampled_from(["binary", "binary", "negate", "abs", "min", "max"]))
+    left, a, names = draw(_expressions(depth + 1))
+    if kind in ("negate", "abs"):
+        value = None if a is None else (-a if kind == "negate" else abs(a))
+        return (f"-({left})" if kind == "negate" else f"abs({left})"), value, names
+    right = draw(_expressions(depth + 1))
+    return _combined(kind, draw(st.sampled_from(sorted(_OPS))), (left, a, names), right)
 
 
 @settings(max_examples=300, deadline=None)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
+from fastapi.testclient import TestClient
 
 from shamal.errors import InvalidParameter, NotFound, PermissionDenied
 from shamal.pipelines import GateReport, PromotionService
@@ -19,6 +22,7 @@ from shamal.registry import TEAM_TAG
 from shamal.security import AuditContext
 from shamal.server import Platform
 from shamal.tracking import Dataset, DatasetInput, LoggedData, Metric
+from tests.pipelines._app import app_with_gates
 from tests.registry.conftest import People, people
 
 __all__ = ["people"]
@@ -302,3 +306,66 @@ def test_a_version_without_a_run_has_only_its_own_figures(world: World) -> None:
     registry.set_registered_model_alias(setup, "churn", "candidate", made.version)
     report = world.promote(f"version == {made.version}", "metrics.f1 > 0", dry_run=True)
     assert [r.passed for r in report.results] == [True, False]
+
+
+# ---------------------------------------------------------------------- the HTTP API
+@pytest.fixture
+def http(world: World) -> Iterator[TestClient]:
+    app = app_with_gates(world.platform.settings, world.platform)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def _post(http: TestClient, world: World, who: str, body: object, name: str = "churn") -> Any:
+    return http.post(f"/api/v1/models/{name}/promote", json=body, headers=world.people.headers(who))
+
+
+def test_the_api_answers_the_report_and_a_refusal_is_200(world: World, http: TestClient) -> None:
+    v1 = world.candidate(0.9)
+    body = {"from_alias": "candidate", "to_alias": "champion", "rules": [TOLERANT]}
+    first = _post(http, world, "mo", body)
+    assert first.status_code == 200, first.text
+    assert first.json()["promoted"] is True
+    assert first.json()["results"][0]["no_champion"] is True
+    world.candidate(0.5)
+    refused = _post(http, world, "mo", body)
+    assert refused.status_code == 200
+    answer = refused.json()
+    assert (answer["passed"], answer["promoted"], answer["champion_version"]) == (False, False, v1)
+    assert answer["results"][0]["values"] == {"metrics.f1": 0.5, "champion.metrics.f1": 0.9}
+    assert world.champion() == v1
+    dry = _post(http, world, "vi", {**body, "dry_run": True})
+    assert dry.status_code == 200
+    assert dry.json()["dry_run"] is True
+    outcomes = [e.outcome for e in world.platform.audit.entries(action="models.promote")]
+    assert outcomes == ["refused", "refused", "ok"]
+
+
+def test_the_api_refuses_bad_requests_and_audits_them(world: World, http: TestClient) -> None:
+    world.candidate(0.9)
+    good = {"from_alias": "candidate", "to_alias": "champion", "rules": [TOLERANT]}
+    cases: list[tuple[str, str, object, int]] = [
+        ("mo", "churn", {**good, "rules": []}, 400),
+        ("mo", "churn", {**good, "rules": ["x" * 100_000]}, 400),
+        ("mo", "churn", {**good, "rules": ["(" * 3000 + "true" + ")" * 3000]}, 400),
+        ("mo", "churn", {**good, "rules": ["().__class__.__bases__ == 1"]}, 400),
+        ("mo", "churn", {**good, "rules": ["true"] * 51}, 400),
+        ("mo", "churn", {**good, "to_alias": "latest"}, 400),
+        ("mo", "churn", {**good, "extra": 1}, 400),
+        ("mo", "churn", {**good, "rules": "true"}, 400),
+        ("mo", "churn", [good], 400),
+        ("mo", "churn", {**good, "from_alias": "nowhere"}, 404),
+        ("mo", "nope", good, 404),
+        ("bo", "churn", good, 404),  # another team's model
+        ("vi", "churn", good, 403),  # a viewer may only dry-run
+    ]
+    for who, name, body, status in cases:
+        answer = _post(http, world, who, body, name)
+        assert answer.status_code == status, (body, answer.text)
+        assert "Traceback" not in answer.text
+        assert set(answer.json()) == {"error_code", "message"}
+    assert world.champion() is None
+    refused = world.platform.audit.entries(action="models.promote", limit=100)
+    assert len(refused) == len(cases)
+    assert all(e.outcome != "ok" for e in refused)
+    assert http.post("/api/v1/models/churn/promote", json=good).status_code == 401

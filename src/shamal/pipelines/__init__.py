@@ -3,7 +3,9 @@ model version may take an alias (``shamal models promote``).
 
 The rule language and the report are pure (:class:`Rule`, :class:`RuleResult`,
 :class:`GateReport`, :func:`junit_xml`); :class:`PromotionService` reads the candidate and the
-champion through the registry, tracking and dataset services and moves the alias.
+champion through the registry, tracking and dataset services and moves the alias;
+``promotion_router`` serves it as ``POST /api/v1/models/{name}/promote``. Both load on first
+use (the CLI imports this package for the report and the JUnit XML only).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from shamal.pipelines._junit import junit_xml
 
 if TYPE_CHECKING:
     from shamal.pipelines._promotion import PromotionService
+    from shamal.pipelines._promotion_api import router as promotion_router
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "PromotionService": ("_promotion", "PromotionService"),
+    "promotion_router": ("_promotion_api", "router"),
 }
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "RuleResult",
     "junit_xml",
     "parse_rules",
+    "promotion_router",
 ]
 
 

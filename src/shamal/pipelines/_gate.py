@@ -545,7 +545,8 @@ _HINT: Final = " (params and tags are text: number(params.x) makes one a number)
 
 def _numeric(value: Value, where: str) -> float | int:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _Failure(f"{where} takes numbers, not {_text(value)}" + _HINT * isinstance(value, str))
+        hint = _HINT if isinstance(value, str) else ""
+        raise _Failure(f"{where} takes numbers, not {_text(value)}{hint}")
     return value
 
 
