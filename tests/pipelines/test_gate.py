@@ -349,3 +349,12 @@ def test_report_json_is_plain_data() -> None:
     assert body["passed"] is True
     assert body["promoted"] is True
     assert body["results"][0]["rule"] == "true"
+
+
+def test_a_report_reads_back_from_its_json() -> None:
+    report = _report("churn", (check("true"), check("metrics.x > 1")), champion=None)
+    assert GateReport.from_json(report.to_json()) == report
+    with pytest.raises(InvalidParameter):
+        GateReport.from_json({"model": "x"})
+    with pytest.raises(InvalidParameter):
+        GateReport.from_json({**report.to_json(), "candidate_version": "v1"})

@@ -825,6 +825,39 @@ class GateReport:
         """Every rule held."""
         return all(r.passed for r in self.results)
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GateReport:
+        """The report :meth:`to_json` (or the promotion API) wrote, read back: what the CLI
+        makes its JUnit XML from.
+
+        Raises:
+            InvalidParameter: not a report's shape.
+        """
+        try:
+            results = tuple(
+                RuleResult(
+                    str(r["rule"]),
+                    bool(r["passed"]),
+                    dict(r.get("values") or {}),
+                    str(r["explanation"]),
+                    bool(r.get("no_champion", False)),
+                )
+                for r in data["results"]
+            )
+            champion = data.get("champion_version")
+            return cls(
+                str(data["model"]),
+                str(data["from_alias"]),
+                str(data["to_alias"]),
+                int(data["candidate_version"]),
+                None if champion is None else int(champion),
+                results,
+                dry_run=bool(data.get("dry_run", False)),
+                promoted=bool(data.get("promoted", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidParameter(f"not a gate report ({type(exc).__name__})") from None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
