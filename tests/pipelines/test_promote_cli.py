@@ -5,6 +5,7 @@ a viewer's token) with a clear message and no trace."""
 from __future__ import annotations
 
 import json
+import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from shamal.cli import app
 from tests.pipelines._live import serving
-from tests.pipelines.conftest import TOLERANT, World
+from tests.pipelines.conftest import SUITE, TOLERANT, World, csv_bytes
 
 # See test_promotion.py: tracking's log_params and SQLAlchemy 2.1.
 pytestmark = pytest.mark.filterwarnings(
@@ -121,3 +122,34 @@ def test_a_rule_is_required(world: World, shamal: Callable[..., Shamal]) -> None
     code, out = shamal("mo")(*PROMOTE)
     assert code == 2  # a usage error: --require is required
     assert "--require" in out
+
+
+def _example_gate(junit: Path) -> list[str]:
+    """The `shamal models promote` command of examples/ci/promote.sh, as argv."""
+    script = (Path(__file__).resolve().parents[2] / "examples/ci/promote.sh").read_text()
+    joined = script.replace("\\\n", " ")
+    line = next(x for x in joined.splitlines() if x.strip().startswith("shamal models promote"))
+    words = shlex.split(line.replace('"$MODEL"', "churn").replace('"$JUNIT"', str(junit)))
+    assert words[:3] == ["shamal", "models", "promote"]
+    return words[1:]
+
+
+def test_the_ci_example_runs_as_written(
+    world: World, shamal: Callable[..., Shamal], tmp_path: Path
+) -> None:
+    datasets = world.platform.datasets
+    datasets.create(world.ctx("mo"), "customers", "red")
+    data = datasets.ingest(world.ctx("mo"), "customers", csv_bytes([1.0]), "csv")
+    datasets.set_suite(world.ctx("rita"), "customers", SUITE)
+    checked = datasets.ingest(world.ctx("mo"), "customers", csv_bytes([1.5]), "csv")
+    assert data.validation is None
+    assert checked.validation is not None
+    world.candidate(0.9, data=f"customers/{checked.version}")
+    junit = tmp_path / "gate.xml"
+    code, out = shamal("mo")(*_example_gate(junit))
+    assert code == 0, out
+    assert ET.parse(junit).getroot().find("testsuite/testcase/failure") is None
+    world.candidate(0.95, data=f"customers/{data.version}")  # better, but unvalidated data
+    code, out = shamal("mo")(*_example_gate(junit))
+    assert code == 1, out
+    assert "data.validation = 'none' == 'passed': failed" in out
