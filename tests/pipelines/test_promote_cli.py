@@ -139,7 +139,7 @@ def test_the_ci_example_runs_as_written(
 ) -> None:
     datasets = world.platform.datasets
     datasets.create(world.ctx("mo"), "customers", "red")
-    data = datasets.ingest(world.ctx("mo"), "customers", csv_bytes([1.0]), "csv")
+    data = datasets.ingest(world.ctx("mo"), "customers", csv_bytes([0.5]), "csv")
     datasets.set_suite(world.ctx("rita"), "customers", SUITE)
     checked = datasets.ingest(world.ctx("mo"), "customers", csv_bytes([1.5]), "csv")
     assert data.validation is None
