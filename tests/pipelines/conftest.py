@@ -54,6 +54,7 @@ class World:
         data: str | None = None,
         tags: dict[str, str] | None = None,
         model: str = "churn",
+        metrics: dict[str, float] | None = None,
     ) -> int:
         """A run that logged f1 (an earlier, lower point first: the latest counts), read
         ``data`` (NAME/N) if given, and became the model's next version at @candidate."""
@@ -63,6 +64,7 @@ class World:
             self.ctx(action="setup"), self.experiment, "train", None, {}
         ).info.run_id
         points = [Metric("f1", f1 / 2, 1, 0), Metric("f1", f1, 2, 1)]
+        points += [Metric(key, value, 2, 0) for key, value in (metrics or {}).items()]
         tracking.log(
             who,
             run,

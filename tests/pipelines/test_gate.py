@@ -174,6 +174,9 @@ def test_canonical_text_keeps_the_meaning() -> None:
         ("metrics." + ".".join(["a"] * 20) + " > 1", "at most"),
         ("and > 1", "expected a value"),
         ("'unterminated > 1", "unexpected character"),
+        ("metrics.f1 > \u00b2", "unexpected character"),  # superscript two: not a digit here
+        ("metrics.f1 > \u0661\u0662", "unexpected character"),  # Arabic-Indic digits
+        ("metrics.f1 > \uff11", "unexpected character"),  # fullwidth one
     ],
 )
 def test_hostile_rules_are_refused_at_parse_time(text: str, says: str) -> None:
@@ -286,6 +289,17 @@ def test_arithmetic_agrees_with_python(
         assert not result.passed or op == "!="
         return
     assert result.passed is _CMP[op](value, bound), (rule, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_expressions())
+def test_canonical_text_reads_back_the_same(expression: _Drawn) -> None:
+    text, _value, names = expression
+    rule = Rule.parse(f"{text} >= 0")
+    again = Rule.parse(rule.text)
+    assert again.text == rule.text
+    context = {"metrics": names}
+    assert again.evaluate(context) == rule.evaluate(context)
 
 
 @settings(max_examples=200, deadline=None)

@@ -237,9 +237,13 @@ def test_the_api_answers_the_report_and_a_refusal_is_200(world: World, http: Tes
     assert (answer["passed"], answer["promoted"], answer["champion_version"]) == (False, False, v1)
     assert answer["results"][0]["values"] == {"metrics.f1": 0.5, "champion.metrics.f1": 0.9}
     assert world.champion() == v1
-    dry = _post(http, world, "vi", {**body, "dry_run": True})
+    world.candidate(0.95, metrics={"loss": float("nan")})
+    odd = {**body, "rules": ["metrics.loss < 1"], "dry_run": True}
+    dry = _post(http, world, "vi", odd)  # a viewer may dry-run
     assert dry.status_code == 200
     assert dry.json()["dry_run"] is True
+    assert dry.json()["results"][0]["values"] == {"metrics.loss": None}  # NaN: JSON has none
+    assert dry.json()["passed"] is False
     outcomes = [e.outcome for e in world.platform.audit.entries(action="models.promote")]
     assert outcomes == ["refused", "refused", "ok"]
 

@@ -112,7 +112,7 @@ Result: TypeAlias = Value | _NoChampion | _Vacuous
 _TOKEN = re.compile(
     r"""
     (?P<space>[ \t\r\n]+)
-  | (?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<number>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)
   | (?P<string>'(?:[^']|'')*')
   | (?P<quoted>`(?:[^`]|``)*`)
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
@@ -478,7 +478,7 @@ class _Parser:
 
 def _number_literal(token: _Token) -> _Literal:
     text = token.text
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return _Literal(int(text), text)
     value = float(text)
     if not math.isfinite(value):
