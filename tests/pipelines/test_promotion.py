@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from shamal.errors import InvalidParameter, NotFound, PermissionDenied
-from tests.pipelines._app import app_with_gates
+from tests.pipelines._app import app_with_gates, has_gates
 from tests.pipelines.conftest import SUITE, TOLERANT, World
 from tests.pipelines.conftest import csv_bytes as _csv
+from tests.test_server import route_inventory_problems
 
 # SQLAlchemy 2.1 (now in the venv) deprecates Result.tuples(), which tracking's log_params
 # still calls (src/shamal/tracking/_store.py:441, not this package's to change): the lead fixes
@@ -276,3 +278,10 @@ def test_the_api_refuses_bad_requests_and_audits_them(world: World, http: TestCl
     assert len(refused) == len(cases)
     assert all(e.outcome != "ok" for e in refused)
     assert http.post("/api/v1/models/churn/promote", json=good).status_code == 401
+
+
+def test_the_route_needs_a_token_and_is_audited(http: TestClient) -> None:
+    app = http.app
+    assert isinstance(app, FastAPI)
+    assert route_inventory_problems(app) == []
+    assert has_gates(app)
