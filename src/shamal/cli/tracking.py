@@ -56,7 +56,8 @@ runs = typer.Typer(
     help="Runs: list, show with metric curves, compare side by side, plot.", no_args_is_help=True
 )
 models = typer.Typer(
-    help="Registered models: list, show versions and aliases, compare versions.",
+    help="Registered models: list, show versions and aliases, compare versions, promote "
+    "through a gate.",
     no_args_is_help=True,
 )
 
@@ -683,12 +684,17 @@ def _print_gate(report: dict[str, Any]) -> None:
 @handle_errors
 def promote_model(
     name: str,
-    from_alias: Annotated[str, typer.Option("--from", help="The alias naming the candidate.")],
-    to_alias: Annotated[str, typer.Option("--to", help="The alias to move (the champion's).")],
+    from_alias: Annotated[
+        str, typer.Option("--from", metavar="ALIAS", help="The alias naming the candidate.")
+    ],
+    to_alias: Annotated[
+        str, typer.Option("--to", metavar="ALIAS", help="The alias to move (the champion's).")
+    ],
     require: Annotated[
         list[str],
         typer.Option(
             "--require",
+            metavar="EXPR",
             help="A rule every promotion must pass, e.g. "
             '"metrics.f1 >= champion.metrics.f1 - 0.01"; repeat for more.',
         ),
@@ -698,7 +704,12 @@ def promote_model(
     ] = False,
     junit: Annotated[
         Path | None,
-        typer.Option("--junit", help="Write the result as JUnit XML here, for CI.", dir_okay=False),
+        typer.Option(
+            "--junit",
+            metavar="PATH",
+            help="Write the result as JUnit XML here, for CI.",
+            dir_okay=False,
+        ),
     ] = None,
     as_json: bool = JsonOption,
 ) -> None:
