@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,9 +132,9 @@ class _Token:
     at: int
 
 
-def _shown(text: str) -> str:
-    """A bit of the rule for an error message: short, and without control characters."""
-    cut = text[:24] + ("..." if len(text) > 24 else "")
+def _shown(text: str, width: int = 24) -> str:
+    """A bit of text for a message: short, and without control characters."""
+    cut = text[:width] + ("..." if len(text) > width else "")
     return "".join(ch if ch.isprintable() else "?" for ch in cut)
 
 
@@ -216,15 +217,9 @@ _PRECEDENCE: Final = {"or": 1, "and": 2, "not": 3, "compare": 4, "+": 5, "-": 5,
 
 
 def _precedence(node: _Node) -> int:
-    if isinstance(node, _Logic):
+    if isinstance(node, _Logic | _Arith):
         return _PRECEDENCE[node.op]
-    if isinstance(node, _Not):
-        return _PRECEDENCE["not"]
-    if isinstance(node, _Compare):
-        return _PRECEDENCE["compare"]
-    if isinstance(node, _Arith):
-        return _PRECEDENCE[node.op]
-    return 9
+    return _PRECEDENCE["not"] if isinstance(node, _Not) else 4 if isinstance(node, _Compare) else 9
 
 
 def _wrapped(node: _Node, above: int, *, strict: bool = False) -> str:
@@ -313,10 +308,14 @@ class _Parser:
         seen = "the end of the rule" if token.kind == "end" else repr(_shown(token.text))
         raise InvalidParameter(f"rule: {why} at column {token.at + 1} (found {seen})")
 
-    def _deeper(self) -> None:
+    def _nested(self, parse: Callable[[], _Node]) -> _Node:
+        """``parse`` one level deeper, refused past ``MAX_DEPTH``."""
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise InvalidParameter(f"rule: nested more than {MAX_DEPTH} levels deep")
+        node = parse()
+        self._depth -= 1
+        return node
 
     def rule(self) -> _Node:
         node = self._or()
@@ -352,9 +351,7 @@ class _Parser:
         if not self._is("word", "not"):
             return self._comparison()
         self._take()
-        self._deeper()
-        operand = self._not()
-        self._depth -= 1
+        operand = self._nested(self._not)
         _require_boolean(operand, "not")
         return _Not(operand)
 
@@ -391,9 +388,7 @@ class _Parser:
         if not self._is("op", "-", "+"):
             return self._atom()
         op = self._take().text
-        self._deeper()
-        operand = self._unary()
-        self._depth -= 1
+        operand = self._nested(self._unary)
         _require_number(operand, op)
         return _Unary(op, operand)
 
@@ -406,9 +401,7 @@ class _Parser:
             return _Literal(token.text[1:-1].replace("''", "'"), token.text)
         if token.kind == "op" and token.text == "(":
             self._take()
-            self._deeper()
-            inner = self._or()
-            self._depth -= 1
+            inner = self._nested(self._or)
             self._expect(")")
             return inner
         if token.kind in ("word", "quoted"):
@@ -435,18 +428,16 @@ class _Parser:
             raise InvalidParameter(f"rule: unknown function {_shown(token.text)!r} ({known})")
         smallest, largest, _ = FUNCTIONS[token.text]
         self._expect("(")
-        self._deeper()
         args: list[_Node] = []
         while not self._is("op", ")") and len(args) <= largest:
             if args:
                 self._expect(",")
-            args.append(self._sum())
+            args.append(self._nested(self._sum))
         if not smallest <= len(args) <= largest:
             raise InvalidParameter(
                 f"rule: {token.text}() takes {smallest} to {largest} arguments"
                 + ("" if len(args) > largest else f", not {len(args)}")
             )
-        self._depth -= 1
         self._expect(")")
         return _Call(token.text, tuple(args))
 
@@ -531,13 +522,8 @@ def _text(value: Result) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, str):
-        shown = value if len(value) <= 64 else value[:61] + "..."
-        return "'" + _shown_all(shown).replace("'", "''") + "'"
+        return "'" + _shown(value, 61).replace("'", "''") + "'"
     return str(value)
-
-
-def _shown_all(text: str) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 _HINT: Final = " (params and tags are text: number(params.x) makes one a number)"
@@ -550,37 +536,36 @@ def _numeric(value: Value, where: str) -> float | int:
     return value
 
 
+_ARITH: Final[Mapping[str, Callable[[Any, Any], Any]]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+}
+_ORDER: Final[Mapping[str, Callable[[Any, Any], Any]]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
 def _arith(op: str, left: Value, right: Value) -> Value:
     a, b = _numeric(left, op), _numeric(right, op)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
+    if op == "/" and b == 0:
         raise _Failure("division by zero")
-    return a / b
+    result: Value = _ARITH[op](a, b)
+    return result
 
 
 def _compare(op: str, left: Value, right: Value) -> bool:
-    if op == "==":
-        return _same(left, right)
-    if op == "!=":
-        return not _same(left, right)
+    if op in ("==", "!="):
+        return _same(left, right) is (op == "==")
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right))
     if not numbers and not (isinstance(left, str) and isinstance(right, str)):
         texts = isinstance(left, str) or isinstance(right, str)
         raise _Failure(f"cannot order {_text(left)} and {_text(right)} with {op}" + _HINT * texts)
-    a: Any = left
-    b: Any = right
-    if op == "<":
-        return bool(a < b)
-    if op == "<=":
-        return bool(a <= b)
-    if op == ">":
-        return bool(a > b)
-    return bool(a >= b)
+    return bool(_ORDER[op](left, right))
 
 
 def _same(left: Value, right: Value) -> bool:
