@@ -56,7 +56,8 @@ runs = typer.Typer(
     help="Runs: list, show with metric curves, compare side by side, plot.", no_args_is_help=True
 )
 models = typer.Typer(
-    help="Registered models: list, show versions and aliases, compare versions.",
+    help="Registered models: list, show versions and aliases, compare versions, promote "
+    "through a gate.",
     no_args_is_help=True,
 )
 
@@ -641,3 +642,91 @@ def compare_models(
         raise typer.BadParameter(f"no version with a source run: {missing}")
     found = [api.get_run(by_number[n]["run_id"]) for n in versions]
     _print_comparison(f"{name}: versions side by side", [f"v{n}" for n in versions], found)
+
+
+def _values_text(values: dict[str, Any]) -> str:
+    """``name = value`` per line (None: no champion); markup escaped."""
+    lines = [escape(f"{name} = {'-' if v is None else repr(v)}") for name, v in values.items()]
+    return "\n".join(lines) or "-"
+
+
+def _print_gate(report: dict[str, Any]) -> None:
+    """The gate as a table (rule, values, result), then what it did to the alias."""
+    table = Table(
+        title=f"Gate: {escape(report['model'])} @{report['from_alias']} -> @{report['to_alias']}"
+    )
+    for column in ("rule", "values", "result"):
+        table.add_column(column, overflow="fold")
+    for result in report["results"]:
+        verdict = "[green]passed[/]" if result["passed"] else "[red]failed[/]"
+        table.add_row(
+            escape(result["rule"]),
+            _values_text(result["values"]),
+            f"{verdict}\n{escape(result['explanation'])}",
+        )
+    console.print(table)
+    candidate, champion = report["candidate_version"], report["champion_version"]
+    was = f"v{champion}" if champion is not None else "no version"
+    target = f"@{report['to_alias']}"
+    if report["promoted"]:
+        console.print(f"[green]promoted[/] v{candidate} to {target} (was {was})")
+    elif report["passed"]:
+        console.print(f"[green]passed[/] (dry run): v{candidate} would take {target} from {was}")
+    else:
+        failed = sum(1 for r in report["results"] if not r["passed"])
+        console.print(
+            f"[red]refused[/]: {failed} of {len(report['results'])} rules failed; "
+            f"{target} stays at {was}"
+        )
+
+
+@models.command("promote")
+@handle_errors
+def promote_model(
+    name: str,
+    from_alias: Annotated[
+        str, typer.Option("--from", metavar="ALIAS", help="The alias naming the candidate.")
+    ],
+    to_alias: Annotated[
+        str, typer.Option("--to", metavar="ALIAS", help="The alias to move (the champion's).")
+    ],
+    require: Annotated[
+        list[str],
+        typer.Option(
+            "--require",
+            metavar="EXPR",
+            help="A rule every promotion must pass, e.g. "
+            '"metrics.f1 >= champion.metrics.f1 - 0.01"; repeat for more.',
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Evaluate the rules; move nothing.")
+    ] = False,
+    junit: Annotated[
+        Path | None,
+        typer.Option(
+            "--junit",
+            metavar="PATH",
+            help="Write the result as JUnit XML here, for CI.",
+            dir_okay=False,
+        ),
+    ] = None,
+    as_json: bool = JsonOption,
+) -> None:
+    """Move an alias to the version another names, only if every rule holds.
+
+    Exits 0 when promoted (or, with --dry-run, when it would be), 1 when refused or on error.
+    """
+    report = client().promote(
+        name, from_alias=from_alias, to_alias=to_alias, rules=require, dry_run=dry_run
+    )
+    if junit is not None:
+        from shamal.pipelines import GateReport, junit_xml  # the report's XML, on demand
+
+        junit.write_text(junit_xml(GateReport.from_json(report)), encoding="utf-8")
+    if as_json:
+        console.print_json(data=report)
+    else:
+        _print_gate(report)
+    if not report["passed"]:
+        raise typer.Exit(1)

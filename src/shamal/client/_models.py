@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -111,7 +111,7 @@ def _contained(root: Path, member: PurePosixPath) -> Path:
 
 
 class ModelCalls(ClientCalls):
-    """Calls used by ``shamal optimize`` and ``shamal serve``."""
+    """Calls used by ``shamal optimize``, ``shamal serve`` and ``shamal models promote``."""
 
     # ------------------------------------------------------------------ reading versions
     def get_model_version(self, name: str, version: int) -> ModelRef:
@@ -330,6 +330,39 @@ class ModelCalls(ClientCalls):
         }
         made = self.request("POST", f"{MLFLOW}/model-versions/create", json=body)
         return _ref_of(made["model_version"])
+
+    # ------------------------------------------------------------------ promotion gates
+    def promote(
+        self,
+        name: str,
+        *,
+        from_alias: str,
+        to_alias: str,
+        rules: Sequence[str],
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Move ``to_alias`` to the version at ``from_alias`` if every rule holds
+        (``POST /api/v1/models/{name}/promote``).
+
+        Returns:
+            The gate's report: ``passed``, ``promoted``, the versions, and one result per rule
+            (``rule``, ``passed``, ``values``, ``explanation``). A refused promotion is a
+            report with ``passed`` false, not an error.
+
+        Raises:
+            InvalidParameter: no rule, a malformed rule or alias.
+            NotFound: no such model (or not visible), or no version at ``from_alias``.
+            PermissionDenied: a role too low to move the model's aliases.
+        """
+        body = {
+            "from_alias": from_alias,
+            "to_alias": to_alias,
+            "rules": list(rules),
+            "dry_run": dry_run,
+        }
+        path = f"/api/v1/models/{quote(name, safe='')}/promote"
+        report: dict[str, Any] = self.request("POST", path, json=body)
+        return report
 
 
 def _chunks(source: IO[bytes]) -> Iterator[bytes]:

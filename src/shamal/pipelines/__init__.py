@@ -1,6 +1,12 @@
 """Pipelines: DAGs of steps that run as scheduled jobs, with a step cache that is never
 wrong, triggers (events and cron schedules) and CI/CD promotion gates.
 
+Gates decide, by rules over a candidate's figures, whether a model version may take an alias
+(``shamal models promote``): the rule language and the report are pure (:class:`Rule`,
+:class:`GateReport`, :func:`junit_xml`); :class:`PromotionService` reads the candidate and the
+champion through the registry, tracking and dataset services and moves the alias, served as
+``POST /api/v1/models/{name}/promote`` by ``promotion_router``.
+
 Users write ``@step`` and ``@pipeline`` functions (or a YAML file) and run them with
 ``shamal pipeline run``; the server keeps each run's state in the database and moves it on
 from the scheduler's loop (:class:`PipelineService`).
@@ -24,6 +30,15 @@ from shamal.pipelines._definitions import (
     StepSpec,
     Trigger,
 )
+from shamal.pipelines._gate import (
+    MAX_RULE_CHARS,
+    MAX_RULES,
+    GateReport,
+    Rule,
+    RuleResult,
+    parse_rules,
+)
+from shamal.pipelines._junit import junit_xml
 from shamal.pipelines._sdk import (
     DatasetInput,
     Output,
@@ -39,12 +54,16 @@ from shamal.pipelines._sdk import (
 if TYPE_CHECKING:
     from shamal.pipelines._engine import RunState, StepState
     from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
+    from shamal.pipelines._promotion import PromotionService
+    from shamal.pipelines._promotion_api import router as promotion_router
     from shamal.pipelines._service import PipelineService
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "PipelineInfo": ("_entities", "PipelineInfo"),
     "PipelineRun": ("_entities", "PipelineRun"),
     "PipelineService": ("_service", "PipelineService"),
+    "PromotionService": ("_promotion", "PromotionService"),
+    "promotion_router": ("_promotion_api", "router"),
     "RunState": ("_engine", "RunState"),
     "StepRun": ("_entities", "StepRun"),
     "StepState": ("_engine", "StepState"),
@@ -52,6 +71,15 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "MAX_MAP_ITEMS",
+    "MAX_RULES",
+    "MAX_RULE_CHARS",
+    "GateReport",
+    "PromotionService",
+    "Rule",
+    "RuleResult",
+    "junit_xml",
+    "parse_rules",
+    "promotion_router",
     "MAX_STEPS",
     "MAX_VALUE_BYTES",
     "DatasetInput",
