@@ -1,6 +1,5 @@
 """A live HTTP server in this process (uvicorn on a thread) serving the platform's app with
-the promotion router mounted: the CLI reaches it over TCP as it would any server. (A
-``shamal server`` process would not mount the router until the server does it itself.)"""
+its routers: the CLI reaches it over TCP as it would any server."""
 
 from __future__ import annotations
 
@@ -11,16 +10,15 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from shamal.server import Platform
+from shamal.server import Platform, create_app
 from tests.live import free_port
-from tests.pipelines._app import app_with_gates
 
 
 @contextmanager
 def serving(platform: Platform, deadline_s: float = 30.0) -> Iterator[str]:
     """The URL of the platform's app served on a free loopback port until the block ends."""
     port = free_port()
-    app = app_with_gates(platform.settings, platform)
+    app = create_app(platform.settings, platform)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="gate-server", daemon=True)

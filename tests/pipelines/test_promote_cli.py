@@ -17,11 +17,6 @@ from shamal.cli import app
 from tests.pipelines._live import serving
 from tests.pipelines.conftest import SUITE, TOLERANT, World, csv_bytes
 
-# See test_promotion.py: tracking's log_params and SQLAlchemy 2.1.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Result.tuples\\(\\) method is deprecated:DeprecationWarning"
-)
-
 Shamal = Callable[..., tuple[int, str]]
 PROMOTE = ("models", "promote", "churn", "--from", "candidate", "--to", "champion")
 

@@ -13,17 +13,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from shamal.errors import InvalidParameter, NotFound, PermissionDenied
-from tests.pipelines._app import app_with_gates, has_gates
+from shamal.server import create_app
 from tests.pipelines.conftest import SUITE, TOLERANT, World
 from tests.pipelines.conftest import csv_bytes as _csv
 from tests.test_server import route_inventory_problems
-
-# SQLAlchemy 2.1 (now in the venv) deprecates Result.tuples(), which tracking's log_params
-# still calls (src/shamal/tracking/_store.py:441, not this package's to change): the lead fixes
-# it there; until then this one warning is not an error here.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Result.tuples\\(\\) method is deprecated:DeprecationWarning"
-)
 
 
 def test_first_promotion_then_a_refusal_then_a_tolerated_candidate(world: World) -> None:
@@ -216,7 +209,7 @@ def test_a_version_without_a_run_has_only_its_own_figures(world: World) -> None:
 # ---------------------------------------------------------------------- the HTTP API
 @pytest.fixture
 def http(world: World) -> Iterator[TestClient]:
-    app = app_with_gates(world.platform.settings, world.platform)
+    app = create_app(world.platform.settings, world.platform)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -284,4 +277,3 @@ def test_the_route_needs_a_token_and_is_audited(http: TestClient) -> None:
     app = http.app
     assert isinstance(app, FastAPI)
     assert route_inventory_problems(app) == []
-    assert has_gates(app)

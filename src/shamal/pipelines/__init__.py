@@ -52,7 +52,7 @@ from shamal.pipelines._sdk import (
 )
 
 if TYPE_CHECKING:
-    from shamal.pipelines._engine import RunState, StepState
+    from shamal.pipelines._engine import RunState, StepState, step_condition
     from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
     from shamal.pipelines._promotion import PromotionService
     from shamal.pipelines._promotion_api import router as promotion_router
@@ -67,6 +67,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "RunState": ("_engine", "RunState"),
     "StepRun": ("_entities", "StepRun"),
     "StepState": ("_engine", "StepState"),
+    "step_condition": ("_engine", "step_condition"),
 }
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "load_pipeline",
     "pipeline",
     "step",
+    "step_condition",
 ]
 
 

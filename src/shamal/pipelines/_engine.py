@@ -17,6 +17,7 @@ from typing import Any
 
 from shamal.errors import InvalidParameter
 from shamal.pipelines._definitions import MAX_MAP_ITEMS, PipelineSpec, Ref, StepSpec
+from shamal.pipelines._gate import Rule, check_step_name
 
 __all__ = [
     "ACTIVE",
@@ -31,6 +32,7 @@ __all__ = [
     "advance",
     "item_key",
     "run_state",
+    "step_condition",
 ]
 
 
@@ -63,6 +65,20 @@ FAILED = frozenset({StepState.FAILED, StepState.UPSTREAM_FAILED, StepState.CANCE
 #: Evaluates a step's ``when`` rule against ``{"params": ..., "steps": {name: {"output":
 #: ...}}}``; raises InvalidParameter for a rule that cannot be evaluated.
 Condition = Callable[[str, Mapping[str, Any]], bool]
+
+
+def step_condition(rule: str, context: Mapping[str, Any]) -> bool:
+    """A step's ``when``, in the gates' rule language over ``params.*`` and
+    ``steps.STEP.output...`` (a name that is not there makes it false). With ``__check__``
+    in the context it is only parsed (a registration checks it).
+
+    Raises:
+        InvalidParameter: a rule that does not parse, or reads other names.
+    """
+    parsed = Rule.parse(rule, names=check_step_name)
+    if context.get("__check__"):
+        return True
+    return parsed.evaluate(context).passed
 
 
 def item_key(name: str, index: int) -> str:

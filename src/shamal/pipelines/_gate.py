@@ -53,6 +53,7 @@ from shamal.errors import InvalidParameter
 
 __all__ = [
     "CANDIDATE_ROOTS",
+    "check_step_name",
     "FUNCTIONS",
     "MAX_DEPTH",
     "MAX_RULES",
@@ -85,6 +86,8 @@ _CHAMPION: Final = "champion"
 _GROUPS: Final = frozenset({"metrics", "params", "tags", "version_tags", "data", "fidelity"})
 
 Value: TypeAlias = float | int | str | bool | None
+#: Checks the parts of a name a rule reads; raises InvalidParameter for one it may not.
+NameCheck: TypeAlias = Callable[[tuple[str, ...]], tuple[str, ...]]
 
 
 class _NoChampion:
@@ -280,8 +283,9 @@ class _Parser:
     """Recursive descent over the tokens, with a depth bound (no stack overflow on hostile
     nesting: each level costs a few Python frames, and there are at most ``MAX_DEPTH``)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, check: NameCheck) -> None:
         self._tokens = _tokens(text)
+        self._check = check
         self._at = 0
         self._depth = 0
 
@@ -448,7 +452,7 @@ class _Parser:
             parts.append(self._part())
             if len(parts) > _MAX_NAME_PARTS:
                 raise InvalidParameter(f"rule: a name has at most {_MAX_NAME_PARTS} parts")
-        return _Name(_check_name(tuple(parts)))
+        return _Name(self._check(tuple(parts)))
 
     def _part(self) -> str:
         token = self._next
@@ -493,6 +497,21 @@ def _check_name(path: tuple[str, ...]) -> tuple[str, ...]:
     if rest[0] == "version" and len(rest) > 1:
         raise InvalidParameter(f"rule: {shown!r}: version is a number, with no parts")
     return path
+
+
+def check_step_name(path: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a pipeline step's ``when`` may read: ``params.NAME`` and
+    ``steps.STEP.output[.KEY...]``."""
+    if any(part.startswith("__") for part in path):
+        raise InvalidParameter("rule: names starting with '__' are not allowed")
+    shown = _shown(".".join(path))
+    if path[0] == "params" and len(path) == 2:
+        return path
+    if path[0] == "steps" and len(path) >= 3 and path[2] == "output":
+        return path
+    raise InvalidParameter(
+        f"rule: unknown name {shown!r}: a condition reads params.NAME or steps.STEP.output[.KEY]"
+    )
 
 
 def _require_boolean(node: _Node, op: str) -> None:
@@ -706,8 +725,10 @@ class Rule:
     _tree: _Node = field(repr=False, compare=False)
 
     @classmethod
-    def parse(cls, text: str) -> Rule:
-        """Parse one rule.
+    def parse(cls, text: str, *, names: NameCheck | None = None) -> Rule:
+        """Parse one rule; ``names`` checks each name it reads (default: a gate's names,
+        :data:`CANDIDATE_ROOTS`; a pipeline step's ``when`` reads ``steps.*`` and
+        ``params.*``).
 
         Raises:
             InvalidParameter: empty, longer than ``MAX_RULE_CHARS``, holding control
@@ -720,7 +741,7 @@ class Rule:
             raise InvalidParameter(f"rule: longer than {MAX_RULE_CHARS} characters")
         if any(not ch.isprintable() and ch not in " \t\r\n" for ch in text):
             raise InvalidParameter("rule: control characters are not allowed")
-        tree = _Parser(text).rule()
+        tree = _Parser(text, names or _check_name).rule()
         return cls(render(tree), tree)
 
     def names(self) -> tuple[str, ...]:

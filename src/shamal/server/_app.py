@@ -24,6 +24,7 @@ from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
 from shamal.mlflow import registry_router, tracking_router
 from shamal.pipelines import api as pipelines_api
+from shamal.pipelines import promotion_router
 from shamal.registry import api as registry_api
 from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
@@ -83,6 +84,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.dataset_sources = platform.dataset_sources
     app.state.features = platform.features
     app.state.pipelines = platform.pipelines
+    app.state.promotion = platform.promotion
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -152,6 +154,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(lineage_api.router)
     app.include_router(features_api.router)
     app.include_router(pipelines_api.router)
+    app.include_router(promotion_router)
     return app
 
 

@@ -5,22 +5,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from shamal.artifacts import ArtifactService, BlobStore, Keyring, open_blob_store, open_data_stores
 from shamal.config import Settings
 from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolicy
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
-from shamal.errors import InvalidParameter
 from shamal.executors import detect_local_gpus
 from shamal.features import FeatureStoreService
 from shamal.jobs import JobService
 from shamal.lineage import LineageService
-from shamal.pipelines import PipelineService
+from shamal.pipelines import PipelineService, PromotionService, step_condition
 from shamal.registry import RegistryService
 from shamal.scheduler.core import Cluster
 from shamal.scheduler.live import (
@@ -70,6 +68,7 @@ class Platform:
     dataset_sources: SourceIngestion
     features: FeatureStoreService
     pipelines: PipelineService
+    promotion: PromotionService
     audit_watch: AuditWatch
     admin_secret: str | None = None
 
@@ -187,13 +186,10 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
             condition=step_condition,
             resolve_dataset=_dataset_resolver(datasets),
         ),
+        promotion=PromotionService(db, audit, registry, tracking, datasets),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
         admin_secret=admin_secret,
     )
-
-
-def step_condition(rule: str, context: Mapping[str, Any]) -> bool:  # replaced at the gate's merge
-    raise InvalidParameter("conditions are not available yet")
 
 
 def _dataset_resolver(datasets: DatasetService) -> Callable[[AuditContext, str], str]:
