@@ -284,11 +284,21 @@ def run_shamal(steps: int, work: Path, timeout_s: float = 900.0) -> dict[str, An
         # "started_at", "finished_at"}, ...]}.
         argv = [sys.executable, "-m", "shamal", "pipeline", "run", f"{pipeline_file}:fanout"]
         argv += ["--param", f"n={steps}", "--wait", "--json"]
-        return _run_json(argv, client_env, work, work / "shamal-cli.log", timeout_s)
+        result = _run_json(argv, client_env, work, work / "shamal-cli.log", timeout_s)
+        result.setdefault("version", _commit())
+        return result
     except RuntimeError as exc:
         return {"failed": str(exc).splitlines()[0], "process_s": 0.0}
     finally:
         server.stop()
+
+
+def _commit() -> str:
+    """The checkout's commit, short: what the table calls Shamal's version."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "-"
 
 
 # ------------------------------------------------------------------------------ figures
