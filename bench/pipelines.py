@@ -90,17 +90,17 @@ PIPELINE_SOURCE = '''\
 from shamal.pipelines import pipeline, step
 
 
-@step(cpus=0.1, memory_mib=128)
+@step(cpus=1, memory_mib=256)
 def items(n: int) -> list[int]:
     return list(range(n))
 
 
-@step(cpus=0.1, memory_mib=128)
+@step(cpus=1, memory_mib=256)
 def noop(i: int) -> int:
     return i
 
 
-@step(cpus=0.1, memory_mib=128)
+@step(cpus=1, memory_mib=256)
 def gather(values: list[int]) -> int:
     return len(values)
 
@@ -278,9 +278,7 @@ def run_shamal(steps: int, work: Path, timeout_s: float = 900.0) -> dict[str, An
         server.start()
         server.settle()
         client_env = {**env, "SHAMAL_URL": server.url, "SHAMAL_TOKEN": server.token or ""}
-        # TODO(issue 22, lead): `shamal pipeline run` lands with the pipelines package; this is
-        # the one call the benchmark makes to it, written against the contract: stdout's last
-        # line is {"run_id", "state", "wall_s", "steps": [{"name", "state", "ready_at",
+        # stdout: {"run_id", "state", "wall_s", "steps": [{"name", "state", "ready_at",
         # "started_at", "finished_at"}, ...]}.
         argv = [sys.executable, "-m", "shamal", "pipeline", "run", f"{pipeline_file}:fanout"]
         argv += ["--param", f"n={steps}", "--wait", "--json"]

@@ -236,6 +236,9 @@ class SchedulerSettings(BaseModel):
         "`shamal scheduler run` gives jobs no credentials without it)",
     )
     tick_s: float = Field(default=1.0, gt=0, le=60)
+    launch_concurrency: int = Field(
+        default=8, ge=1, le=64, description="jobs a scheduler launches at once in one tick"
+    )
     fair_share_half_life_h: float = Field(
         default=168.0, gt=0, description="past usage counts half after this many hours"
     )

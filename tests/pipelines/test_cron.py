@@ -19,7 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shamal.errors import InvalidParameter
-from shamal.pipelines._cron import ON_TIME, CronSchedule, due_ticks
+from shamal.pipelines import ON_TIME, CronSchedule, due_ticks
 
 ZONES = ("Europe/Berlin", "America/New_York", "Asia/Dubai", "Australia/Lord_Howe", "UTC")
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")

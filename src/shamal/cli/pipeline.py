@@ -109,10 +109,13 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
         "state": run["state"],
         "wall_s": _wall_s(run),
         "reason": run["reason"],
+        # Each step that ran as one (a mapped step's items, not the step they make up).
         "steps": [
             {k: s[k] for k in ("key", "name", "state", "ready_at", "started_at", "finished_at")}
             for s in run["steps"]
+            if s.get("fan_out") is None
         ],
+        "mapped": {s["key"]: s["fan_out"] for s in run["steps"] if s.get("fan_out") is not None},
     }
 
 
@@ -143,11 +146,11 @@ def run(
         )
     if not wait:
         if as_json:
-            console.print_json(json.dumps(_summary(started)))
+            typer.echo(json.dumps(_summary(started)))  # one line, for scripts
         return
     done = _wait(api, started["id"], quiet=as_json)
     if as_json:
-        console.print_json(json.dumps(_summary(done)))
+        typer.echo(json.dumps(_summary(done)))
     else:
         _print_run(api, done)
     if done["state"] != "succeeded":

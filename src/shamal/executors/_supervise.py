@@ -45,6 +45,7 @@ from shamal.executors._protocol import DISK_LIMIT, OUT_OF_MEMORY, ExitReason, Ex
 __all__ = ["main"]
 
 _TICK_S = 1.0  # longest sleep of the loop: deadlines are checked at least this often
+_EXITING_POLL_S = 0.005
 _DRAIN_S = 2.0  # how long to read leftover output after the last worker exited
 _DISK_CHECK_S = 2.0  # the shortest pause between two measures of a job's folder
 
@@ -86,6 +87,8 @@ class _Worker:
         self.identity: ProcessIdentity | None = None
         self.framer = LineFramer(prefix)
         self.code: int | None = None
+        #: When its output ended (monotonic): it is exiting, or closed its output and runs on.
+        self.eof_at: float | None = None
 
     @property
     def live(self) -> bool:
@@ -201,6 +204,10 @@ class Supervisor:
     def _timeout(self) -> float:
         now = time.monotonic()
         due = [t for t in (self.kill_at, self.limit_at) if t is not None]
+        if any(w.live and w.eof_at is not None and now - w.eof_at < 2.0 for w in self.workers):
+            # A worker whose output just ended is about to exit: reap it within milliseconds
+            # rather than a whole tick (the job's end is what the scheduler waits for).
+            due.append(now + _EXITING_POLL_S)
         return max(0.0, min([_TICK_S, *(t - now for t in due)]))
 
     def _pump(self, worker: _Worker) -> bool:
@@ -216,6 +223,7 @@ class Supervisor:
             self.write(worker.framer.feed(data))
             return True
         self.sel.unregister(fd)
+        worker.eof_at = time.monotonic()
         self.write(worker.framer.flush())
         return False
 

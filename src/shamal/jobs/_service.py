@@ -18,7 +18,7 @@ import logging
 import re
 import tempfile
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -154,6 +154,8 @@ class JobService:
         self._data_regions = data_regions
         self._classes = {c.name: c for c in settings.priority_classes}
         self._clock = clock
+        #: Called after each submission (the live scheduler in this process wakes up).
+        self.on_submit: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ snapshots
     def _snapshot_team(self, principal: Principal | None, team: str | None) -> str | None:
@@ -343,12 +345,15 @@ class JobService:
             return stored
 
         try:
-            return self._db.run(work)
+            stored = self._db.run(work)
         except AlreadyExists:
             found = self._submitted(principal, job.id) if spec.id is not None else None
             if found is None:
                 raise
             return found  # the same submission, made twice at once
+        for wake in self.on_submit:
+            wake()
+        return stored
 
     def _submitted(self, principal: Principal, job_id: str) -> Job | None:
         """The job ``job_id`` if the caller submitted it already (an idempotent retry)."""

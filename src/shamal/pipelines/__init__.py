@@ -30,15 +30,6 @@ from shamal.pipelines._definitions import (
     StepSpec,
     Trigger,
 )
-from shamal.pipelines._gate import (
-    MAX_RULE_CHARS,
-    MAX_RULES,
-    GateReport,
-    Rule,
-    RuleResult,
-    parse_rules,
-)
-from shamal.pipelines._junit import junit_xml
 from shamal.pipelines._sdk import (
     DatasetInput,
     Output,
@@ -52,13 +43,33 @@ from shamal.pipelines._sdk import (
 )
 
 if TYPE_CHECKING:
+    from shamal.pipelines._cron import ON_TIME, CronSchedule, due_ticks
     from shamal.pipelines._engine import RunState, StepState, step_condition
     from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
+    from shamal.pipelines._gate import (
+        MAX_RULE_CHARS,
+        MAX_RULES,
+        GateReport,
+        Rule,
+        RuleResult,
+        parse_rules,
+    )
+    from shamal.pipelines._junit import junit_xml
     from shamal.pipelines._promotion import PromotionService
     from shamal.pipelines._promotion_api import router as promotion_router
     from shamal.pipelines._service import PipelineService
 
 _WHERE: dict[str, tuple[str, str | None]] = {
+    "MAX_RULE_CHARS": ("_gate", "MAX_RULE_CHARS"),
+    "MAX_RULES": ("_gate", "MAX_RULES"),
+    "GateReport": ("_gate", "GateReport"),
+    "Rule": ("_gate", "Rule"),
+    "RuleResult": ("_gate", "RuleResult"),
+    "parse_rules": ("_gate", "parse_rules"),
+    "junit_xml": ("_junit", "junit_xml"),
+    "CronSchedule": ("_cron", "CronSchedule"),
+    "ON_TIME": ("_cron", "ON_TIME"),
+    "due_ticks": ("_cron", "due_ticks"),
     "PipelineInfo": ("_entities", "PipelineInfo"),
     "PipelineRun": ("_entities", "PipelineRun"),
     "PipelineService": ("_service", "PipelineService"),
@@ -72,6 +83,9 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "MAX_MAP_ITEMS",
+    "ON_TIME",
+    "CronSchedule",
+    "due_ticks",
     "MAX_RULES",
     "MAX_RULE_CHARS",
     "GateReport",

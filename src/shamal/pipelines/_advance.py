@@ -64,7 +64,7 @@ class Services:
     clock: Clock
     environment: Mapping[str, str]
     max_map_items: int
-    #: Resolves ``NAME[@ALIAS]`` to ``NAME@NUMBER`` as the run's user may read it.
+    #: Resolves ``NAME[@ALIAS]`` to ``NAME/NUMBER`` as the run's user may read it.
     resolve_dataset: Any
 
 

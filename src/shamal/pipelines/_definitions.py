@@ -71,7 +71,7 @@ _TEAM = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _FUNCTION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}\.py:[A-Za-z_][A-Za-z0-9_.]{0,127}$")
 _REF = re.compile(r"^\$\{([^{}]{1,512})\}$")
 _PATH_PART = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_-]{0,127}|[0-9]{1,6})$")
-_DATASET = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}(?:@[A-Za-z0-9_.-]{1,64})?$")
+_DATASET = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}(?:@[A-Za-z0-9_.-]{1,64}|/[0-9]{1,9})?$")
 RefKind = Literal["value", "param", "step", "dataset"]
 CatchUp = Literal["all", "latest", "none"]
 
@@ -122,7 +122,7 @@ class Ref:
 
     ``value``: a literal (``value``); ``param``: the run's parameter ``name``; ``step``:
     the output of step ``name``, indexed by ``path`` (keys and list positions); ``dataset``:
-    a dataset version (``customers@prod``, ``customers@3``, ``customers``: the latest),
+    a dataset version (``customers@prod``, ``customers/3``, ``customers``: the latest),
     resolved to its number when the step starts, which is what the cache key holds.
     """
 
@@ -169,7 +169,7 @@ def _ref_name(what: str, kind: str, name: object) -> str:
         if not isinstance(name, str) or not _DATASET.match(name):
             raise InvalidParameter(
                 f"{what}: {str(name)[:70]!r} is not a dataset reference (NAME, NAME@ALIAS or "
-                "NAME@VERSION)"
+                "NAME/VERSION)"
             )
         return name
     return check_name(f"{what}: the {kind}", name)

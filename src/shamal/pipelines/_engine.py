@@ -179,16 +179,19 @@ def _blocked(step: StepSpec, records: Mapping[str, StepRecord]) -> Settle | bool
     """None: every step it needs is done; True: some are still on their way; a Settle: it
     can never run (one failed, or was skipped)."""
     waiting = False
+    skipped: str | None = None
     for name in step.upstream:
         record = records.get(name)
         if record is None or record.state in ACTIVE:
             waiting = True
-        elif record.state in FAILED:
+        elif record.state in FAILED:  # a failure wins over a skip: the run failed
             reason = f"{name} {record.state.value.replace('_', ' ')}"
             return Settle(step.name, step.name, StepState.UPSTREAM_FAILED, reason=reason)
         elif record.state == StepState.SKIPPED:
-            reason = f"skipped: {name} was skipped"
-            return Settle(step.name, step.name, StepState.SKIPPED, reason=reason)
+            skipped = skipped or name
+    if skipped is not None and not waiting:
+        reason = f"skipped: {skipped} was skipped"
+        return Settle(step.name, step.name, StepState.SKIPPED, reason=reason)
     return True if waiting else None
 
 

@@ -86,13 +86,13 @@ class Param:
 
 @dataclass(frozen=True, slots=True)
 class DatasetInput:
-    """A dataset version a step reads (``wine``: the latest; ``wine@prod``; ``wine@3``)."""
+    """A dataset version a step reads (``wine``: the latest; ``wine@prod``; ``wine/3``)."""
 
     ref: str
 
 
 def dataset(ref: str) -> DatasetInput:
-    """A dataset version as a step's argument; the step gets ``NAME@NUMBER``, the version it
+    """A dataset version as a step's argument; the step gets ``NAME/NUMBER``, the version it
     was resolved to when it started (which is what its cache key holds)."""
     return DatasetInput(ref)
 

@@ -58,7 +58,7 @@ class PipelineService:
         condition: evaluates a step's ``when`` rule (see :class:`shamal.pipelines.Rule`).
         check_trigger: raises InvalidParameter for a trigger that cannot work (an event
             filter that does not parse, a schedule that is not a cron expression).
-        resolve_dataset: ``(ctx, "NAME[@ALIAS]") -> "NAME@NUMBER"`` as the context's
+        resolve_dataset: ``(ctx, "NAME[@ALIAS]") -> "NAME/NUMBER"`` as the context's
             principal may read it.
     """
 

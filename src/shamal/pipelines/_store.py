@@ -244,6 +244,16 @@ def run_of_trigger(s: Session, pipeline: str, trigger_key: str) -> str | None:
     return s.scalars(query).first()
 
 
+def running_scheduled(s: Session, pipeline: str) -> str | None:
+    """The id of a run of ``pipeline`` that a schedule started and that still runs."""
+    query = select(PipelineRunRow.id).where(
+        PipelineRunRow.pipeline == pipeline,
+        PipelineRunRow.state == "running",
+        PipelineRunRow.trigger_key.like("schedule:%"),
+    )
+    return s.scalars(query.limit(1)).first()
+
+
 def steps(s: Session, run_id: str) -> list[StepRun]:
     query = select(PipelineStepRow).where(PipelineStepRow.run_id == run_id)
     return [_step(r) for r in s.scalars(query)]

@@ -18,10 +18,10 @@ import os
 import subprocess  # a command step runs its own command, in its own job
 import sys
 import traceback
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 #: A step's output as JSON: the same limit the server holds small values to.
 MAX_OUTPUT_BYTES = 16 * 1024
@@ -74,17 +74,25 @@ def _report(call: dict[str, Any], output: Any) -> None:
         )
     url = os.environ["SHAMAL_URL"].rstrip("/")
     path = f"/api/v1/pipeline-runs/{call['run']}/steps/{call['key']}/output"
-    answer = httpx.post(
+    # The standard library's client: a step's process starts in a few milliseconds less
+    # than with httpx, which a fan-out of thousands of steps pays each time.
+    request = urllib.request.Request(  # noqa: S310 - the platform's own URL, http(s)
         url + path,
-        content=json.dumps({"job_id": os.environ.get("SHAMAL_JOB_ID", ""), "output": body}),
+        data=json.dumps({"job_id": os.environ.get("SHAMAL_JOB_ID", ""), "output": body}).encode(),
         headers={
             "Authorization": f"Bearer {os.environ['SHAMAL_TOKEN']}",
             "Content-Type": "application/json",
         },
-        timeout=60,
+        method="POST",
     )
-    if answer.status_code >= 400:
-        raise SystemExit(f"the server refused the step's output: {answer.text[:500]}")
+    if not url.startswith(("http://", "https://")):
+        raise SystemExit(f"SHAMAL_URL {url[:80]!r} is not an http(s) URL")
+    try:
+        with urllib.request.urlopen(request, timeout=60):  # nosec B310 - checked above
+            pass
+    except urllib.error.HTTPError as exc:
+        said = exc.read(500).decode(errors="replace")
+        raise SystemExit(f"the server refused the step's output: {said}") from None
 
 
 def main() -> int:

@@ -84,6 +84,7 @@ class Platform:
         trials whose jobs died fail, and a canary whose traffic stopped still moves on (or
         back) after its interval."""
         loop = build_loop(self, name=name, api_url=api_url)
+        self.jobs.on_submit.append(loop.wake.set)
         loop.periodic.append((10.0, self.tune.fail_stale_trials))
         loop.periodic.append((10.0, self.deployments.check_rollouts))
         # Each pass is cheap when nothing moved; a step's successor starts within a tick.
@@ -193,11 +194,11 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
 
 
 def _dataset_resolver(datasets: DatasetService) -> Callable[[AuditContext, str], str]:
-    """``NAME[@ALIAS]`` -> ``NAME@NUMBER``, as the step's user may read it."""
+    """``NAME[@ALIAS]`` -> ``NAME/NUMBER``, as the step's user may read it."""
 
     def resolve(ctx: AuditContext, reference: str) -> str:
         found = datasets.version(ctx.require_principal(), reference)
-        return f"{found.dataset}@{found.version}"
+        return f"{found.dataset}/{found.version}"
 
     return resolve
 

@@ -226,4 +226,5 @@ class SchedulerThread:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop scheduling; running jobs keep running and are re-attached on restart."""
         self._stop.set()
+        self.loop.wake.set()
         self._thread.join(timeout)

@@ -1,0 +1,211 @@
+"""What starts pipeline runs by itself: cron schedules and events.
+
+A schedule's last tick is moved by compare-and-set before its run starts, and every run a
+trigger starts carries a key unique per pipeline (``schedule:<n>:<tick>``,
+``event:<n>:<id>``): two servers never fire one tick or start two runs for one event, and an
+event handed out again (at-least-once delivery) starts nothing new. A scheduled run never
+overlaps the last one: while it runs, the next tick is skipped (and logged). Runs act as the
+user who registered the pipeline's newest version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from shamal.clock import Clock
+from shamal.db import Database
+from shamal.errors import ShamalError
+from shamal.events import Event, EventFilter, EventKind, EventService, NewEvent, emit
+from shamal.pipelines import _store
+from shamal.pipelines._cron import CronSchedule, due_ticks
+from shamal.pipelines._definitions import PipelineSpec, Trigger
+from shamal.pipelines._entities import PipelineInfo
+from shamal.pipelines._service import PipelineService
+from shamal.security import AuditContext, SecurityService
+
+logger = logging.getLogger(__name__)
+
+#: The consumer of the event stream that starts pipelines.
+CONSUMER = "pipelines.triggers"
+
+
+def check_trigger(data: dict[str, object]) -> None:
+    """Raises InvalidParameter for a trigger that cannot work: an event filter or a cron
+    expression (with its time zone) that does not parse."""
+    trigger = Trigger.from_json("trigger", data)
+    if trigger.on is not None:
+        EventFilter.parse(trigger.on)
+    else:
+        assert trigger.schedule is not None
+        CronSchedule.parse(trigger.schedule, trigger.timezone)
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscription:
+    pipeline: PipelineInfo
+    index: int
+    trigger: Trigger
+    filter: EventFilter
+
+
+class PipelineTriggers:
+    """Fires schedules and turns events into runs; the scheduler loop calls both."""
+
+    def __init__(
+        self,
+        db: Database,
+        security: SecurityService,
+        pipelines: PipelineService,
+        events: EventService,
+        clock: Clock,
+    ) -> None:
+        self._db = db
+        self._security = security
+        self._pipelines = pipelines
+        self._events = events
+        self._clock = clock
+
+    def _context(self, info: PipelineInfo, what: str) -> AuditContext:
+        principal = self._security.principal_of(info.owner)
+        return AuditContext(action="pipeline.run", actor=what, principal=principal)
+
+    def _triggered(self) -> list[PipelineInfo]:
+        with self._db.unit_of_work(write=False) as s:
+            return _store.triggered_pipelines(s)
+
+    # ------------------------------------------------------------------ schedules
+    def fire_schedules(self) -> int:
+        """Start the runs every schedule owes now; how many started."""
+        started = 0
+        for info in self._triggered():
+            spec = PipelineSpec.from_json(info.spec)
+            for index, trigger in enumerate(spec.triggers):
+                if trigger.schedule is None:
+                    continue
+                try:
+                    started += self._fire(info, index, trigger)
+                except ShamalError as exc:
+                    logger.warning("schedule %d of pipeline %s: %s", index, info.name, exc)
+        return started
+
+    def _fire(self, info: PipelineInfo, index: int, trigger: Trigger) -> int:
+        assert trigger.schedule is not None
+        schedule = CronSchedule.parse(trigger.schedule, trigger.timezone)
+        expression = f"{schedule} {trigger.timezone} {trigger.catch_up}"
+        now = self._clock()
+        with self._db.unit_of_work(write=False) as s:
+            last = _store.last_tick(s, info.name, index)
+        if last is None or last[0] != expression:
+            # A new (or changed) schedule counts from now: nothing in its past is owed.
+            previous = None if last is None else last[1]
+            self._db.run(lambda s: _store.move_tick(s, info.name, index, expression, previous, now))
+            return 0
+        current = last[1]
+        started = 0
+        for tick in due_ticks(schedule, last_tick=current, now=now, catch_up=trigger.catch_up):
+            if not self._db.run(
+                lambda s, t=tick, p=current: self._take_tick(s, info, index, expression, p, t)
+            ):
+                return started  # another server fired it
+            current = tick
+            started += self._start_scheduled(info, index, trigger, tick)
+        if started == 0 and current != last[1]:
+            logger.info("pipeline %s: schedule %d moved to %s", info.name, index, current)
+        return started
+
+    def _take_tick(
+        self,
+        s: Session,
+        info: PipelineInfo,
+        index: int,
+        expression: str,
+        previous: datetime,
+        tick: datetime,
+    ) -> bool:
+        if not _store.move_tick(s, info.name, index, expression, previous, tick):
+            return False
+        emit(
+            s,
+            NewEvent(
+                EventKind.SCHEDULE_FIRED,
+                f"pipelines:/{info.name}",
+                info.team or None,
+                "scheduler",
+                {"pipeline": info.name, "schedule": expression, "tick": tick.isoformat()},
+            ),
+        )
+        return True
+
+    def _start_scheduled(
+        self, info: PipelineInfo, index: int, trigger: Trigger, tick: datetime
+    ) -> int:
+        with self._db.unit_of_work(write=False) as s:
+            running = _store.running_scheduled(s, info.name)
+        if running is not None:
+            logger.warning(
+                "pipeline %s: the tick of %s is skipped, run %s (scheduled) still runs",
+                info.name,
+                tick.isoformat(),
+                running,
+            )
+            return 0
+        ctx = self._context(info, f"schedule:{info.name}")
+        run = self._pipelines.start(
+            ctx,
+            info.name,
+            trigger.params,
+            trigger=f"schedule {trigger.schedule} at {tick.isoformat()}",
+            trigger_key=f"schedule:{index}:{tick.isoformat()}",
+        )
+        return int(run is not None)
+
+    # ------------------------------------------------------------------ events
+    def consume_events(self) -> int:
+        """Hand the events since the last call to :meth:`on_events`; how many were read."""
+        return self._events.consume(CONSUMER, self.on_events)
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        """Start a run for each event a pipeline's ``on`` filter matches (once per event:
+        a batch handed out again starts nothing new)."""
+        subscriptions = self._subscriptions()
+        for event in events:
+            for sub in subscriptions:
+                if self._wants(sub, event):
+                    self._start_for(sub, event)
+
+    def _subscriptions(self) -> list[_Subscription]:
+        found = []
+        for info in self._triggered():
+            spec = PipelineSpec.from_json(info.spec)
+            for index, trigger in enumerate(spec.triggers):
+                if trigger.on is not None:
+                    found.append(_Subscription(info, index, trigger, EventFilter.parse(trigger.on)))
+        return found
+
+    @staticmethod
+    def _wants(sub: _Subscription, event: Event) -> bool:
+        if event.payload.get("pipeline") == sub.pipeline.name:
+            return False  # its own runs and ticks never start it again (no loops)
+        if event.team is not None and event.team != sub.pipeline.team:
+            return False  # one team's events never start another team's pipeline
+        return sub.filter.matches(event)
+
+    def _start_for(self, sub: _Subscription, event: Event) -> None:
+        try:
+            ctx = self._context(sub.pipeline, f"event:{event.id}")
+            self._pipelines.start(
+                ctx,
+                sub.pipeline.name,
+                sub.trigger.params,
+                trigger=f"event {event.kind.value} #{event.id}",
+                trigger_key=f"event:{sub.index}:{event.id}",
+            )
+        except ShamalError as exc:  # a broken pipeline must not hold up the stream
+            logger.warning(
+                "event %d did not start pipeline %s: %s", event.id, sub.pipeline.name, exc
+            )
