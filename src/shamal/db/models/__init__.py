@@ -21,6 +21,12 @@ from shamal.db.models.deployments import (
     DeploymentSampleRow,
     DeploymentStatsRow,
 )
+from shamal.db.models.events import (
+    EventConsumerRow,
+    EventRow,
+    WebhookDeliveryRow,
+    WebhookRow,
+)
 from shamal.db.models.features import (
     FeatureApplyRow,
     FeatureMaterializationRow,
@@ -85,6 +91,8 @@ __all__ = [
     "DeploymentRow",
     "DeploymentSampleRow",
     "DeploymentStatsRow",
+    "EventConsumerRow",
+    "EventRow",
     "ExperimentRow",
     "ExperimentTagRow",
     "JobAttemptRow",
@@ -112,4 +120,6 @@ __all__ = [
     "TeamRow",
     "UTCDateTime",
     "UserRow",
+    "WebhookDeliveryRow",
+    "WebhookRow",
 ]
