@@ -5,5 +5,6 @@ message broker)."""
 from __future__ import annotations
 
 from shamal.events._entities import Event, EventKind, NewEvent
+from shamal.events._filters import EventFilter
 
-__all__ = ["Event", "EventKind", "NewEvent"]
+__all__ = ["Event", "EventFilter", "EventKind", "NewEvent"]
