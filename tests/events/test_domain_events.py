@@ -90,8 +90,7 @@ def test_a_dataset_write_that_fails_leaves_no_event(
 # --------------------------------------------------------------------------- registry
 @pytest.fixture
 def registry(platform: Platform) -> RegistryService:
-    svc = RegistryService(platform.db, platform.audit, ArtifactSources())
-    return svc
+    return RegistryService(platform.db, platform.audit, ArtifactSources())
 
 
 def test_a_registered_version_and_moved_aliases_are_announced(

@@ -18,6 +18,7 @@ from shamal.config import Settings
 from shamal.datasets import api as datasets_api
 from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
+from shamal.events import api as events_api
 from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
@@ -81,6 +82,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.lineage = platform.lineage
     app.state.dataset_sources = platform.dataset_sources
     app.state.features = platform.features
+    app.state.events = platform.events
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -149,6 +151,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(datasets_api.router)
     app.include_router(lineage_api.router)
     app.include_router(features_api.router)
+    app.include_router(events_api.router)
     return app
 
 

@@ -13,6 +13,7 @@ from shamal.config import Settings
 from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolicy
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
+from shamal.events import EventService
 from shamal.executors import detect_local_gpus
 from shamal.features import FeatureStoreService
 from shamal.jobs import JobService
@@ -65,6 +66,7 @@ class Platform:
     dataset_sources: SourceIngestion
     features: FeatureStoreService
     audit_watch: AuditWatch
+    events: EventService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -171,6 +173,9 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
             in_use=deployments.feature_services_in_use,
         ),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
+        # Webhook secrets are sealed under keys derived (purpose "webhook-secrets") from the
+        # pseudonymization ring: a ring of its own, never retired with the at-rest keys.
+        events=EventService(db, audit, security, keys=privacy_keys),
         admin_secret=admin_secret,
     )
 
