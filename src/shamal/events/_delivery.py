@@ -159,22 +159,9 @@ class Courier:
         attempt = 1 if last is None else last.attempt + 1
         ident = delivery_id(hook.id, event.id)
         result = _send(self._sender, hook.url, secret, body_of(event), ident)
-        dead = not result.ok and attempt >= self._retry.max_attempts
-        record = Delivery(
-            id=0,
-            webhook_id=hook.id,
-            event_id=event.id,
-            attempt=attempt,
-            status_code=result.status,
-            ok=result.ok,
-            dead=dead,
-            error="" if result.ok else _clean(result.error or "failed", hook.url, secret),
-            next_attempt_at=None if result.ok or dead else now + self._retry.delay(attempt),
-            delivered_at=now if result.ok else None,
-            created_at=now,
-        )
-        resolved = result.ok or dead
-        if dead:
+        record = self._logged(hook, secret, event.id, attempt, result, now)
+        resolved = record.ok or record.dead
+        if record.dead:
             logger.warning(
                 "webhook %s gave up on event %d after %d attempts", hook.id, event.id, attempt
             )
@@ -189,3 +176,28 @@ class Courier:
 
         self._db.run(work)
         return 1, resolved
+
+    def _logged(
+        self,
+        hook: Webhook,
+        secret: str,
+        event_id: int,
+        attempt: int,
+        result: SendResult,
+        now: datetime,
+    ) -> Delivery:
+        """The delivery log's row of one attempt: dead when it failed and was the last."""
+        dead = not result.ok and attempt >= self._retry.max_attempts
+        return Delivery(
+            id=0,
+            webhook_id=hook.id,
+            event_id=event_id,
+            attempt=attempt,
+            status_code=result.status,
+            ok=result.ok,
+            dead=dead,
+            error="" if result.ok else _clean(result.error or "failed", hook.url, secret),
+            next_attempt_at=None if result.ok or dead else now + self._retry.delay(attempt),
+            delivered_at=now if result.ok else None,
+            created_at=now,
+        )
