@@ -128,7 +128,7 @@ class Courier:
         while made < budget:
             with self._db.unit_of_work(write=False) as s:
                 events = _store.events_after(
-                    s, position, limit=_READ, kinds=wanted.kinds, visible=visible
+                    s, position, limit=_READ, kinds=wanted.kind_set or (), visible=visible
                 )
             for event in events:
                 if not wanted.matches(event):

@@ -238,7 +238,9 @@ class EventService:
             position = _store.claim_consumer(s, name, owner, now, now + self._lease)
             if position is None:
                 return None
-            return position, _store.events_after(s, position, limit=batch, kinds=wanted.kinds)
+            return position, _store.events_after(
+                s, position, limit=batch, kinds=wanted.kind_set or ()
+            )
 
         claimed = self._db.run(claim, retry_unique=True)
         if claimed is None:
