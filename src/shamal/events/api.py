@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from shamal.api import ERROR_RESPONSES
-from shamal.events._entities import Delivery, Event, Webhook
+from shamal.events._entities import Delivery, Event, EventKind, Webhook
 from shamal.events._filters import MAX_FILTER_LENGTH
-from shamal.events._service import MAX_LIST, MAX_SECRET, MAX_URL, EventService
+from shamal.events._service import MAX_LIST, MAX_SECRET, MAX_URL, MIN_SECRET, EventService
 from shamal.security import NAME_PATTERN, AuditContext
 from shamal.security.api import CurrentPrincipal, audited
 
@@ -57,11 +57,12 @@ def list_events(
     svc: Events,
     principal: CurrentPrincipal,
     after: Annotated[int, Query(ge=0, le=2**62)] = 0,
-    kind: Annotated[list[str] | None, Query(max_length=20)] = None,
+    kind: Annotated[list[EventKind] | None, Query(max_length=20)] = None,
     where: Annotated[str | None, Query(max_length=MAX_FILTER_LENGTH)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
 ) -> EventPageOut:
-    page = svc.list_events(principal, after=after, kinds=kind or (), where=where, limit=limit)
+    kinds = [k.value for k in kind or ()]
+    page = svc.list_events(principal, after=after, kinds=kinds, where=where, limit=limit)
     return EventPageOut(events=[EventOut.of(e) for e in page.events], next_after=page.next_after)
 
 
@@ -69,14 +70,21 @@ class WebhookIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN, max_length=64)
-    url: str = Field(min_length=1, max_length=MAX_URL)
+    url: str = Field(
+        min_length=1,
+        max_length=MAX_URL,
+        pattern=r"^https?://[^\s#@/?]+[^\s#]*$",
+        examples=["https://hooks.example.com/shamal"],
+    )
     filter: str = Field(
         min_length=1,
         max_length=MAX_FILTER_LENGTH,
         examples=["job_finished where state in ('failed', 'lost')"],
     )
     team: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64)
-    secret: str | None = Field(default=None, max_length=MAX_SECRET)
+    secret: str | None = Field(
+        default=None, pattern=r"^[\x21-\x7e]+$", min_length=MIN_SECRET, max_length=MAX_SECRET
+    )
     allow_private: bool = False
 
 
