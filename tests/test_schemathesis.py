@@ -45,6 +45,7 @@ GRAMMAR_PARAMETERS = {
     "since",
     "page_token",
     "uri",
+    "where",
 }
 CROSS_FIELD = {
     ("POST", "/api/v1/jobs"),
@@ -56,6 +57,16 @@ CROSS_FIELD = {
     ("POST", "/api/v1/features/apply"),
     ("POST", "/api/v1/features/historical"),
     ("POST", "/api/v1/features/views/{name}/push"),
+    # A webhook's filter is the event filter grammar, its URL must pass the target guard.
+    ("POST", "/api/v1/webhooks"),
+    # A pipeline's definition must hold together (references, no cycles, one of function or
+    # command per step); a run's parameters must be the pipeline's; a step's output comes
+    # from the job that runs it; a gate's rules are the rule grammar over a model's aliases.
+    ("POST", "/api/v1/pipelines"),
+    ("POST", "/api/v1/pipelines/{name}/runs"),
+    ("POST", "/api/v1/pipeline-runs/{run_id}/steps/{key}/output"),
+    ("POST", "/api/v1/pipeline-runs/{run_id}/retry"),
+    ("POST", "/api/v1/models/{name}/promote"),
 }
 #: Bodies that are files of a named format: no schema states "a readable CSV".
 FILE_BODIES = {

@@ -114,6 +114,27 @@ class DataSourceSettings(BaseModel):
     expansion_allowance_mib: int = Field(default=256, ge=1)
 
 
+class EventSettings(BaseModel):
+    """Events: the webhooks and the optional broker that carry them out of the platform."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allow_private_webhooks: bool = Field(
+        default=False,
+        description="let every webhook target loopback, private and link-local addresses "
+        "(receivers on a private network); off, only public addresses are reached, unless "
+        "an admin allows one webhook",
+    )
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    broker: Literal["nats", "rabbitmq"] | None = Field(
+        default=None, description="publish every event to this broker too"
+    )
+    broker_url: str | None = Field(default=None, repr=False)  # may hold a password
+    broker_stream: str = Field(default="SHAMAL_EVENTS", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    broker_subject_prefix: str = Field(default="shamal.events", pattern=r"^[a-z0-9_.-]{1,64}$")
+    broker_exchange: str = Field(default="shamal.events", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
 class FeatureSettings(BaseModel):
     """The feature store: where online features live, and how much a training-set join may
     hold in memory before it spills to disk."""
@@ -391,6 +412,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     data_sources: DataSourceSettings = Field(default_factory=DataSourceSettings)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
     audit_check_s: float = Field(
         default=300.0,
         ge=0,

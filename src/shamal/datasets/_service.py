@@ -61,6 +61,7 @@ from shamal.datasets._rules import part_path
 from shamal.datasets._validation import Report, validate
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
+from shamal.events import EventKind, NewEvent, emit
 from shamal.security import (
     AuditContext,
     AuditLog,
@@ -110,6 +111,19 @@ class Ingested:
             assert self.version_profile is not None
             return "version", self.version_profile, self.version_report
         return "write", self.profile, self.report
+
+
+def _emit_version(
+    s: Session, actor: str, team: str | None, version: DataVersion, report: Report | None
+) -> None:
+    """The events of a new version, in its transaction: created, and validated when a suite
+    judged it."""
+    about = {"dataset": version.dataset, "version": version.version, "team": team}
+    created = {**about, "rows": version.row_count, "digest": version.digest}
+    emit(s, NewEvent(EventKind.DATASET_VERSION_CREATED, version.uri, team, actor, created))
+    if report is not None:
+        judged = {**about, "passed": report.ok}
+        emit(s, NewEvent(EventKind.DATASET_VERSION_VALIDATED, version.uri, team, actor, judged))
 
 
 def _then(first: BatchHook | None, second: BatchHook | None) -> BatchHook | None:
@@ -427,6 +441,7 @@ class DatasetService:
             mode=mode.value,
             status=status.value,
         )
+        _emit_version(s, ctx.actor, _store.get(s, ref.id).team or None, version, report)
         return version
 
     def _store_part(

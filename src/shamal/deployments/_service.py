@@ -45,6 +45,7 @@ from shamal.deployments._entities import (
     WeightedUri,
 )
 from shamal.errors import AlreadyExists, Conflict, InvalidParameter
+from shamal.events import EventKind, NewEvent, emit
 from shamal.registry import RegistryService
 from shamal.security import (
     AuditContext,
@@ -258,6 +259,7 @@ class DeploymentService:
             detail=detail,
         )
         self._audit.record(s, ctx, _target(d.name), revision=d.revision, reason=reason, **detail)
+        emit(s, _stream_event(d, kind, reason, ctx.actor))
 
     # ------------------------------------------------------------------ changes
     def _change(
@@ -606,6 +608,20 @@ class DeploymentService:
         ref, _ = self._read(principal, name)
         with self._db.unit_of_work(write=False) as s:
             return _store.samples(s, ref.id, limit, before)
+
+
+def _stream_event(d: Deployment, kind: str, reason: str, actor: str) -> NewEvent:
+    """A change as the event stream tells it: a rollback (by hand or by the controller) is
+    ``deployment_rolled_back``; every other change ``deployment_changed``."""
+    team = d.team or None
+    about = {"deployment": d.name, "team": team, "revision": d.revision}
+    if kind == RolloutAction.ROLLBACK.value:
+        payload = {**about, "reason": reason}
+        return NewEvent(
+            EventKind.DEPLOYMENT_ROLLED_BACK, f"deployments:/{d.name}", team, actor, payload
+        )
+    payload = {**about, "change": kind}
+    return NewEvent(EventKind.DEPLOYMENT_CHANGED, f"deployments:/{d.name}", team, actor, payload)
 
 
 def _describe(split: TrafficSplit) -> list[str]:

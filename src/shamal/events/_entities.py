@@ -11,9 +11,19 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Event", "EventKind", "NewEvent"]
+__all__ = [
+    "Delivery",
+    "Event",
+    "EventKind",
+    "EventPage",
+    "NewEvent",
+    "SendResult",
+    "Webhook",
+    "WebhookSender",
+    "delivery_id",
+]
 
 
 class EventKind(enum.StrEnum):
@@ -82,3 +92,122 @@ class Event:
             "payload": dict(self.payload),
             "created_at": self.created_at.isoformat(),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """A page of the stream: ``events`` (ascending ids) and ``next_after``, the position to
+    read on from (the last id looked at, which passes a filter's misses too)."""
+
+    events: tuple[Event, ...]
+    next_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """A subscription that POSTs matching events to ``url``. Its secret is never part of it:
+    it is shown once, when the webhook is made.
+
+    ``team`` is None for a platform webhook (an admin's), which is offered every event; a
+    team's webhook is offered only that team's events. ``position`` is the id of the last
+    event it has been offered; events are delivered in id order.
+    """
+
+    id: str
+    name: str
+    team: str | None
+    url: str
+    filter: str
+    active: bool
+    allow_private: bool
+    position: int
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "team": self.team,
+            "url": self.url,
+            "filter": self.filter,
+            "active": self.active,
+            "allow_private": self.allow_private,
+            "position": self.position,
+            "created_by": self.created_by,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+def delivery_id(webhook_id: str, event_id: int) -> str:
+    """The id a receiver dedupes on: the same for every attempt of one event to one webhook."""
+    return f"{webhook_id}-{event_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One attempt to deliver one event to one webhook (the delivery log keeps each).
+
+    ``dead``: this attempt failed and was the last; the webhook moved on without the event.
+    ``next_attempt_at``: when the next attempt is due (a failure with attempts left).
+    ``error`` is short and never holds the secret or the URL.
+    """
+
+    id: int
+    webhook_id: str
+    event_id: int
+    attempt: int
+    status_code: int | None
+    ok: bool
+    dead: bool
+    error: str
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    created_at: datetime
+
+    @property
+    def delivery_id(self) -> str:
+        return delivery_id(self.webhook_id, self.event_id)
+
+    def to_json(self) -> dict[str, Any]:
+        def iso(at: datetime | None) -> str | None:
+            return None if at is None else at.isoformat()
+
+        return {
+            "id": self.id,
+            "delivery_id": self.delivery_id,
+            "webhook_id": self.webhook_id,
+            "event_id": self.event_id,
+            "attempt": self.attempt,
+            "status_code": self.status_code,
+            "ok": self.ok,
+            "dead": self.dead,
+            "error": self.error,
+            "next_attempt_at": iso(self.next_attempt_at),
+            "delivered_at": iso(self.delivered_at),
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What one HTTP delivery came to: ``ok`` (a 2xx answer), the status (None: no answer)
+    and a short error for the log (empty when ok; never the secret)."""
+
+    ok: bool
+    status: int | None
+    error: str = ""
+
+
+class WebhookSender(Protocol):
+    """Carries one signed delivery to a receiver.
+
+    ``send`` POSTs ``body`` (the event's JSON) to ``url``, signed with ``secret``, naming
+    ``delivery_id`` (stable across retries of one event, so receivers can dedupe). It never
+    raises for a failed delivery (an unreachable host, a timeout, a non-2xx answer): it
+    returns ``SendResult(ok=False, ...)``. It follows no redirects. Thread-safe.
+    """
+
+    def send(self, url: str, secret: str, body: bytes, delivery_id: str) -> SendResult: ...

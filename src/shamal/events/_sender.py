@@ -21,11 +21,11 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 
 from shamal.errors import InvalidParameter, ShamalError
+from shamal.events._entities import SendResult
 from shamal.events._signing import signature_headers
 from shamal.events._targets import check_webhook_url, resolve_public
 
@@ -34,22 +34,6 @@ __all__ = ["MAX_ANSWER_BYTES", "SendResult", "WebhookSender", "backoff_s"]
 logger = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """What one attempt came to.
-
-    Attributes:
-        ok: the receiver answered 2xx.
-        status: the HTTP status, or None when no answer came (refused target, network
-            error, timeout).
-        error: empty when ``ok``; else a short reason safe to store and show.
-    """
-
-    ok: bool
-    status: int | None
-    error: str
 
 
 def backoff_s(

@@ -31,6 +31,7 @@ from shamal.clock import Clock, utc_now
 from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import AlreadyExists, Conflict, InvalidParameter, NotFound, PermissionDenied
+from shamal.events import EventKind, NewEvent, emit
 from shamal.jobs import _cost, _rules, _store, snapshot
 from shamal.jobs._convert import placement_from_json, record_of, request_of
 from shamal.jobs._entities import (
@@ -525,6 +526,8 @@ class JobService:
                     done = _store.get_job(s, job.id)
                 if done is not None:
                     self._audit.record(s, ctx, f"job:{job.id}", request="cancel")
+                    if done.state is JobState.CANCELLED:  # ended here; a running one, later
+                        emit(s, _finished(done, ctx.actor))
                     return done
             current = _store.get_job(s, job.id)
             raise Conflict(f"job {job.id[:12]} is {current.state.value}: nothing to cancel")
@@ -655,3 +658,17 @@ def _require_job_submitter(principal: Principal | None) -> None:
         raise PermissionDenied(
             "uploading a job's code needs the member role in a team (jobs run for a team)"
         )
+
+
+def _finished(job: Job, actor: str) -> NewEvent:
+    """The stream's ``job_finished`` of a job cancelled before it started (the scheduler
+    emits it for jobs that ran)."""
+    payload = {
+        "job_id": job.id,
+        "name": job.name,
+        "team": job.team,
+        "state": job.state.value,
+        "exit_code": job.exit_code,
+        "reason": job.reason[:200],
+    }
+    return NewEvent(EventKind.JOB_FINISHED, f"jobs:/{job.id}", job.team or None, actor, payload)

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from shamal.pipelines._promotion import PromotionService
     from shamal.pipelines._promotion_api import router as promotion_router
     from shamal.pipelines._service import PipelineService
+    from shamal.pipelines._triggers import PipelineTriggers, check_trigger
 
 _WHERE: dict[str, tuple[str, str | None]] = {
     "MAX_RULE_CHARS": ("_gate", "MAX_RULE_CHARS"),
@@ -78,6 +79,8 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "RunState": ("_engine", "RunState"),
     "StepRun": ("_entities", "StepRun"),
     "StepState": ("_engine", "StepState"),
+    "PipelineTriggers": ("_triggers", "PipelineTriggers"),
+    "check_trigger": ("_triggers", "check_trigger"),
     "step_condition": ("_engine", "step_condition"),
 }
 
@@ -105,6 +108,7 @@ __all__ = [
     "PipelineRun",
     "PipelineService",
     "PipelineSpec",
+    "PipelineTriggers",
     "Ref",
     "RunState",
     "Step",
@@ -112,6 +116,7 @@ __all__ = [
     "StepSpec",
     "StepState",
     "Trigger",
+    "check_trigger",
     "dataset",
     "load_pipeline",
     "pipeline",

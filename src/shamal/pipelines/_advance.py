@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from shamal.clock import Clock
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound, ShamalError
+from shamal.events import EventKind, NewEvent, emit
 from shamal.jobs import Job, JobService, JobSpec, JobState
 from shamal.pipelines import _store
 from shamal.pipelines._cache import cache_key, explain_miss
@@ -476,7 +477,7 @@ class RunAdvancer:
         failed = [r for r in run.steps if r.state in ("failed", "cancelled") and r.reason]
         reason = f"{failed[0].key}: {failed[0].reason}" if failed else ""
         now = self._s.clock()
-        if not self._s.db.run(lambda s: _store.finish_run(s, run.id, state.value, reason, now)):
+        if not self._s.db.run(lambda s: finish(s, run, state, reason, now)):
             return
         logger.info("pipeline run %s %s", run.id, state.value)
         if run.mlflow_run_id:
@@ -494,6 +495,30 @@ class RunAdvancer:
             )
         except ShamalError as exc:
             logger.info("tracking run %s: reason not logged: %s", mlflow_run_id, exc)
+
+
+def finish(s: Session, run: PipelineRun, state: RunState, reason: str, now: datetime) -> bool:
+    """End ``run`` (if it still runs), announcing it on the event stream in the same
+    transaction."""
+    if not _store.finish_run(s, run.id, state.value, reason, now):
+        return False
+    payload = {
+        "pipeline": run.pipeline,
+        "run_id": run.id,
+        "state": state.value,
+        "version": run.version,
+    }
+    emit(
+        s,
+        NewEvent(
+            EventKind.PIPELINE_RUN_FINISHED,
+            f"pipelines:/{run.pipeline}/{run.id}",
+            run.team or None,
+            run.user,
+            payload,
+        ),
+    )
+    return True
 
 
 def _ended_for_good(job: Job) -> bool:

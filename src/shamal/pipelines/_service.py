@@ -27,7 +27,7 @@ from shamal.db import Database, is_unique_violation
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied, ShamalError
 from shamal.jobs import JobService, LogChunk
 from shamal.pipelines import _store
-from shamal.pipelines._advance import RunAdvancer, Services
+from shamal.pipelines._advance import RunAdvancer, Services, finish
 from shamal.pipelines._definitions import (
     MAX_MAP_ITEMS,
     PipelineSpec,
@@ -397,9 +397,7 @@ class PipelineService:
                     reason=f"cancelled by {principal.name}",
                     finished_at=now,
                 )
-            _store.finish_run(
-                s, run.id, RunState.CANCELLED.value, f"cancelled by {principal.name}", now
-            )
+            finish(s, run, RunState.CANCELLED, f"cancelled by {principal.name}", now)
             self._audit.record(s, ctx, ctx.target, steps_cancelled=len(active))
 
         self._db.run(work)

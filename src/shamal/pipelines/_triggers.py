@@ -10,10 +10,12 @@ user who registered the pipeline's newest version.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -34,7 +36,7 @@ logger = logging.getLogger(__name__)
 CONSUMER = "pipelines.triggers"
 
 
-def check_trigger(data: dict[str, object]) -> None:
+def check_trigger(data: Mapping[str, Any]) -> None:
     """Raises InvalidParameter for a trigger that cannot work: an event filter or a cron
     expression (with its time zone) that does not parse."""
     trigger = Trigger.from_json("trigger", data)
@@ -108,9 +110,15 @@ class PipelineTriggers:
         current = last[1]
         started = 0
         for tick in due_ticks(schedule, last_tick=current, now=now, catch_up=trigger.catch_up):
-            if not self._db.run(
-                lambda s, t=tick, p=current: self._take_tick(s, info, index, expression, p, t)
-            ):
+            take = functools.partial(
+                self._take_tick,
+                info=info,
+                index=index,
+                expression=expression,
+                previous=current,
+                tick=tick,
+            )
+            if not self._db.run(take):
                 return started  # another server fired it
             current = tick
             started += self._start_scheduled(info, index, trigger, tick)
@@ -121,6 +129,7 @@ class PipelineTriggers:
     def _take_tick(
         self,
         s: Session,
+        *,
         info: PipelineInfo,
         index: int,
         expression: str,

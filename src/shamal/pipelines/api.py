@@ -7,7 +7,7 @@ with its own token: a data-plane write into a step whose start was audited.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +33,7 @@ Name = Annotated[str, Path(pattern=_NAME, max_length=63)]
 RunId = Annotated[str, Path(pattern=_RUN, min_length=32, max_length=32)]
 StepKey = Annotated[str, Path(pattern=_KEY, max_length=72)]
 DataPlane = Annotated[Principal, Depends(data_plane_write)]
+RunStateName = Literal["running", "succeeded", "failed", "cancelled"]
 
 
 class _Model(BaseModel):
@@ -104,7 +105,7 @@ def list_runs(
     pipelines: Pipelines,
     principal: CurrentPrincipal,
     pipeline: Annotated[str | None, Query(pattern=_NAME, max_length=63)] = None,
-    state: Annotated[list[str] | None, Query(max_length=4)] = None,
+    state: Annotated[list[RunStateName] | None, Query(max_length=4)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
 ) -> dict[str, Any]:
     runs = pipelines.list_runs(principal, pipeline=pipeline, states=state or (), limit=limit)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter, NotFound
+from shamal.events import EventKind, NewEvent, emit
 from shamal.registry import _rules, _store
 from shamal.registry._card import MAX_MLMODEL_BYTES, MLMODEL, ModelCard, parse_mlmodel
 from shamal.registry._entities import (
@@ -150,6 +151,19 @@ def _model_target(name: str) -> str:
 
 def _version_target(name: str, version: int) -> str:
     return f"model_version:{name}/{version}"
+
+
+def _emit(
+    s: Session,
+    ref: ModelRef,
+    ctx: AuditContext,
+    kind: EventKind,
+    subject: str,
+    payload: dict[str, Any],
+) -> None:
+    """The change's event, in its transaction; the model's team decides who sees it."""
+    team = _store.load_model(s, ref).team if ref.team_id is not None else None
+    emit(s, NewEvent(kind, subject, team, ctx.actor, payload))
 
 
 def _visibility(principal: Principal) -> _store.Visibility:
@@ -425,6 +439,8 @@ class RegistryService:
             ref = self._access(s, principal, name, Role.MEMBER)
             before = _store.set_alias(s, ref, alias, version)
             self._audit.record(s, ctx, ctx.target, alias=alias, version=version, moved_from=before)
+            moved = {"name": ref.name, "alias": alias, "version": version, "previous": before}
+            _emit(s, ref, ctx, EventKind.MODEL_ALIAS_MOVED, f"models:/{ref.name}@{alias}", moved)
 
         self._db.run(work)
 
@@ -439,6 +455,9 @@ class RegistryService:
             ref = self._access(s, principal, name, Role.MEMBER)
             before = _store.delete_alias(s, ref, alias)
             self._audit.record(s, ctx, ctx.target, alias=alias, version=before)
+            if before is not None:  # an absent alias moved nowhere
+                gone = {"name": ref.name, "alias": alias, "version": None, "previous": before}
+                _emit(s, ref, ctx, EventKind.MODEL_ALIAS_MOVED, f"models:/{ref.name}@{alias}", gone)
 
         self._db.run(work)
 
@@ -697,6 +716,8 @@ class RegistryService:
         )
         _store.insert_version(s, ref, version)
         self._audit.record(s, ctx, _version_target(ref.name, number), source=draft.source)
+        made = {"name": ref.name, "version": number, "run_id": draft.run_id, "source": draft.source}
+        _emit(s, ref, ctx, EventKind.MODEL_VERSION_REGISTERED, f"models:/{ref.name}/{number}", made)
         return _store.get_version(s, ref, number)
 
     def get_model_version(self, principal: Principal, name: str, version: int) -> ModelVersion:

@@ -18,6 +18,7 @@ from shamal.config import Settings
 from shamal.datasets import api as datasets_api
 from shamal.db import current_revision, head_revision
 from shamal.deployments import api as deployments_api
+from shamal.events import api as events_api
 from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
@@ -85,6 +86,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.features = platform.features
     app.state.pipelines = platform.pipelines
     app.state.promotion = platform.promotion
+    app.state.events = platform.events
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -155,6 +157,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(features_api.router)
     app.include_router(pipelines_api.router)
     app.include_router(promotion_router)
+    app.include_router(events_api.router)
     return app
 
 

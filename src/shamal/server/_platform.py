@@ -10,15 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, Keyring, open_blob_store, open_data_stores
+from shamal.clock import utc_now
 from shamal.config import Settings
 from shamal.datasets import DatasetService, Limits, SourceIngestion, SourcePolicy
 from shamal.db import Database, open_database, server_warnings, upgrade
 from shamal.deployments import DeploymentService
+from shamal.events import EventOutlets, EventService
 from shamal.executors import detect_local_gpus
 from shamal.features import FeatureStoreService
 from shamal.jobs import JobService
 from shamal.lineage import LineageService
-from shamal.pipelines import PipelineService, PromotionService, step_condition
+from shamal.pipelines import (
+    PipelineService,
+    PipelineTriggers,
+    PromotionService,
+    check_trigger,
+    step_condition,
+)
 from shamal.registry import RegistryService
 from shamal.scheduler.core import Cluster
 from shamal.scheduler.live import (
@@ -70,9 +78,13 @@ class Platform:
     pipelines: PipelineService
     promotion: PromotionService
     audit_watch: AuditWatch
+    events: EventService
+    event_outlets: EventOutlets
+    pipeline_triggers: PipelineTriggers
     admin_secret: str | None = None
 
     def close(self) -> None:
+        self.event_outlets.close()
         self.features.close()
         self.tune.close()
         self.db.dispose()
@@ -89,6 +101,9 @@ class Platform:
         loop.periodic.append((10.0, self.deployments.check_rollouts))
         # Each pass is cheap when nothing moved; a step's successor starts within a tick.
         loop.periodic.append((0.0, self.pipelines.advance_all))
+        loop.periodic.append((1.0, self.pipeline_triggers.consume_events))
+        loop.periodic.append((5.0, self.pipeline_triggers.fire_schedules))
+        loop.periodic.append((2.0, self.event_outlets.run_once))
         return loop
 
 
@@ -151,6 +166,21 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     # Keyed by a digest of the database's URL: no password lands in the file.
     database_name = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
     deployments = DeploymentService(db, audit, security, registry)
+    # Webhook secrets are sealed under keys derived (purpose "webhook-secrets") from the
+    # pseudonymization ring: a ring of its own, never retired with the at-rest keys.
+    events = EventService(
+        db, audit, security, keys=privacy_keys, allow_private=settings.events.allow_private_webhooks
+    )
+    pipelines = PipelineService(
+        db,
+        audit,
+        security,
+        jobs,
+        tracking,
+        condition=step_condition,
+        resolve_dataset=_dataset_resolver(datasets),
+        check_trigger=check_trigger,
+    )
     return Platform(
         settings=settings,
         db=db,
@@ -178,17 +208,12 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
             settings.home,
             in_use=deployments.feature_services_in_use,
         ),
-        pipelines=PipelineService(
-            db,
-            audit,
-            security,
-            jobs,
-            tracking,
-            condition=step_condition,
-            resolve_dataset=_dataset_resolver(datasets),
-        ),
+        pipelines=pipelines,
         promotion=PromotionService(db, audit, registry, tracking, datasets),
         audit_watch=AuditWatch(audit, WitnessFile(settings.audit_witness_file), database_name),
+        events=events,
+        event_outlets=EventOutlets(events, settings.events),
+        pipeline_triggers=PipelineTriggers(db, security, pipelines, events, utc_now),
         admin_secret=admin_secret,
     )
 

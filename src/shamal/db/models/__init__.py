@@ -21,6 +21,12 @@ from shamal.db.models.deployments import (
     DeploymentSampleRow,
     DeploymentStatsRow,
 )
+from shamal.db.models.events import (
+    EventConsumerRow,
+    EventRow,
+    WebhookDeliveryRow,
+    WebhookRow,
+)
 from shamal.db.models.features import (
     FeatureApplyRow,
     FeatureMaterializationRow,
@@ -90,6 +96,8 @@ __all__ = [
     "DeploymentRow",
     "DeploymentSampleRow",
     "DeploymentStatsRow",
+    "EventConsumerRow",
+    "EventRow",
     "ExperimentRow",
     "ExperimentTagRow",
     "FeatureApplyRow",
@@ -126,4 +134,6 @@ __all__ = [
     "TeamRow",
     "UTCDateTime",
     "UserRow",
+    "WebhookDeliveryRow",
+    "WebhookRow",
 ]

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
+from shamal.events import EventKind, NewEvent, emit
 from shamal.jobs import ACTIVE_STATES, Job, JobState
 from shamal.jobs import store as _store
 from shamal.scheduler.live import _store as _leases
@@ -28,6 +29,21 @@ from shamal.security import AuditLog
 logger = logging.getLogger(__name__)
 
 REQUEUE_STATES = frozenset({JobState.PREEMPTED, JobState.FAILED, JobState.LOST})
+#: Where a job ends for good once no retry requeues it.
+ENDED_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.LOST})
+
+
+def job_finished(job: Job, actor: str) -> NewEvent:
+    """The stream's ``job_finished`` event of a job that ended for good."""
+    payload = {
+        "job_id": job.id,
+        "name": job.name,
+        "team": job.team,
+        "state": job.state.value,
+        "exit_code": job.exit_code,
+        "reason": job.reason[:200],
+    }
+    return NewEvent(EventKind.JOB_FINISHED, f"jobs:/{job.id}", job.team or None, actor, payload)
 
 
 class JobLifecycle:
@@ -234,7 +250,10 @@ class JobLifecycle:
             assert done is not None  # the state was read in this transaction
             _store.close_attempt(s, job.id, current.attempt, now, outcome.value, exit_code)
             self._record(s, done, exit_code=exit_code)
-            return self._maybe_requeue(s, done, now)
+            final = self._maybe_requeue(s, done, now)
+            if final.state in ENDED_STATES:
+                emit(s, job_finished(final, self.actor))
+            return final
 
         return self._db.run(work)
 

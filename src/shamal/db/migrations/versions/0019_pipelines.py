@@ -1,7 +1,7 @@
 """pipelines: versions, runs, steps, the step cache and schedules
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-11-27
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 import shamal.db.models._base
 
 revision: str = "0019"
-down_revision: str | None = "0017"
+down_revision: str | None = "0018"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -1,0 +1,61 @@
+"""Event fixtures: people with roles (the registry tests'), a manual clock, the service with
+a key ring of its own (webhook secrets sealed as in production)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.orm import Session
+
+from shamal.artifacts import Keyring
+from shamal.events import EventKind, EventService, NewEvent, RetryPolicy, emit
+from shamal.security import PseudonymKeys
+from shamal.server import Platform
+from tests.registry.conftest import People, people
+
+__all__ = ["ManualClock", "People", "people", "record"]
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def events(platform: Platform, clock: ManualClock) -> EventService:
+    return EventService(
+        platform.db,
+        platform.audit,
+        platform.security,
+        clock=clock,
+        keys=PseudonymKeys(Keyring.generate()),
+        retry=RetryPolicy(base_s=10, cap_s=60, max_attempts=4),
+    )
+
+
+def record(
+    platform: Platform,
+    kind: EventKind = EventKind.JOB_FINISHED,
+    team: str | None = "red",
+    **payload: object,
+) -> int:
+    """Emit one event in a transaction of its own; returns its id."""
+
+    def work(s: Session) -> int:
+        return emit(s, NewEvent(kind, f"jobs:/{len(payload)}", team, "mo", payload))
+
+    return platform.db.run(work)
