@@ -28,7 +28,7 @@ FEATURES = (
     "proanthocyanins",
     "color_intensity",
     "hue",
-    "od280/od315_of_diluted_wines",
+    "od280_od315_of_diluted_wines",
     "proline",
 )
 

@@ -34,7 +34,7 @@ def wait_for_job(api: ShamalClient, job_id: str, deadline_s: float = 180.0) -> d
 
 def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> None:
     """The model was trained from a validated dataset version, and the run says which."""
-    wine = api.dataset_version("wine")
+    wine = api.dataset_version("wine/1")  # version 2 came later, for the pipeline
     assert (wine["status"], wine["row_count"], wine["uri"]) == ("valid", 178, "data:/wine/1")
     assert wine["validation"]["ok"]
     assert len(wine["validation"]["results"]) == 6
@@ -64,7 +64,7 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
 
 
 def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
-    (job,) = api.list_jobs()
+    (job,) = [j for j in api.list_jobs() if j["name"] == "quickstart-pytorch"]
     assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
     assert f"submitted job {job['id'][:12]}" in text
     done = wait_for_job(api, job["id"])
@@ -103,9 +103,17 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
         _assert_the_job_trained(api, text)
+        # A new version of the wine data started the retraining pipeline by itself, and
+        # each of its steps ran as a job (the gate decides whether @champion moves).
+        retrained = re.search(
+            r"ingested data:/wine/2: it started run (\w+), succeeded \(validate succeeded, "
+            r"train succeeded, evaluate succeeded, register succeeded, gate succeeded\)",
+            text,
+        )
+        assert retrained is not None, text
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
-        champion = client.get_model_version_by_alias("quickstart-wine", "champion")
+        champion = client.get_model_version("quickstart-wine", "1")
         run = client.get_run(champion.run_id)
         assert run.data.params["model"] == "SGDClassifier"
         _assert_trained_from_the_dataset(api, run, text)
@@ -120,13 +128,17 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         # The model is an artifact: MLflow 3 keeps it under the logged model's location.
         listed = mlflow.artifacts.list_artifacts(artifact_uri=logged.artifact_location)
         assert {"MLmodel", "requirements.txt"} <= {f.path.rsplit("/", 1)[-1] for f in listed}
+        # The pipeline registered version 2 and pointed @candidate at it.
+        candidate = client.get_model_version_by_alias("quickstart-wine", "candidate")
+        assert int(candidate.version) == 2
         # A second `make run` finds what the first made and carries on.
+        second = io.StringIO()
         try:
-            run_quickstart(api, Console(file=io.StringIO(), width=200))
+            run_quickstart(api, Console(file=second, width=2000))
         finally:
             stop_model_servers()
-        again = client.get_model_version_by_alias("quickstart-wine", "champion")
-        assert int(again.version) == 2
-        # Each run writes a new version of the same rows (overwrite), not twice the rows.
+        assert "registered quickstart-wine version 3 as @champion" in second.getvalue()
+        assert "ingested data:/wine/4: it started run" in second.getvalue()
+        # Each ingestion writes a new version of the same rows (overwrite), not twice the rows.
         latest = api.dataset_version("wine")
-        assert (latest["uri"], latest["row_count"]) == ("data:/wine/2", 178)
+        assert (latest["uri"], latest["row_count"]) == ("data:/wine/4", 178)

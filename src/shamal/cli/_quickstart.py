@@ -263,6 +263,47 @@ def track_a_model(url: str, token: str) -> list[str]:
 
 
 EXAMPLE_JOB = Path(__file__).resolve().parents[3] / "examples" / "pytorch"
+RETRAIN = Path(__file__).resolve().parents[3] / "examples" / "retrain" / "pipeline.py"
+
+
+def retrain_on_new_data(client: ShamalClient, folder: Path) -> list[str]:
+    """Register the retraining pipeline (validate -> train -> evaluate -> register -> gate),
+    triggered by every new version of the wine data, then ingest one and follow the run it
+    starts."""
+    if not RETRAIN.is_file():
+        return ["the retraining pipeline example is part of a source checkout: skipped here"]
+    from shamal.pipelines import load_pipeline
+
+    spec, root = load_pipeline(f"{RETRAIN}:retrain")
+    body = spec.to_json() | {"team": QUICKSTART_TEAM}
+    registered = client.register_pipeline(body, client.upload_snapshot(root, QUICKSTART_TEAM))
+    before = {r["id"] for r in client.pipeline_runs("retrain", limit=1000)}
+    found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
+    run = _follow_triggered_run(client, before)
+    if run is None:
+        return [f"registered pipeline [bold]retrain[/]; no run started within {RUN_WAIT_S} s"]
+    states = ", ".join(f"{s['key']} {s['state']}" for s in run["steps"] if s.get("fan_out") is None)
+    return [
+        f"registered pipeline [bold]retrain[/] v{registered['pipeline']['version']} (on every "
+        "new version of wine)",
+        f"ingested {found['uri']}: it started run [bold]{run['id'][:12]}[/], "
+        f"{run['state']} ({states}); see it: shamal pipeline show {run['id']}",
+    ]
+
+
+RUN_WAIT_S = 300.0
+
+
+def _follow_triggered_run(client: ShamalClient, before: set[str]) -> dict[str, Any] | None:
+    """The run a new dataset version started, once it ended (None: none started in time)."""
+    end = time.monotonic() + RUN_WAIT_S
+    while time.monotonic() < end:
+        started = [r for r in client.pipeline_runs("retrain", limit=1000) if r["id"] not in before]
+        if started and started[0]["state"] != "running":
+            found: dict[str, Any] = client.pipeline_run(started[0]["id"])
+            return found
+        time.sleep(0.5)  # polling the server, with a deadline
+    return None
 
 
 def submit_a_training_job(client: ShamalClient) -> list[str]:
@@ -451,6 +492,8 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     steps.extend(track_a_model(client.url, client.token or ""))
     steps.extend(submit_a_training_job(client))
     steps.extend(serve_the_champion(client))
+    with tempfile.TemporaryDirectory(prefix="shamal-quickstart-") as folder:
+        steps.extend(retrain_on_new_data(client, Path(folder)))
     report = client.verify_audit()
     steps.append(
         f"audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"

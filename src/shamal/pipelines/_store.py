@@ -256,6 +256,7 @@ def running_scheduled(s: Session, pipeline: str) -> str | None:
 
 def steps(s: Session, run_id: str) -> list[StepRun]:
     query = select(PipelineStepRow).where(PipelineStepRow.run_id == run_id)
+    query = query.order_by(PipelineStepRow.ready_at, PipelineStepRow.name, PipelineStepRow.index)
     return [_step(r) for r in s.scalars(query)]
 
 
