@@ -63,6 +63,17 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     assert read.dataset.digest == training["digest"]
 
 
+def _assert_the_pipeline_retrained(text: str) -> None:
+    """A new version of the wine data started the retraining pipeline by itself, and each of
+    its steps ran as a job (the gate decides whether @champion moves)."""
+    retrained = re.search(
+        r"ingested data:/wine/2: it started run (\w+), succeeded \(validate succeeded, "
+        r"train succeeded, evaluate succeeded, register succeeded, gate succeeded\)",
+        text,
+    )
+    assert retrained is not None, text
+
+
 def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
     (job,) = [j for j in api.list_jobs() if j["name"] == "quickstart-pytorch"]
     assert (job["name"], job["team"]) == ("quickstart-pytorch", "quickstart")
@@ -103,14 +114,7 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
         _assert_the_job_trained(api, text)
-        # A new version of the wine data started the retraining pipeline by itself, and
-        # each of its steps ran as a job (the gate decides whether @champion moves).
-        retrained = re.search(
-            r"ingested data:/wine/2: it started run (\w+), succeeded \(validate succeeded, "
-            r"train succeeded, evaluate succeeded, register succeeded, gate succeeded\)",
-            text,
-        )
-        assert retrained is not None, text
+        _assert_the_pipeline_retrained(text)
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
         champion = client.get_model_version("quickstart-wine", "1")
