@@ -32,14 +32,21 @@ class EventOutlets:
             allow_private=settings.allow_private_webhooks, timeout_s=settings.webhook_timeout_s
         )
         self._private = WebhookSender(allow_private=True, timeout_s=settings.webhook_timeout_s)
+        self._settings = settings
         self._publisher: EventPublisher | None = None
-        if settings.broker is not None and settings.broker_url:
+
+    def _open_publisher(self) -> EventPublisher | None:
+        """The broker's publisher, opened on first use (a broker that is down when the
+        server starts must not keep it from starting: the next round tries again)."""
+        settings = self._settings
+        if self._publisher is None and settings.broker is not None and settings.broker_url:
             options = (
                 {"stream": settings.broker_stream, "subject_prefix": settings.broker_subject_prefix}
                 if settings.broker == "nats"
                 else {"exchange": settings.broker_exchange}
             )
             self._publisher = open_publisher(settings.broker, settings.broker_url, **options)
+        return self._publisher
 
     def deliver(self) -> int:
         """One round of webhook deliveries; how many attempts were made."""
@@ -48,10 +55,10 @@ class EventOutlets:
     def publish(self) -> int:
         """Publish the events since the last round to the broker; how many (0: no broker,
         or the broker is down: the same events go next round)."""
-        if self._publisher is None:
-            return 0
-        publisher = self._publisher
         try:
+            publisher = self._open_publisher()
+            if publisher is None:
+                return 0
             return self._events.consume(BROKER_CONSUMER, publisher.publish)
         except ShamalError as exc:
             logger.warning("events not published to the broker (retried next round): %s", exc)
