@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ import pytest
 from shamal.client import ShamalClient
 from shamal.pipelines import load_pipeline
 from shamal.pipelines._advance import lease_owner_name, owner_is_gone
-from tests.live import LiveServer, exchange_folder
+from tests.live import LiveServer, exchange_folder, job_command_pid
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -61,7 +63,7 @@ def a(folder: str) -> int:
     return 2
 
 
-@step(cpus=0.1, memory_mib=256, cache=False)
+@step(cpus=0.1, memory_mib=256, cache=False, retries=1)
 def b(x: int, folder: str) -> int:
     _mark(folder, "b", "start")
     attempt = os.environ["SHAMAL_ATTEMPT"]
@@ -227,15 +229,26 @@ def _team(client: ShamalClient) -> None:
     client.request("POST", "/api/v1/teams", json={"name": "ml"})
 
 
+@pytest.mark.parametrize("job_dies_too", [False, True], ids=["job-lives", "job-dies"])
 def test_a_server_killed_mid_pipeline_carries_it_on_after_a_restart(
-    server: LiveServer, code: Path, marks: Path
+    server: LiveServer, code: Path, marks: Path, job_dies_too: bool
 ) -> None:
+    """SIGKILL the server while step b runs. Its job lives on (re-attached by the next
+    server) or, when the machine lost it too, is declared lost and retried (b allows one
+    retry): either way one job, its attempts never overlapping, c once after it."""
     with ShamalClient(server.url, server.token) as client:
         _team(client)
         _register(client, code, "chain")
         run_id = client.start_pipeline("chain", {"folder": str(marks)})["id"]
         wait_for(lambda: (marks / "running-b-1").exists(), "step b to run", 120)
+        b_job = _steps(client.pipeline_run(run_id))["b"]["job_id"]
+        pid = job_command_pid(b_job, 1)
     server.kill()  # SIGKILL of the whole group: no shutdown code runs
+    killed_at = time.time()
+    if job_dies_too:
+        record = server.home / "jobs" / b_job / "attempt-1.log.supervisor.json"
+        os.kill(int(json.loads(record.read_text())["supervisor"]["pid"]), signal.SIGKILL)
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
     server.start()  # the same home, database and port
     with ShamalClient(server.url, server.token) as client:
         (marks / "go-b").write_text("go")
@@ -245,18 +258,28 @@ def test_a_server_killed_mid_pipeline_carries_it_on_after_a_restart(
         steps = _steps(run)
         assert [steps[k]["output"] for k in ("a", "b", "c")] == [2, 20, 21]
         assert all(steps[k]["state"] == "succeeded" for k in ("a", "b", "c"))
+        assert steps["b"]["job_id"] == b_job
         jobs = _jobs_per_name(client, "chain.")
-        job_b = client.get_job(steps["b"]["job_id"])
+        attempts = client.get_job(b_job)["attempt"]
     assert jobs == Counter({"chain.a": 1, "chain.b": 1, "chain.c": 1})
     starts = _starts(marks)
     assert (starts["a"], starts["c"]) == (1, 1)
-    # The killed server's job is re-attached, or declared lost and run again: either way
-    # one job, and its attempts never overlap.
-    assert starts["b"] == job_b["attempt"]
-    _never_overlapped(marks, "b")
+    b_marks = [m for m in _marks(marks) if m["step"] == "b"]
+    if job_dies_too:
+        assert attempts == 2
+        # Attempt 1 never ended (it was killed); attempt 2 started after that.
+        assert [(m["attempt"], m["what"]) for m in b_marks] == [
+            ("1", "start"),
+            ("2", "start"),
+            ("2", "end"),
+        ]
+        assert b_marks[1]["t"] > killed_at
+    else:
+        assert attempts == 1
+        _never_overlapped(marks, "b")
+        assert starts["b"] == 1
     c_start = next(m["t"] for m in _marks(marks) if m["step"] == "c")
-    b_end = max(m["t"] for m in _marks(marks) if m["step"] == "b" and m["what"] == "end")
-    assert c_start > b_end
+    assert c_start > b_marks[-1]["t"]
 
 
 def test_a_failed_step_is_retried_to_its_limit_and_what_follows_never_starts(
