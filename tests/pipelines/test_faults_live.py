@@ -184,7 +184,7 @@ def _finished(client: ShamalClient, run_id: str, deadline_s: float = 150) -> dic
 
     def ended() -> bool:
         found[:] = [client.pipeline_run(run_id)]
-        return found[0]["state"] != "running"
+        return bool(found[0]["state"] != "running")
 
     wait_for(ended, f"pipeline run {run_id} to end", deadline_s)
     return found[0]
