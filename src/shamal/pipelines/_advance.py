@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -115,9 +117,36 @@ class RunAdvancer:
                 self._locks.pop(run_id, None)
 
     def _advance(self, run_id: str) -> int:
-        now = self._s.clock()
-        if not self._s.db.run(lambda s: _store.claim_run(s, run_id, self._owner, now, self._lease)):
+        if not self._claim(run_id):
             return 0
+        try:
+            return self._carry_out(run_id)
+        finally:
+            # The lease is held only while a pass runs: a process killed between passes
+            # (most of a run's life, while its steps' jobs run) leaves nothing for its
+            # successor to wait out; one killed mid-pass leaves at most the lease.
+            self._s.db.run(lambda s: _store.release_run(s, run_id, self._owner))
+
+    def _claim(self, run_id: str) -> bool:
+        """Take the run's lease: free, expired, or held by a process of this host that is
+        gone (a server killed mid-pass and started again takes its runs on at once)."""
+        now = self._s.clock()
+        if self._s.db.run(lambda s: _store.claim_run(s, run_id, self._owner, now, self._lease)):
+            return True
+        with self._s.db.unit_of_work(write=False) as s:
+            holder = _store.lease_owner(s, run_id)
+        if holder is None or not owner_is_gone(holder):
+            return False
+        logger.info("pipeline run %s: its lease holder %s is gone; taking it on", run_id, holder)
+        return bool(
+            self._s.db.run(
+                lambda s: _store.claim_run(
+                    s, run_id, self._owner, now, self._lease, dead_owner=holder
+                )
+            )
+        )
+
+    def _carry_out(self, run_id: str) -> int:
         with self._s.db.unit_of_work(write=False) as s:
             run = _store.get_run(s, run_id)
             info = _store.get_pipeline(s, run.pipeline, run.version)
@@ -519,6 +548,31 @@ def finish(s: Session, run: PipelineRun, state: RunState, reason: str, now: date
         ),
     )
     return True
+
+
+def lease_owner_name() -> str:
+    """This process's name in leases: ``HOST:PID:NONCE`` (the nonce keeps two advancers of
+    one process, or a pid reused later, apart)."""
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """Whether the lease holder ``owner`` (see :func:`lease_owner_name`) is a process of
+    this host that no longer exists. Anything else (another host, a live or reused pid, a
+    name of another shape) counts as alive: its lease is waited out."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:32] or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid() or pid <= 1:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, as another user's
+        return False
+    return False
 
 
 def _ended_for_good(job: Job) -> bool:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import platform as host
-import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -27,7 +25,7 @@ from shamal.db import Database, is_unique_violation
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied, ShamalError
 from shamal.jobs import JobService, LogChunk
 from shamal.pipelines import _store
-from shamal.pipelines._advance import RunAdvancer, Services, finish
+from shamal.pipelines._advance import RunAdvancer, Services, finish, lease_owner_name
 from shamal.pipelines._definitions import (
     MAX_MAP_ITEMS,
     PipelineSpec,
@@ -85,7 +83,7 @@ class PipelineService:
         self._condition = condition
         self._check_trigger = check_trigger
         self._clock = clock
-        owner = f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        owner = lease_owner_name()
         self.advancer = RunAdvancer(
             Services(
                 db,

@@ -211,8 +211,17 @@ def active_run_ids(s: Session) -> list[str]:
     return list(s.scalars(query.order_by(PipelineRunRow.created_at)))
 
 
-def claim_run(s: Session, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
-    """Take (or renew) the lease to advance ``run_id``; False when another holds it."""
+def claim_run(
+    s: Session,
+    run_id: str,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    *,
+    dead_owner: str | None = None,
+) -> bool:
+    """Take (or renew) the lease to advance ``run_id``; False when another holds it.
+    ``dead_owner``: a holder known to be dead, whose lease is taken before it expires."""
     done = s.execute(
         update(PipelineRunRow)
         .where(PipelineRunRow.id == run_id, PipelineRunRow.state == "running")
@@ -221,9 +230,27 @@ def claim_run(s: Session, run_id: str, owner: str, now: datetime, lease: timedel
                 PipelineRunRow.lease_owner.is_(None),
                 PipelineRunRow.lease_owner == owner,
                 PipelineRunRow.lease_until < now,
+                PipelineRunRow.lease_owner == (dead_owner or owner),
             )
         )
         .values(lease_owner=owner, lease_until=now + lease)
+    )
+    return bool(getattr(done, "rowcount", 0))
+
+
+def lease_owner(s: Session, run_id: str) -> str | None:
+    """Who holds the lease on ``run_id`` (None: nobody)."""
+    query = select(PipelineRunRow.lease_owner).where(PipelineRunRow.id == run_id)
+    return s.scalars(query).first()
+
+
+def release_run(s: Session, run_id: str, owner: str) -> bool:
+    """Give up ``owner``'s lease on ``run_id`` (at the end of a pass): any process may take
+    the run on at once, as a server started again after a crash does."""
+    done = s.execute(
+        update(PipelineRunRow)
+        .where(PipelineRunRow.id == run_id, PipelineRunRow.lease_owner == owner)
+        .values(lease_owner=None)
     )
     return bool(getattr(done, "rowcount", 0))
 
