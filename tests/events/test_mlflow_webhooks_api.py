@@ -114,6 +114,9 @@ def test_pages_and_native_webhooks_stay_apart(
         if not token:
             break
     assert seen == [f"h{n}" for n in range(5)]
+    everything = api.get(BASE, params={"max_results": 1000}, headers=rita).json()
+    assert len(everything["webhooks"]) == 5
+    assert "next_page_token" not in everything
     native_id = api.get("/api/v1/webhooks", headers=rita).json()["webhooks"][-1]["id"]
     assert api.get(f"{BASE}/{native_id}", headers=rita).status_code == 404
 

@@ -28,7 +28,7 @@ from shamal.errors import InvalidParameter, NotFound
 from shamal.events import EventOutlets, EventService, Webhook
 from shamal.events._delivery import MLFLOW_FORMAT
 from shamal.events._mlflow import example_event, mlflow_filter, parse_mlflow_event
-from shamal.events._service import MAX_URL, WebhookChange, WebhookShape
+from shamal.events._service import MAX_LIST, MAX_URL, WebhookChange, WebhookShape
 from shamal.mlflow._fields import Fields, proto_json, read_fields
 from shamal.security import AuditContext
 from shamal.security.api import CurrentPrincipal, audited
@@ -184,10 +184,12 @@ def list_webhooks(
     if not 1 <= limit <= PAGE_MAX:
         raise InvalidParameter(f"Parameter 'max_results' must be 1 to {PAGE_MAX}.")
     offset = _page_token(fields)
-    # One more than asked says whether there is a next page.
-    found = svc.list_webhooks(principal, limit=limit + 1, format=MLFLOW_FORMAT, offset=offset)
+    # One more than asked says whether there is a next page (a full page of the most the
+    # service lists gets a token either way: the next page may then be empty).
+    probe = min(limit + 1, MAX_LIST)
+    found = svc.list_webhooks(principal, limit=probe, format=MLFLOW_FORMAT, offset=offset)
     answer: dict[str, Any] = {"webhooks": [webhook_json(h) for h in found[:limit]]}
-    if len(found) > limit:
+    if len(found) > limit or len(found) == limit == probe:
         answer["next_page_token"] = str(offset + limit)
     return proto_json(answer)
 
