@@ -142,6 +142,22 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"url": "http://127.0.0.1:8080/hook"}, "SHAMAL_EVENTS__ALLOW_PRIVATE_WEBHOOKS"),
     ({"url": "http://169.254.169.254/latest/meta-data"}, "refused"),
     ({"url": "file:///etc/passwd"}, "http"),
+    *(
+        ({"url": url}, "refused")
+        for url in (
+            "http://localhost:8080/x",
+            "http://[::ffff:127.0.0.1]/x",
+            "http://2130706433/x",
+            "http://0x7f000001/x",
+            "http://127.1/x",
+            "http://0.0.0.0/x",
+            "http://metadata.google.internal/x",
+            "http://100.100.100.200/x",
+            "http://[fd00:ec2::254]/x",
+        )
+    ),
+    ({"url": "http://good.example@127.0.0.1/x"}, ""),
+    ({"url": "gopher://127.0.0.1:6379/_SET"}, "http"),
     ({"url": "http://[::1]/x"}, "refused"),
     ({"events": [{"entity": "PROMPT", "action": "CREATED"}]}, "model_version.created"),
     ({"events": [{"entity": "BUDGET_POLICY", "action": "EXCEEDED"}]}, "supported events"),
@@ -183,6 +199,7 @@ def test_hostile_changes_and_ids_change_nothing(api: TestClient, people: People)
     path = f"{BASE}/{hook['webhook_id']}"
     for change in (
         {"url": "http://10.0.0.1/x"},
+        {"url": "http://127.0.0.1:5432/"},
         {"events": [{"entity": "REGISTERED_MODEL", "action": "CREATED"}]},
         {"status": 1},
         {"name": "y" * 1000},
