@@ -57,6 +57,7 @@ def test_an_mlflow_webhook_is_made_read_changed_and_deleted(
     # Underneath it is a webhook of the stream, in MLflow's format, of team red.
     native = api.get(f"/api/v1/webhooks/{hook['webhook_id']}", headers=rita).json()
     assert (native["team"], native["filter"]) == ("red", "model_version_registered")
+    assert (native["format"], native["description"]) == ("mlflow", "tell CI")
     changed = api.patch(
         path,
         json={

@@ -68,6 +68,7 @@ def _hook_row(hook: dict[str, Any]) -> dict[str, Any]:
         "name": hook["name"],
         "team": hook["team"] or "-",
         "state": "active" if hook["active"] else "paused",
+        "format": hook.get("format", "shamal"),
         "filter": hook["filter"],
         "position": hook["position"],
     }
@@ -111,7 +112,9 @@ def list_webhooks(as_json: bool = JsonOption) -> None:
         console.print_json(json.dumps(hooks))
         return
     print_table(
-        "Webhooks", ["id", "name", "team", "state", "filter", "position"], map(_hook_row, hooks)
+        "Webhooks",
+        ["id", "name", "team", "state", "format", "filter", "position"],
+        map(_hook_row, hooks),
     )
 
 

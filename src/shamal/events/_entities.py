@@ -145,6 +145,8 @@ class Webhook:
             "created_by": self.created_by,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
+            "format": self.format,
+            "description": self.description,
         }
 
 
