@@ -23,6 +23,7 @@ from shamal.cli import (
     tracking,
     user,
 )
+from shamal.cli import events as events_cmd
 from shamal.cli import features as features_cmd
 from shamal.cli import lineage as lineage_cmd
 from shamal.cli import pipeline as pipeline_cmd
@@ -63,6 +64,8 @@ def _root(
 
 app.command("server")(server)
 app.add_typer(db.app, name="db")
+app.add_typer(events_cmd.events_app, name="events")
+app.add_typer(events_cmd.webhooks_app, name="webhooks")
 app.add_typer(token.app, name="token")
 app.add_typer(team.app, name="team")
 app.add_typer(user.app, name="user")

@@ -32,6 +32,7 @@ from shamal.client._compare import (
 )
 from shamal.client._datasets import DatasetCalls, has_password, is_remote, redact, source_format
 from shamal.client._deployments import DeploymentCalls
+from shamal.client._events import EventCalls
 from shamal.client._features import FeatureCalls
 from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
@@ -43,6 +44,7 @@ from shamal.jobs import snapshot
 __all__ = [
     "DEFAULT_URL",
     "DatasetCalls",
+    "EventCalls",
     "LineageCalls",
     "has_password",
     "is_remote",
@@ -89,6 +91,7 @@ class ShamalClient(
     LineageCalls,
     FeatureCalls,
     PipelineCalls,
+    EventCalls,
 ):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 

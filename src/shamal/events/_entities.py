@@ -111,6 +111,10 @@ class Webhook:
     ``team`` is None for a platform webhook (an admin's), which is offered every event; a
     team's webhook is offered only that team's events. ``position`` is the id of the last
     event it has been offered; events are delivered in id order.
+
+    ``format`` is what a delivery's body is: ``"shamal"`` (the event's JSON) or
+    ``"mlflow"`` (MLflow 3's payload, made through MLflow's webhooks API, whose events it
+    keeps in ``mlflow_events`` as ``"entity.action"``).
     """
 
     id: str
@@ -124,6 +128,9 @@ class Webhook:
     created_by: str
     created_at: datetime
     updated_at: datetime
+    format: str = "shamal"
+    description: str | None = None
+    mlflow_events: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +145,8 @@ class Webhook:
             "created_by": self.created_by,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
+            "format": self.format,
+            "description": self.description,
         }
 
 

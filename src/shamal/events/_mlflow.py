@@ -21,12 +21,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
+from shamal.errors import InvalidParameter
 from shamal.events._entities import Event, EventKind
 
-__all__ = ["MLFLOW_EVENTS", "mlflow_body", "mlflow_event_of"]
+__all__ = [
+    "MLFLOW_EVENTS",
+    "example_event",
+    "mlflow_body",
+    "mlflow_event_of",
+    "mlflow_filter",
+    "parse_mlflow_event",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +110,80 @@ def mlflow_body(event: Event) -> bytes | None:
         "data": data,
     }
     return json.dumps(envelope).encode()
+
+
+#: What each MLflow event is in the stream: its kind and the filter condition (None: every
+#: event of the kind) that picks it out.
+_SOURCES: dict[tuple[str, str], tuple[EventKind, str | None]] = {
+    MODEL_VERSION_CREATED: (EventKind.MODEL_VERSION_REGISTERED, None),
+    ALIAS_CREATED: (EventKind.MODEL_ALIAS_MOVED, "version != null"),
+    ALIAS_DELETED: (EventKind.MODEL_ALIAS_MOVED, "version = null"),
+}
+
+#: The names of :data:`MLFLOW_EVENTS` as MLflow writes them ("model_version.created").
+SUPPORTED = tuple(sorted(f"{entity}.{action}" for entity, action in MLFLOW_EVENTS))
+
+
+def parse_mlflow_event(entity: str, action: str) -> str:
+    """``"entity.action"`` for an MLflow event Shamal can send, from either spelling of
+    MLflow's (``MODEL_VERSION``/``model_version``, ``CREATED``/``created``).
+
+    Raises:
+        InvalidParameter: an event MLflow does not define or Shamal has no source of;
+            the message lists the supported ones.
+    """
+    pair = (str(entity).lower()[:64], str(action).lower()[:64])
+    if pair not in MLFLOW_EVENTS:
+        raise InvalidParameter(
+            f"the webhook event {pair[0]}.{pair[1]} is not supported here; "
+            f"supported events: {', '.join(SUPPORTED)}"
+        )
+    return f"{pair[0]}.{pair[1]}"
+
+
+def mlflow_filter(events: Iterable[str]) -> str:
+    """The event filter that passes exactly the Shamal events sent as ``events`` (names of
+    :func:`parse_mlflow_event`, at least one).
+
+    Raises:
+        InvalidParameter: no events, or one not supported.
+    """
+    sources = []
+    for name in dict.fromkeys(events):
+        entity, _, action = name.partition(".")
+        sources.append(_SOURCES[(entity, parse_mlflow_event(entity, action).split(".")[1])])
+    if not sources:
+        raise InvalidParameter("a webhook needs at least one event")
+    kinds = sorted({kind.value for kind, _ in sources})
+    if all(test is None for _, test in sources):
+        return ", ".join(kinds)
+    # Every kind wanted without a condition passes whole; the others need theirs.
+    whole = {kind for kind, test in sources if test is None}
+    clauses = [f"kind = '{kind.value}'" for kind in sorted(whole)]
+    for kind, test in sources:
+        if kind not in whole:
+            clauses.append(f"(kind = '{kind.value}' and {test})")
+    return f"{', '.join(kinds)} where {' or '.join(clauses)}"
+
+
+def example_event(name: str, at: datetime) -> Event:
+    """A made-up event that is sent as the MLflow event ``name`` (``"entity.action"``), for
+    a webhook's test delivery: MLflow's example values, id 0 (no such event exists).
+
+    Raises:
+        InvalidParameter: an event not supported.
+    """
+    entity, _, action = name.partition(".")
+    kind, test = _SOURCES[(entity, parse_mlflow_event(entity, action).split(".")[1])]
+    payload: dict[str, Any] = {"name": "example_model"}
+    if kind is EventKind.MODEL_VERSION_REGISTERED:
+        payload |= {
+            "version": "1",
+            "source": "models:/123",
+            "run_id": "abcd1234abcd5678",
+            "tags": {"example_key": "example_value"},
+            "description": "An example model version",
+        }
+    else:
+        payload |= {"alias": "example_alias", "version": "1" if test == "version != null" else None}
+    return Event(0, kind, "models:/example_model/1", None, "webhook-test", payload, at)

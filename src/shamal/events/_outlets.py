@@ -14,8 +14,10 @@ import logging
 from shamal.config import EventSettings
 from shamal.errors import ShamalError
 from shamal.events._brokers import EventPublisher, open_publisher
+from shamal.events._entities import Event, SendResult
 from shamal.events._sender import WebhookSender
 from shamal.events._service import EventService
+from shamal.security import AuditContext
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,13 @@ class EventOutlets:
     def deliver(self) -> int:
         """One round of webhook deliveries; how many attempts were made."""
         return self._events.deliver_webhooks(self._sender, private_sender=self._private)
+
+    def test_webhook(self, ctx: AuditContext, webhook_id: str, event: Event) -> SendResult:
+        """Send ``event`` (made up for a test) to the webhook once, through the platform's
+        senders; see :meth:`EventService.test_webhook`."""
+        return self._events.test_webhook(
+            ctx, webhook_id, self._sender, event, private_sender=self._private
+        )
 
     def publish(self) -> int:
         """Publish the events since the last round to the broker; how many (0: no broker,

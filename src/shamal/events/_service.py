@@ -23,7 +23,7 @@ import re
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -33,12 +33,20 @@ from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter
 from shamal.events import _store
-from shamal.events._delivery import Courier, RetryPolicy
+from shamal.events._delivery import (
+    MLFLOW_FORMAT,
+    SHAMAL_FORMAT,
+    Courier,
+    RetryPolicy,
+    body_of,
+    clean_error,
+)
 from shamal.events._entities import (
     Delivery,
     Event,
     EventKind,
     EventPage,
+    SendResult,
     Webhook,
     WebhookSender,
 )
@@ -63,6 +71,7 @@ MAX_BATCH = 1000
 MAX_SCAN = 10_000
 MAX_URL = 2048
 MIN_SECRET, MAX_SECRET = 16, 256
+MAX_DESCRIPTION = 5000
 CONSUMER_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _CONSUMER = re.compile(CONSUMER_PATTERN)
 _WEBHOOK_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -81,6 +90,40 @@ def _check_secret(secret: str) -> str:
     if not _SECRET.match(secret):
         raise InvalidParameter("a webhook secret is printable ASCII without spaces")
     return secret
+
+
+def _check_description(text: str | None) -> str | None:
+    if text is not None and (not isinstance(text, str) or len(text) > MAX_DESCRIPTION):
+        raise InvalidParameter(f"a webhook description is at most {MAX_DESCRIPTION} characters")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookShape:
+    """What a webhook is besides its name, URL and filter: the format of its bodies
+    (``"shamal"`` or ``"mlflow"``), a description, the MLflow events it was made for
+    (``"entity.action"``) and whether it starts active."""
+
+    format: str = SHAMAL_FORMAT
+    description: str | None = None
+    mlflow_events: tuple[str, ...] = ()
+    active: bool = True
+
+    def __post_init__(self) -> None:
+        if self.format not in (SHAMAL_FORMAT, MLFLOW_FORMAT):
+            raise InvalidParameter("a webhook's format is 'shamal' or 'mlflow'")
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookChange:
+    """The fields :meth:`EventService.update_webhook` changes; None keeps one as it is."""
+
+    name: str | None = None
+    url: str | None = None
+    filter: str | None = None
+    description: str | None = None
+    mlflow_events: tuple[str, ...] | None = None
+    secret: str | None = None
 
 
 def _check_limit(limit: int, most: int = MAX_LIST) -> int:
@@ -258,6 +301,7 @@ class EventService:
         team: str | None = None,
         secret: str | None = None,
         allow_private: bool = False,
+        shape: WebhookShape | None = None,
     ) -> tuple[Webhook, str]:
         """Make a webhook: events after the newest one now that pass ``events_filter`` will
         be POSTed to ``url``, signed with ``secret`` (made when None).
@@ -266,6 +310,9 @@ class EventService:
             team: the owning team (default: the caller's only team; an admin in no team
                 makes a platform webhook). Needs the maintainer role in it.
             allow_private: the URL may name a private or loopback address (admins only).
+            shape: the body's format, a description, MLflow's events and whether it starts
+                active (default: Shamal's format, active). An MLflow-format webhook made
+                without a secret sends unsigned requests, as MLflow does.
 
         Returns:
             The webhook and its secret: the only time the secret is shown.
@@ -284,7 +331,11 @@ class EventService:
             principal.require_admin()
         url = check_webhook_url(url, allow_private=allow_private or self._allow_private)
         parsed = EventFilter.parse(events_filter)
-        secret = _check_secret(secret) if secret is not None else secrets.token_urlsafe(32)
+        shape = shape or WebhookShape()
+        if secret is not None:
+            secret = _check_secret(secret)
+        else:
+            secret = "" if shape.format == MLFLOW_FORMAT else secrets.token_urlsafe(32)
         now = self._clock()
         draft = Webhook(
             id=uuid.uuid4().hex,
@@ -292,12 +343,15 @@ class EventService:
             team=team_name or None,
             url=url,
             filter=str(parsed),
-            active=True,
+            active=shape.active,
             allow_private=allow_private,
             position=0,
             created_by=principal.name,
             created_at=now,
             updated_at=now,
+            format=shape.format,
+            description=_check_description(shape.description),
+            mlflow_events=shape.mlflow_events,
         )
         sealed = self._box.seal(draft.id, secret)
 
@@ -320,9 +374,19 @@ class EventService:
         """The webhook (maintainers of its team, admins)."""
         return self._find(principal, webhook_id).webhook
 
-    def list_webhooks(self, principal: Principal, *, limit: int = MAX_LIST) -> list[Webhook]:
-        """The webhooks of the teams the caller maintains (admins: every webhook)."""
+    def list_webhooks(
+        self,
+        principal: Principal,
+        *,
+        limit: int = MAX_LIST,
+        format: str | None = None,  # noqa: A002 - the column's name
+        offset: int = 0,
+    ) -> list[Webhook]:
+        """The webhooks of the teams the caller maintains (admins: every webhook), by team
+        and name: those of ``format`` (None: any), after skipping ``offset``."""
         _check_limit(limit)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidParameter("offset is 0 or more")
         team_ids = None
         if not principal.user.is_admin:
             team_ids = frozenset(
@@ -331,7 +395,7 @@ class EventService:
                 if role >= Role.MAINTAINER and team in principal.team_ids
             )
         with self._db.unit_of_work(write=False) as s:
-            return _store.list_webhooks(s, team_ids, limit)
+            return _store.list_webhooks(s, team_ids, limit, fmt=format, offset=offset)
 
     def delete_webhook(self, ctx: AuditContext, webhook_id: str) -> None:
         """Delete the webhook and its delivery log."""
@@ -358,6 +422,82 @@ class EventService:
             return found.webhook
 
         return self._db.run(work)
+
+    def update_webhook(self, ctx: AuditContext, webhook_id: str, change: WebhookChange) -> Webhook:
+        """Change the webhook's name, URL, filter, description, MLflow events or secret
+        (the fields of ``change`` that are not None); pausing is :meth:`set_webhook_active`.
+        A new filter applies to the events after the webhook's position.
+
+        Raises:
+            InvalidParameter: a malformed field, as in :meth:`create_webhook`.
+            AlreadyExists: the team has another webhook of the new name.
+        """
+        hook = self._find(ctx.require_principal(), webhook_id).webhook
+        values: dict[str, object] = {}
+        if change.name is not None:
+            values["name"] = check_name("webhook", change.name)
+        if change.url is not None:
+            allowed = hook.allow_private or self._allow_private
+            values["url"] = check_webhook_url(change.url, allow_private=allowed)
+        if change.filter is not None:
+            values["filter"] = str(EventFilter.parse(change.filter))
+        if change.description is not None:
+            values["description"] = _check_description(change.description)
+        if change.mlflow_events is not None:
+            values["mlflow_events"] = tuple(change.mlflow_events)
+        sealed = None
+        if change.secret is not None:
+            sealed = self._box.seal(hook.id, _check_secret(change.secret))
+
+        def work(s: Session) -> Webhook:
+            _store.update_webhook(s, hook.id, {**values, "updated_at": self._clock()}, sealed)
+            shown = {k: v for k, v in values.items() if k in ("name", "filter")}
+            if "url" in values:
+                shown["url"] = _origin(str(values["url"]))
+            self._audit.record(s, ctx, _target(hook), secret=sealed is not None, **shown)
+            found = _store.find_webhook(s, hook.id)
+            if found is None:
+                raise _store.not_found(hook.id)
+            return found.webhook
+
+        return self._db.run(work)
+
+    def test_webhook(
+        self,
+        ctx: AuditContext,
+        webhook_id: str,
+        sender: WebhookSender,
+        event: Event,
+        *,
+        private_sender: WebhookSender | None = None,
+    ) -> SendResult:
+        """Send ``event`` (made up for the test: it is not in the stream) to the webhook
+        now, in the webhook's format and signed with its secret, paused or not; the test is
+        audited, not logged as a delivery, and the webhook's position stays.
+
+        Raises:
+            InvalidParameter: the event has no form in the webhook's format.
+        """
+        record = self._find(ctx.require_principal(), webhook_id)
+        hook = record.webhook
+        body = body_of(hook, event)
+        if body is None:
+            raise InvalidParameter(f"a {event.kind.value} event has no form in this webhook")
+        secret = self._box.open(hook.id, record.sealed_secret)
+        carrier = (private_sender or sender) if hook.allow_private else sender
+        ident = f"{hook.id}-test-{uuid.uuid4().hex}"
+        try:
+            result = carrier.send(hook.url, secret, body, ident)
+        except Exception as exc:  # a sender must not raise; one that does failed the test
+            logger.exception("webhook sender raised")
+            result = SendResult(False, None, f"the sender failed ({type(exc).__name__})")
+        result = replace(result, error=clean_error(result.error, hook.url, secret))
+        self._db.run(
+            lambda s: self._audit.record(
+                s, ctx, _target(hook), event=event.kind.value, ok=result.ok, status=result.status
+            )
+        )
+        return result
 
     def deliveries(
         self, principal: Principal, webhook_id: str, *, limit: int = 100

@@ -175,6 +175,9 @@ def _webhook(row: WebhookRow) -> WebhookRecord:
         created_by=row.created_by,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        format=row.format,
+        description=row.description,
+        mlflow_events=tuple(row.mlflow_events or ()),
     )
     return WebhookRecord(hook, row.team_id, row.sealed_secret)
 
@@ -195,6 +198,9 @@ def insert_webhook(s: Session, hook: Webhook, team_id: str | None, sealed_secret
             created_by=hook.created_by,
             created_at=hook.created_at,
             updated_at=hook.updated_at,
+            format=hook.format,
+            description=hook.description,
+            mlflow_events=list(hook.mlflow_events) or None,
         )
     )
     s.flush()
@@ -209,13 +215,38 @@ def find_webhook(s: Session, webhook_id: str) -> WebhookRecord | None:
     return None if row is None else _webhook(row)
 
 
-def list_webhooks(s: Session, team_ids: frozenset[str] | None, limit: int) -> list[Webhook]:
-    """Webhooks of ``team_ids`` (None: every webhook), by team and name."""
+def list_webhooks(
+    s: Session,
+    team_ids: frozenset[str] | None,
+    limit: int,
+    *,
+    fmt: str | None = None,
+    offset: int = 0,
+) -> list[Webhook]:
+    """Webhooks of ``team_ids`` (None: every webhook) in format ``fmt`` (None: any), by
+    team, name and id, skipping the first ``offset``."""
     query = select(WebhookRow)
     if team_ids is not None:
         query = query.where(WebhookRow.team_id.in_(sorted(team_ids)))
-    rows = s.scalars(query.order_by(WebhookRow.team_name, WebhookRow.name).limit(limit))
+    if fmt is not None:
+        query = query.where(WebhookRow.format == fmt)
+    order = (WebhookRow.team_name, WebhookRow.name, WebhookRow.id)
+    rows = s.scalars(query.order_by(*order).offset(offset).limit(limit))
     return [_webhook(row).webhook for row in rows]
+
+
+def update_webhook(
+    s: Session, webhook_id: str, changes: dict[str, Any], sealed_secret: str | None
+) -> None:
+    """Set the columns in ``changes`` (of :class:`Webhook`'s fields: name, url, filter,
+    description, mlflow_events, updated_at) and, when given, the sealed secret. A new name
+    the team's other webhook has fails the unit of work with ``AlreadyExists``."""
+    values = dict(changes)
+    if "mlflow_events" in values:
+        values["mlflow_events"] = list(values["mlflow_events"]) or None
+    if sealed_secret is not None:
+        values["sealed_secret"] = sealed_secret
+    s.execute(update(WebhookRow).where(WebhookRow.id == webhook_id).values(**values))
 
 
 def active_webhook_ids(s: Session) -> list[str]:

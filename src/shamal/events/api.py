@@ -7,7 +7,7 @@ A webhook's secret is in the answer to its creation and nowhere else.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,6 +100,12 @@ class WebhookOut(BaseModel):
     created_by: str
     created_at: str
     updated_at: str
+    format: Literal["shamal", "mlflow"] = Field(
+        default="shamal",
+        description="The body of a delivery: the event's JSON, or MLflow 3's payload "
+        "(a webhook made through MLflow's webhooks API)",
+    )
+    description: str | None = None
 
     @classmethod
     def of(cls, hook: Webhook) -> WebhookOut:

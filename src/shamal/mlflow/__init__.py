@@ -5,7 +5,7 @@ One home for everything MLflow-shaped, so the domains keep only their rules:
 * request fields as the dialect sends them, and protobuf-style JSON answers (:mod:`._fields`);
 * the JSON shapes of tracking's and the registry's entities (:mod:`._tracking_json`,
   :mod:`._registry_json`);
-* the routers: tracking (with the artifacts proxy) and the model registry.
+* the routers: tracking (with the artifacts proxy), the model registry and its webhooks.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from shamal.mlflow._fields import MLFLOW_PREFIXES, is_mlflow_path, mlflow_status
 from shamal.mlflow.registry_api import PREFIXES as REGISTRY_PREFIXES
 from shamal.mlflow.registry_api import router as registry_router
 from shamal.mlflow.tracking_api import router as tracking_router
+from shamal.mlflow.webhooks_api import router as webhooks_router
 
 __all__ = [
     "MLFLOW_PREFIXES",
@@ -22,4 +23,5 @@ __all__ = [
     "mlflow_status",
     "registry_router",
     "tracking_router",
+    "webhooks_router",
 ]

@@ -23,7 +23,7 @@ from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
-from shamal.mlflow import registry_router, tracking_router
+from shamal.mlflow import registry_router, tracking_router, webhooks_router
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
 from shamal.registry import api as registry_api
@@ -145,6 +145,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(features_api.online_router)
     app.include_router(tracking_router)
     app.include_router(registry_router)
+    app.include_router(webhooks_router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)

@@ -94,6 +94,13 @@ class WebhookRow(Base):
     created_by: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: What a delivery's body is: "shamal" (the event's JSON) or "mlflow" (MLflow 3's
+    #: payload, for receivers written against MLflow's webhooks).
+    format: Mapped[str] = mapped_column(String(16), server_default="shamal")
+    description: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: An MLflow-format webhook's events as MLflow names them ("model_version.created"),
+    #: in the order given: the filter is built from them, the MLflow API shows them.
+    mlflow_events: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class WebhookDeliveryRow(Base):
