@@ -95,7 +95,9 @@ def test_native_routes_conform_to_their_schema(
     operations = [
         result.ok()
         for result in schema.get_all_operations()
+        # The promotion gate (a POST under /models) is the pipelines' own, tested with them.
         if result.ok().path.startswith("/api/v1/models")
+        and not result.ok().path.endswith("/promote")
     ]
     assert len(operations) == 4  # list, one model, its versions, one version
     secret = people.secrets["otto"]

@@ -235,18 +235,7 @@ class Trigger:
                 f"{what} needs exactly one of 'on' (an event filter) or "
                 "'schedule' (a cron expression)"
             )
-        unknown = set(data) - {"on", "schedule", "timezone", "catch_up", "params"}
-        if unknown:
-            raise InvalidParameter(f"{what}: unknown keys {sorted(map(str, unknown))[:5]}")
-        params = data.get("params") or {}
-        if not isinstance(params, Mapping):
-            raise InvalidParameter(f"{what}: params must be a mapping")
-        catch_up = data.get("catch_up", "latest")
-        if catch_up not in ("all", "latest", "none"):
-            raise InvalidParameter(f"{what}: catch_up is one of all, latest, none")
-        for key in ("on", "schedule", "timezone"):
-            if key in data and (not isinstance(data[key], str) or len(data[key]) > 4096):
-                raise InvalidParameter(f"{what}: {key} must be text of at most 4096 characters")
+        params, catch_up = _trigger_fields(what, data)
         return cls(
             on=data.get("on"),
             schedule=data.get("schedule"),
@@ -256,6 +245,23 @@ class Trigger:
                 check_name(f"{what}: parameter", k): check_value(what, v) for k, v in params.items()
             },
         )
+
+
+def _trigger_fields(what: str, data: Mapping[str, Any]) -> tuple[Mapping[str, Any], CatchUp]:
+    """A trigger's parameters and catch-up policy, once its keys and texts are checked."""
+    unknown = set(data) - {"on", "schedule", "timezone", "catch_up", "params"}
+    if unknown:
+        raise InvalidParameter(f"{what}: unknown keys {sorted(map(str, unknown))[:5]}")
+    params = data.get("params") or {}
+    if not isinstance(params, Mapping):
+        raise InvalidParameter(f"{what}: params must be a mapping")
+    catch_up = data.get("catch_up", "latest")
+    if catch_up not in ("all", "latest", "none"):
+        raise InvalidParameter(f"{what}: catch_up is one of all, latest, none")
+    for key in ("on", "schedule", "timezone"):
+        if key in data and (not isinstance(data[key], str) or len(data[key]) > 4096):
+            raise InvalidParameter(f"{what}: {key} must be text of at most 4096 characters")
+    return params, catch_up
 
 
 @dataclass(frozen=True, slots=True)
