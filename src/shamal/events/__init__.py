@@ -8,7 +8,7 @@ consumers and webhooks go through :class:`EventService`.
 
 from __future__ import annotations
 
-from shamal.events._delivery import RetryPolicy
+from shamal.events._delivery import MLFLOW_FORMAT, SHAMAL_FORMAT, RetryPolicy
 from shamal.events._entities import (
     Delivery,
     Event,
@@ -21,11 +21,22 @@ from shamal.events._entities import (
     delivery_id,
 )
 from shamal.events._filters import EventFilter
+from shamal.events._mlflow import example_event, mlflow_filter, parse_mlflow_event
 from shamal.events._outbox import emit
 from shamal.events._outlets import EventOutlets
-from shamal.events._service import EventService
+from shamal.events._service import (
+    MAX_LIST,
+    MAX_URL,
+    EventService,
+    WebhookChange,
+    WebhookShape,
+)
 
 __all__ = [
+    "MAX_LIST",
+    "MAX_URL",
+    "MLFLOW_FORMAT",
+    "SHAMAL_FORMAT",
     "Delivery",
     "Event",
     "EventFilter",
@@ -37,7 +48,12 @@ __all__ = [
     "RetryPolicy",
     "SendResult",
     "Webhook",
+    "WebhookChange",
     "WebhookSender",
+    "WebhookShape",
     "delivery_id",
     "emit",
+    "example_event",
+    "mlflow_filter",
+    "parse_mlflow_event",
 ]

@@ -25,10 +25,19 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from shamal.errors import InvalidParameter, NotFound
-from shamal.events import EventOutlets, EventService, Webhook
-from shamal.events._delivery import MLFLOW_FORMAT
-from shamal.events._mlflow import example_event, mlflow_filter, parse_mlflow_event
-from shamal.events._service import MAX_LIST, MAX_URL, WebhookChange, WebhookShape
+from shamal.events import (
+    MAX_LIST,
+    MAX_URL,
+    MLFLOW_FORMAT,
+    EventOutlets,
+    EventService,
+    Webhook,
+    WebhookChange,
+    WebhookShape,
+    example_event,
+    mlflow_filter,
+    parse_mlflow_event,
+)
 from shamal.mlflow._fields import Fields, proto_json, read_fields
 from shamal.security import AuditContext
 from shamal.security.api import CurrentPrincipal, audited
