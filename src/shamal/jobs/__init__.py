@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         DataRegions,
         JobService,
         LogChunk,
+        job_finished,
         log_prefix,
     )
     from shamal.jobs._store import Attempt, job_statuses
@@ -64,6 +65,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "check_env": ("_rules", "check_env"),
     "check_mig_profile": ("_rules", "check_mig_profile"),
     "duration_text": ("_rules", "duration_text"),
+    "job_finished": ("_service", "job_finished"),
     "job_statuses": ("_store", "job_statuses"),
     "log_prefix": ("_service", "log_prefix"),
     "placement_from_json": ("_convert", "placement_from_json"),
@@ -94,6 +96,7 @@ __all__ = [
     "check_env",
     "check_mig_profile",
     "duration_text",
+    "job_finished",
     "job_statuses",
     "log_prefix",
     "placement_from_json",

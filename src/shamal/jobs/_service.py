@@ -527,7 +527,7 @@ class JobService:
                 if done is not None:
                     self._audit.record(s, ctx, f"job:{job.id}", request="cancel")
                     if done.state is JobState.CANCELLED:  # ended here; a running one, later
-                        emit(s, _finished(done, ctx.actor))
+                        emit(s, job_finished(done, ctx.actor))
                     return done
             current = _store.get_job(s, job.id)
             raise Conflict(f"job {job.id[:12]} is {current.state.value}: nothing to cancel")
@@ -660,9 +660,9 @@ def _require_job_submitter(principal: Principal | None) -> None:
         )
 
 
-def _finished(job: Job, actor: str) -> NewEvent:
-    """The stream's ``job_finished`` of a job cancelled before it started (the scheduler
-    emits it for jobs that ran)."""
+def job_finished(job: Job, actor: str) -> NewEvent:
+    """The stream's ``job_finished`` event of a job that ended for good: here for a job
+    cancelled before it started, by the live scheduler for the jobs it ran."""
     payload = {
         "job_id": job.id,
         "name": job.name,

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.events import EventKind, NewEvent, emit
-from shamal.jobs import ACTIVE_STATES, Job, JobState
+from shamal.events import emit
+from shamal.jobs import ACTIVE_STATES, Job, JobState, job_finished
 from shamal.jobs import store as _store
 from shamal.scheduler.live import _store as _leases
 from shamal.security import AuditLog
@@ -31,19 +31,6 @@ logger = logging.getLogger(__name__)
 REQUEUE_STATES = frozenset({JobState.PREEMPTED, JobState.FAILED, JobState.LOST})
 #: Where a job ends for good once no retry requeues it.
 ENDED_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.FAILED, JobState.LOST})
-
-
-def job_finished(job: Job, actor: str) -> NewEvent:
-    """The stream's ``job_finished`` event of a job that ended for good."""
-    payload = {
-        "job_id": job.id,
-        "name": job.name,
-        "team": job.team,
-        "state": job.state.value,
-        "exit_code": job.exit_code,
-        "reason": job.reason[:200],
-    }
-    return NewEvent(EventKind.JOB_FINISHED, f"jobs:/{job.id}", job.team or None, actor, payload)
 
 
 class JobLifecycle:
