@@ -138,3 +138,27 @@ def test_a_tick_fires_once_across_servers_and_never_overlaps(platform: Platform)
     clock.at = datetime(2026, 11, 27, 15, 0, 30, tzinfo=UTC) + timedelta(seconds=0)
     assert servers[2].fire_schedules() == 1
     assert _runs(platform)[0] == "schedule 0 * * * * at 2026-11-27T15:00:00+00:00"
+
+
+def test_a_tick_whose_run_was_never_recorded_fires_again(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _register(platform, [{"schedule": "*/5 * * * *"}])
+    clock = _Clock(datetime(2026, 11, 27, 10, 1, tzinfo=UTC))
+    server = PipelineTriggers(
+        platform.db, platform.security, platform.pipelines, platform.events, clock
+    )
+    server.fire_schedules()
+    clock.at = datetime(2026, 11, 27, 10, 5, 2, tzinfo=UTC)
+    service = platform.pipelines
+
+    def dies(*_: object, **__: object) -> object:
+        raise RuntimeError("the server died before it recorded the run")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(service, "_insert_run", dies)
+        with pytest.raises(RuntimeError):
+            server.fire_schedules()
+    assert _runs(platform) == []  # nothing recorded, and the tick did not move either
+    assert server.fire_schedules() == 1
+    assert _runs(platform) == ["schedule */5 * * * * at 2026-11-27T10:05:00+00:00"]

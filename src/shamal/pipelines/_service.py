@@ -199,9 +199,11 @@ class PipelineService:
         trigger: str | None = None,
         trigger_key: str | None = None,
         advance: bool = True,
+        with_run: Callable[[Session], bool] | None = None,
     ) -> PipelineRun | None:
         """Start a run of the pipeline's newest version; None when ``trigger_key`` (an
-        event, a schedule's tick) already started one.
+        event, a schedule's tick) already started one, or when ``with_run`` (work done in the
+        transaction that records the run, such as moving a schedule's tick) says False.
 
         Raises:
             InvalidParameter: an unknown parameter, a missing or oversized value.
@@ -231,7 +233,8 @@ class PipelineService:
             return None
         # The tracking runs exist before the run does: the loop may move it at once.
         run = self._open_tracking(ctx, run)
-        if not self._insert_run(ctx, run, trigger_key):
+        if not self._insert_run(ctx, run, trigger_key, with_run=with_run):
+            self._close_orphan(ctx, run)
             return None
         if advance:
             self.advancer.advance(run.id)
@@ -243,11 +246,15 @@ class PipelineService:
         run: PipelineRun,
         trigger_key: str | None,
         copied: Sequence[StepRun] = (),
+        *,
+        with_run: Callable[[Session], bool] | None = None,
     ) -> bool:
         ctx.target = f"pipeline-run:{run.id}"
 
         def work(s: Session) -> None:
             _store.insert_run(s, run, trigger_key)
+            if with_run is not None and not with_run(s):
+                raise _NotThisRun
             for step in copied:
                 _store.insert_step(
                     s,
@@ -272,11 +279,30 @@ class PipelineService:
 
         try:
             self._db.run(work)
+        except _NotThisRun:
+            return False
         except Exception as exc:
             if trigger_key is not None and is_unique_violation(exc):
                 return False
             raise
         return True
+
+    def _close_orphan(self, ctx: AuditContext, run: PipelineRun) -> None:
+        """The tracking run of a run that was not recorded after all (another server
+        started it first) ends as KILLED rather than running for ever."""
+        if run.mlflow_run_id is None:
+            return
+        tracking_ctx = AuditContext(
+            action="pipeline.tracking", actor=ctx.actor, principal=ctx.require_principal()
+        )
+        with contextlib.suppress(ShamalError):
+            self._tracking.update_run(
+                tracking_ctx,
+                run.mlflow_run_id,
+                status="KILLED",
+                end_time=self._tracking.now_ms(),
+                run_name=None,
+            )
 
     def _started_by(self, pipeline: str, trigger_key: str) -> bool:
         with self._db.unit_of_work(write=False) as s:
@@ -457,6 +483,10 @@ class PipelineService:
     def advance_all(self) -> int:
         """Move every running run on (the scheduler loop calls this)."""
         return self.advancer.advance_all()
+
+
+class _NotThisRun(Exception):
+    """The work done with a run's insertion declined it: the transaction rolls back."""
 
 
 def _run_id(run_id: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -118,10 +118,11 @@ class PipelineTriggers:
                 previous=current,
                 tick=tick,
             )
-            if not self._db.run(take):
+            fired = self._start_scheduled(info, index, trigger, tick, take)
+            if fired is None:
                 return started  # another server fired it
             current = tick
-            started += self._start_scheduled(info, index, trigger, tick)
+            started += fired
         if started == 0 and current != last[1]:
             logger.info("pipeline %s: schedule %d moved to %s", info.name, index, current)
         return started
@@ -151,8 +152,17 @@ class PipelineTriggers:
         return True
 
     def _start_scheduled(
-        self, info: PipelineInfo, index: int, trigger: Trigger, tick: datetime
-    ) -> int:
+        self,
+        info: PipelineInfo,
+        index: int,
+        trigger: Trigger,
+        tick: datetime,
+        take: Callable[[Session], bool],
+    ) -> int | None:
+        """Fire ``tick``: its run is recorded in the transaction that moves the tick (a
+        server that dies in between leaves both undone, and the next one fires the tick);
+        1 when it started a run, 0 when the tick was skipped (the last scheduled run still
+        runs), None when another server had fired it."""
         with self._db.unit_of_work(write=False) as s:
             running = _store.running_scheduled(s, info.name)
         if running is not None:
@@ -162,7 +172,7 @@ class PipelineTriggers:
                 tick.isoformat(),
                 running,
             )
-            return 0
+            return 0 if self._db.run(take) else None
         ctx = self._context(info, f"schedule:{info.name}")
         run = self._pipelines.start(
             ctx,
@@ -170,8 +180,9 @@ class PipelineTriggers:
             trigger.params,
             trigger=f"schedule {trigger.schedule} at {tick.isoformat()}",
             trigger_key=f"schedule:{index}:{tick.isoformat()}",
+            with_run=take,
         )
-        return int(run is not None)
+        return None if run is None else 1
 
     # ------------------------------------------------------------------ events
     def consume_events(self) -> int:
