@@ -7,31 +7,17 @@ service resolves ``models:/`` URIs through the registry's public API as in produ
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 
 from shamal.deployments._service import DeploymentService
 from shamal.registry import TEAM_TAG, RegistryService
 from shamal.server import Platform
+from tests.clock import ManualClock
 from tests.registry.conftest import ArtifactSources, People, people
 
 __all__ = ["ManualClock", "People", "people"]
 
 MODEL = "fraud"
-
-
-class ManualClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

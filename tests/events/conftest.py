@@ -3,8 +3,6 @@ a key ring of its own (webhook secrets sealed as in production)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 from sqlalchemy.orm import Session
 
@@ -12,22 +10,10 @@ from shamal.artifacts import Keyring
 from shamal.events import EventKind, EventService, NewEvent, RetryPolicy, emit
 from shamal.security import PseudonymKeys
 from shamal.server import Platform
+from tests.clock import ManualClock
 from tests.registry.conftest import People, people
 
 __all__ = ["ManualClock", "People", "people", "record"]
-
-
-class ManualClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

@@ -32,7 +32,6 @@ from shamal.pipelines._cache import cache_key, explain_miss
 from shamal.pipelines._definitions import PipelineSpec, StepSpec
 from shamal.pipelines._engine import (
     ACTIVE,
-    Condition,
     RunState,
     Settle,
     Start,
@@ -63,7 +62,6 @@ class Services:
     security: SecurityService
     jobs: JobService
     tracking: TrackingService
-    condition: Condition
     clock: Clock
     environment: Mapping[str, str]
     max_map_items: int
@@ -157,9 +155,7 @@ class RunAdvancer:
             run = self._reload(run_id)
             records = _records(run.steps)
             changes += self._resume_unsubmitted(ctx, info, spec, run)
-            decisions = advance(
-                spec, run.params, records, self._s.condition, max_map_items=self._s.max_map_items
-            )
+            decisions = advance(spec, run.params, records, max_map_items=self._s.max_map_items)
             if not decisions:
                 break
             for decision in decisions:

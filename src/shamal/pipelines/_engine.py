@@ -11,7 +11,7 @@ carried out twice (two servers, a restart) changes nothing the second time.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +23,13 @@ __all__ = [
     "ACTIVE",
     "DONE",
     "FAILED",
-    "Condition",
     "RunState",
     "Settle",
     "Start",
     "StepRecord",
     "StepState",
     "advance",
+    "check_condition",
     "item_key",
     "run_state",
     "step_condition",
@@ -62,23 +62,25 @@ ACTIVE = frozenset({StepState.PENDING, StepState.SUBMITTING, StepState.RUNNING})
 DONE = frozenset({StepState.SUCCEEDED, StepState.CACHED})
 FAILED = frozenset({StepState.FAILED, StepState.UPSTREAM_FAILED, StepState.CANCELLED})
 
-#: Evaluates a step's ``when`` rule against ``{"params": ..., "steps": {name: {"output":
-#: ...}}}``; raises InvalidParameter for a rule that cannot be evaluated.
-Condition = Callable[[str, Mapping[str, Any]], bool]
 
-
-def step_condition(rule: str, context: Mapping[str, Any]) -> bool:
-    """A step's ``when``, in the gates' rule language over ``params.*`` and
-    ``steps.STEP.output...`` (a name that is not there makes it false). With ``__check__``
-    in the context it is only parsed (a registration checks it).
+def check_condition(rule: str) -> Rule:
+    """A step's ``when`` parsed: a rule in the gates' language over ``params.*`` and
+    ``steps.STEP.output...``.
 
     Raises:
         InvalidParameter: a rule that does not parse, or reads other names.
     """
-    parsed = Rule.parse(rule, names=check_step_name)
-    if context.get("__check__"):
-        return True
-    return parsed.evaluate(context).passed
+    return Rule.parse(rule, names=check_step_name)
+
+
+def step_condition(rule: str, context: Mapping[str, Any]) -> bool:
+    """Whether a step's ``when`` holds in ``context`` (``{"params": ..., "steps": {name:
+    {"output": ...}}}``); a name that is not there makes it false.
+
+    Raises:
+        InvalidParameter: as :func:`check_condition`.
+    """
+    return check_condition(rule).evaluate(context).passed
 
 
 def item_key(name: str, index: int) -> str:
@@ -129,7 +131,6 @@ def advance(
     spec: PipelineSpec,
     params: Mapping[str, Any],
     records: Mapping[str, StepRecord],
-    condition: Condition,
     *,
     max_map_items: int = MAX_MAP_ITEMS,
 ) -> list[Decision]:
@@ -144,7 +145,7 @@ def advance(
             continue
         if own is not None:
             continue  # started, and its job decides the rest
-        decisions.extend(_first_decisions(step, params, records, condition, max_map_items))
+        decisions.extend(_first_decisions(step, params, records, max_map_items))
     return decisions
 
 
@@ -152,7 +153,6 @@ def _first_decisions(
     step: StepSpec,
     params: Mapping[str, Any],
     records: Mapping[str, StepRecord],
-    condition: Condition,
     max_map_items: int,
 ) -> list[Decision]:
     blocked = _blocked(step, records)
@@ -160,7 +160,7 @@ def _first_decisions(
         return [blocked] if isinstance(blocked, Settle) else []
     if step.when is not None:
         try:
-            go = condition(step.when, _context(params, records))
+            go = step_condition(step.when, _context(params, records))
         except InvalidParameter as exc:
             return [Settle(step.name, step.name, StepState.FAILED, reason=f"when: {exc}")]
         if not go:
@@ -312,11 +312,3 @@ def downstream(spec: PipelineSpec, start: str) -> list[str]:
         if reached.intersection(step.upstream):
             reached.add(step.name)
     return [s.name for s in spec.steps if s.name in reached]
-
-
-def order_of(records: Sequence[StepRecord], spec: PipelineSpec) -> list[StepRecord]:
-    """Records in the pipeline's step order, a mapped step's items after it."""
-    position = {s.name: i for i, s in enumerate(spec.steps)}
-    return sorted(
-        records, key=lambda r: (position.get(r.name, 1 << 30), -1 if r.index is None else r.index)
-    )

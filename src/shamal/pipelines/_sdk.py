@@ -35,7 +35,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
@@ -390,8 +390,3 @@ def _pick_pipeline(module: Any, attr: str, file_part: str) -> Pipeline:
             f"{file_part} defines {len(pipelines)} pipelines ({names}): say which, FILE.py:NAME"
         )
     return pipelines[0]
-
-
-def with_name(spec: PipelineSpec, name: str | None) -> PipelineSpec:
-    """``spec`` under another name (``shamal pipeline run --name``)."""
-    return spec if name is None else replace(spec, name=check_name("pipeline", name))

@@ -32,7 +32,7 @@ from shamal.pipelines._definitions import (
     check_name,
     check_value,
 )
-from shamal.pipelines._engine import ACTIVE, DONE, Condition, RunState, StepState, downstream
+from shamal.pipelines._engine import ACTIVE, DONE, RunState, StepState, check_condition, downstream
 from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
 from shamal.security import AuditContext, AuditLog, Principal, Role, SecurityService
 from shamal.tracking import LoggedData, TrackingService
@@ -53,7 +53,6 @@ class PipelineService:
     """Pipelines, their runs and steps. Thread-safe; one per process.
 
     Args:
-        condition: evaluates a step's ``when`` rule (see :class:`shamal.pipelines.Rule`).
         check_trigger: raises InvalidParameter for a trigger that cannot work (an event
             filter that does not parse, a schedule that is not a cron expression).
         resolve_dataset: ``(ctx, "NAME[@ALIAS]") -> "NAME/NUMBER"`` as the context's
@@ -68,7 +67,6 @@ class PipelineService:
         jobs: JobService,
         tracking: TrackingService,
         *,
-        condition: Condition,
         resolve_dataset: Callable[[AuditContext, str], str],
         check_trigger: Callable[[Mapping[str, Any]], None] | None = None,
         clock: Clock = utc_now,
@@ -80,7 +78,6 @@ class PipelineService:
         self._security = security
         self._jobs = jobs
         self._tracking = tracking
-        self._condition = condition
         self._check_trigger = check_trigger
         self._clock = clock
         owner = lease_owner_name()
@@ -90,7 +87,6 @@ class PipelineService:
                 security,
                 jobs,
                 tracking,
-                condition,
                 clock,
                 ENVIRONMENT,
                 max_map_items,
@@ -156,7 +152,7 @@ class PipelineService:
 
     def _check_rule(self, step: str, rule: str) -> None:
         try:
-            self._condition(rule, {"params": {}, "steps": {}, "__check__": True})
+            check_condition(rule)
         except InvalidParameter as exc:
             raise InvalidParameter(f"step {step!r}: when: {exc}") from None
 

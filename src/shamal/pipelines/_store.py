@@ -418,9 +418,3 @@ def move_tick(
         .values(last_tick=tick, expression=expression)
     )
     return bool(getattr(done, "rowcount", 0))
-
-
-def step_of_job(s: Session, job_id: str) -> tuple[str, str] | None:
-    """(run id, step key) of the step the job runs."""
-    row = s.scalars(select(PipelineStepRow).where(PipelineStepRow.job_id == job_id)).first()
-    return None if row is None else (row.run_id, row.key)

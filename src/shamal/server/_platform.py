@@ -25,7 +25,6 @@ from shamal.pipelines import (
     PipelineTriggers,
     PromotionService,
     check_trigger,
-    step_condition,
 )
 from shamal.registry import RegistryService
 from shamal.scheduler.core import Cluster
@@ -177,7 +176,6 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         security,
         jobs,
         tracking,
-        condition=step_condition,
         resolve_dataset=_dataset_resolver(datasets),
         check_trigger=check_trigger,
     )
