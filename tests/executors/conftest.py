@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from shamal.executors import Executor, ExitStatus, Handle, LaunchSpec, get_executor
+from shamal.executors import (
+    Executor,
+    ExitStatus,
+    Handle,
+    LaunchSpec,
+    ensure_ray_token,
+    get_executor,
+)
 from shamal.scheduler.core._resources import Placement, Slot
 from tests import needs
 from tests.polling import wait_for
@@ -111,6 +118,9 @@ def ray_cluster() -> Iterator[None]:
     # with the rest of the suite can pass; a retry would leave the slow GCS running, so the
     # one start gets a longer wait instead (Ray's own operator override).
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    # Servers of other test files start Ray heads at the same time; the token they share is
+    # made once, before any of them (as the Ray executor does before it starts a head).
+    ensure_ray_token()
     ray.init(**options)
     yield
     ray.shutdown()

@@ -32,6 +32,7 @@ from shamal.executors._protocol import (
     LaunchFailed,
     LaunchSpec,
 )
+from shamal.executors._ray_token import ensure_ray_token
 
 __all__ = [
     "DISK_LIMIT",
@@ -51,6 +52,7 @@ __all__ = [
     "LaunchFailed",
     "LaunchSpec",
     "detect_local_gpus",
+    "ensure_ray_token",
     "get_executor",
 ]
 

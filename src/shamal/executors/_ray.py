@@ -56,6 +56,7 @@ from shamal.executors._protocol import (
     LaunchSpec,
     poll_until,
 )
+from shamal.executors._ray_token import ensure_ray_token
 from shamal.scheduler.core import GPU_MILLI, Placement, Slot, mig_share_milli
 
 __all__ = ["RayExecutor", "bundle_for", "strategy_for"]
@@ -164,6 +165,8 @@ class RayExecutor:
             raise ServiceUnavailable("the ray executor needs the 'ray' extra installed") from None
         with self._lock:
             if not ray.is_initialized():
+                if self._address in (None, "local"):  # this call starts a head here
+                    ensure_ray_token()
                 try:
                     ray.init(address=self._address, **self._init_options)
                 except ConnectionError as exc:
