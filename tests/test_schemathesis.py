@@ -67,6 +67,8 @@ CROSS_FIELD = {
     ("POST", "/api/v1/pipeline-runs/{run_id}/steps/{key}/output"),
     ("POST", "/api/v1/pipeline-runs/{run_id}/retry"),
     ("POST", "/api/v1/models/{name}/promote"),
+    # Each request id once in a post of labels.
+    ("POST", "/api/v1/deployments/{name}/labels"),
 }
 #: Bodies that are files of a named format: no schema states "a readable CSV".
 FILE_BODIES = {
