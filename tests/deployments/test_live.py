@@ -144,6 +144,15 @@ def test_cli_deploy_show_promote_samples_delete(
     assert after["state"]["phase"] == "promoted"
     assert [e["kind"] for e in after["events"]] == ["create", "promote"]
     assert json.loads(cli.invoke(app, ["deployments", "samples", name, "--json"]).output) == []
+    labelled = cli.invoke(
+        app, ["deployments", "labels", name, "-"], input="request_id,label\nr1,1\nr2,no\n"
+    )
+    assert labelled.exit_code == 0, labelled.output
+    assert "stored 2 labels" in labelled.output
+    assert "2 labels name requests no kept sample has (yet)" in labelled.output
+    lines = '{"request_id": "r1", "label": 0}\n{"request_id": "r1", "label": 1}\n'
+    twice = cli.invoke(app, ["deployments", "labels", name, "-"], input=lines)
+    assert (twice.exit_code, "appears twice" in twice.output) == (1, True)
     both = cli.invoke(app, ["deploy", name, "--model", "models:/fraud/1", "--weights", "x=1"])
     assert both.exit_code == 1
     denied = cli.invoke(app, ["deployments", "delete", name])
