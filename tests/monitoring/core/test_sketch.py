@@ -250,3 +250,19 @@ def test_categorical_json_with_numeric_fields_is_refused() -> None:
     with pytest.raises(InvalidParameter):
         ColumnSketch.from_json({**raw, "mean": 1.0})
     assert ColumnSketch.from_json(raw).counts == {"a": 1}
+
+
+def test_dictionary_arrays_count_by_index_with_nulls_and_repeated_words() -> None:
+    dictionary = pa.array(["x", "y", "x", "unused"])
+    array = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 1, 0]), dictionary)
+    sketch = build([pa.record_batch({"d": array})])["d"]
+    assert sketch.counts == {"x": 3, "y": 2}
+    assert (sketch.count, sketch.nulls) == (6, 1)
+    assert sorted(sketch.values or ()) == ["x", "x", "x", "y", "y"]
+
+
+def test_a_large_first_batch_keeps_no_exact_values() -> None:
+    words = np.array(["a", "b"] * 1500, dtype=object)
+    sketch = build([{"c": words}, {"c": words[:10]}], {"c": "categorical"})["c"]
+    assert sketch.values is None
+    assert sketch.counts == {"a": 1505, "b": 1505}

@@ -692,8 +692,10 @@ def _feed(state: _NumericState | _CategoricalState, chunk: Any) -> None:
         return
     keys, counts, nulls, invalid = _category_counts(chunk)
     state.update(keys, counts, nulls, invalid)
-    if state.exact is not None:
+    if state.exact is not None and state.seen <= EXACT_LIMIT:
         state.keep_exact(_category_list(chunk))
+    else:
+        state.exact = None
 
 
 def _as_floats(chunk: Any) -> tuple[FloatArray, int]:
@@ -729,14 +731,13 @@ def _object_floats(chunk: np.ndarray[Any, Any]) -> tuple[FloatArray, int]:
 def _category_counts(chunk: Any) -> tuple[list[str], list[int], int, int]:
     """(keys, counts, nulls, invalid) of one chunk of a categorical column."""
     if isinstance(chunk, np.ndarray):
-        listed = _object_categories(chunk)
-        strings = [v for v in listed if isinstance(v, str)]
-        nulls = sum(1 for v in listed if v is None)
-        array = pa.array(strings, pa.string())
-        keys, counts, _, _ = _category_counts(array)
-        return keys, counts, nulls, len(listed) - len(strings) - nulls
+        return _object_category_counts(chunk)
     array = cast(pa.Array, chunk)
     if pa.types.is_dictionary(array.type):
+        if pa.types.is_string(array.type.value_type) or pa.types.is_large_string(
+            array.type.value_type
+        ):
+            return _dictionary_counts(array)
         array = array.dictionary_decode()
     kind = array.type
     if any(check(kind) for check in _NUMERIC_TYPES):
@@ -751,6 +752,26 @@ def _category_counts(chunk: Any) -> tuple[list[str], list[int], int, int]:
     counted = pc.value_counts(array.drop_null())
     keys = [category_key(v) for v in counted.field("values").to_pylist()]
     return keys, counted.field("counts").to_pylist(), array.null_count, 0
+
+
+def _object_category_counts(chunk: np.ndarray[Any, Any]) -> tuple[list[str], list[int], int, int]:
+    listed = _object_categories(chunk)
+    strings = [v for v in listed if isinstance(v, str)]
+    nulls = sum(1 for v in listed if v is None)
+    keys, counts, _, _ = _category_counts(pa.array(strings, pa.string()))
+    return keys, counts, nulls, len(listed) - len(strings) - nulls
+
+
+def _dictionary_counts(array: pa.DictionaryArray) -> tuple[list[str], list[int], int, int]:
+    """Counts of a dictionary-encoded string chunk, by its indices (no strings materialised)."""
+    indices = array.indices.drop_null().to_numpy(zero_copy_only=False)
+    counts = np.bincount(indices.astype(np.int64, copy=False), minlength=len(array.dictionary))
+    used = np.flatnonzero(counts)
+    words = array.dictionary.take(pa.array(used)).to_pylist()
+    totals: dict[str, int] = {}
+    for word, count in zip(words, counts[used].tolist(), strict=True):
+        totals[word] = totals.get(word, 0) + count  # a dictionary may repeat a word
+    return list(totals), list(totals.values()), array.null_count, 0
 
 
 def _numeric_categories(array: pa.Array) -> tuple[list[str], list[int], int, int]:
