@@ -50,7 +50,7 @@ def test_small_numeric_quantiles_are_numpys() -> None:
     x = np.random.default_rng(3).normal(size=5000)
     sketch = build([{"x": x[:1234]}, {"x": x[1234:]}])["x"]
     np.testing.assert_allclose(sketch.quantiles or (), np.quantile(x, RANKS), rtol=0, atol=1e-12)
-    assert sketch.values is None  # 5000 rows: more than EXACT_LIMIT
+    assert sketch.values is None  # 5000 values: more than EXACT_LIMIT
     assert sketch.counts is None  # continuous: more than DISTINCT_LIMIT values
 
 
@@ -266,3 +266,12 @@ def test_a_large_first_batch_keeps_no_exact_values() -> None:
     sketch = build([{"c": words}, {"c": words[:10]}], {"c": "categorical"})["c"]
     assert sketch.values is None
     assert sketch.counts == {"a": 1505, "b": 1505}
+
+
+def test_exact_values_are_kept_while_the_valid_ones_fit() -> None:
+    x = np.concatenate([np.full(500, np.nan), np.arange(EXACT_LIMIT, dtype=np.float64)])
+    sketch = build([{"x": x[:700]}, {"x": x[700:]}])["x"]
+    assert sketch.count == EXACT_LIMIT + 500
+    assert sorted(sketch.values or ()) == list(range(EXACT_LIMIT))
+    words = np.array([None] * 300 + ["a"] * EXACT_LIMIT, dtype=object)
+    assert len(build([{"c": words}], {"c": "categorical"})["c"].values or ()) == EXACT_LIMIT
