@@ -41,6 +41,7 @@ __all__ = [
     "DISTANCE_RANGE",
     "Band",
     "Incomplete",
+    "Sides",
     "TimeChunk",
     "chunk_bands",
     "chunk_count_ranges",
@@ -55,6 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Incomplete = Literal["keep", "drop", "append"]
+Sides = Literal["both", "upper", "lower"]
 
 #: The valid range of :func:`chunk_statistic` (both distances are non-negative; the
 #: normed Wasserstein distance has no upper bound, Jensen-Shannon with natural logs is at
@@ -229,24 +231,31 @@ def chunk_bands(
     *,
     sigmas: float = 3.0,
     valid: tuple[float, float] = (-math.inf, math.inf),
+    sides: Sides = "both",
 ) -> Band:
     """NannyML's standard-deviation band: ``mean +- sigmas * std`` of the reference chunks'
     values (population std), each end clipped to ``valid``.
 
-    NaN values (a chunk where the statistic is undefined) are left out.
+    ``sides="upper"`` leaves the lower end at ``valid``'s low end (NannyML's lower multiplier
+    of None): right for a drift distance, where a chunk *closer* to the reference than usual
+    is no alarm. ``sides="lower"`` does the same for the upper end (an accuracy that rises is
+    no alarm). NaN values (a chunk where the statistic is undefined) are left out. Values
+    near the float limits are scaled before squaring, so they give a finite mean and std.
 
     Raises:
         InvalidParameter: no finite value, an infinite value, ``sigmas`` negative or not
-            finite, or ``valid`` not an ordered pair of numbers.
+            finite, ``valid`` not an ordered pair of numbers, or an unknown ``sides``.
     """
     if not _finite_number(sigmas) or sigmas < 0:
         raise InvalidParameter("sigmas must be a finite number, at least 0")
+    if sides not in ("both", "upper", "lower"):
+        raise InvalidParameter("sides must be one of both, upper, lower")
     finite = _reference_values(chunk_values)
     low, high = _valid_range(valid)
-    mean = float(np.mean(finite))
-    std = float(np.std(finite))
-    lower = mean - sigmas * std
-    upper = mean + sigmas * std
+    mean, std = _mean_std(finite)
+    with np.errstate(over="ignore"):
+        lower = low if sides == "upper" else float(np.float64(mean) - np.float64(sigmas) * std)
+        upper = high if sides == "lower" else float(np.float64(mean) + np.float64(sigmas) * std)
     return Band(lower=_clip(lower, low, high), upper=_clip(upper, low, high), mean=mean, std=std)
 
 
@@ -272,8 +281,8 @@ def chunk_quantile_bands(
     return Band(
         lower=_clip(float(lower), lo, hi),
         upper=_clip(float(upper), lo, hi),
-        mean=float(np.mean(finite)),
-        std=float(np.std(finite)),
+        mean=_mean_std(finite)[0],
+        std=_mean_std(finite)[1],
     )
 
 
@@ -365,6 +374,16 @@ def _reference_values(chunk_values: ArrayLike) -> NDArray[np.float64]:
     if finite.size == 0:
         raise InvalidParameter("a band needs at least one reference chunk with a defined value")
     return finite
+
+
+def _mean_std(values: NDArray[np.float64]) -> tuple[float, float]:
+    """Mean and population std, computed on values scaled to at most 1 in magnitude so that
+    huge values neither overflow the sum nor the squares."""
+    scale = float(np.max(np.abs(values)))
+    if scale == 0.0:
+        return 0.0, 0.0
+    scaled = values / scale
+    return float(np.mean(scaled) * scale), float(np.std(scaled) * scale)
 
 
 def _valid_range(valid: tuple[float, float]) -> tuple[float, float]:
