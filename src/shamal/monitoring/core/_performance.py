@@ -214,16 +214,26 @@ def _classification(truth: NDArray[Any], pred: NDArray[Any]) -> dict[str, float]
 
 
 def _regression(truth: NDArray[np.float64], pred: NDArray[np.float64]) -> dict[str, float]:
-    error = truth - pred
-    mse = float(np.mean(error * error))
+    # Errors of huge values (1e200) overflow when squared: square them scaled to at most 1
+    # and scale back, so rmse and r2 stay finite whenever the values themselves are.
+    with np.errstate(over="ignore"):
+        error = truth - pred
+        centred = truth - truth.mean() if truth.size >= 2 else np.zeros(0)
+    scale = float(max(np.max(np.abs(error)), np.max(np.abs(centred), initial=0.0)))
+    if not math.isfinite(scale) or scale == 0.0:
+        scale = 1.0
+    scaled_error, scaled_centred = error / scale, centred / scale
+    ss_res = float(np.sum(scaled_error * scaled_error))
     if truth.size < 2:
         r2 = math.nan
     else:
-        ss_res = float(np.sum(error * error))
-        centred = truth - truth.mean()
-        ss_tot = float(np.sum(centred * centred))
+        ss_tot = float(np.sum(scaled_centred * scaled_centred))
         r2 = (1.0 if ss_res == 0.0 else 0.0) if ss_tot == 0.0 else 1.0 - ss_res / ss_tot
-    return {"mae": float(np.mean(np.abs(error))), "rmse": math.sqrt(mse), "r2": r2}
+    return {
+        "mae": float(np.mean(np.abs(error))),
+        "rmse": scale * math.sqrt(ss_res / truth.size),
+        "r2": r2,
+    }
 
 
 def _missing(array: NDArray[Any], task: Task) -> NDArray[np.bool_]:
