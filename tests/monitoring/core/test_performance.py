@@ -48,7 +48,11 @@ def assert_metrics(got: dict[str, float], expected: dict[str, float]) -> None:
 
 int_labels = st.integers(0, 4)
 str_labels = st.sampled_from(["cat", "dog", "eel", "yak"])
-numbers = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)
+# values below 1e-100 square to 0 in sklearn (underflow) and not here (scaled squares):
+# see test_tiny_errors_do_not_underflow_into_a_perfect_fit
+numbers = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False).filter(
+    lambda v: v == 0 or abs(v) > 1e-100
+)
 
 
 # --- classification ------------------------------------------------------------------------
@@ -130,6 +134,14 @@ def test_regression_with_a_constant_truth_follows_sklearn() -> None:
         assert performance("regression", [2.0, 2.0, 2.0], y_pred)["r2"] == skm.r2_score(
             [2.0] * 3, y_pred
         )
+
+
+def test_tiny_errors_do_not_underflow_into_a_perfect_fit() -> None:
+    got = performance("regression", [0.0, 0.0], [0.0, 4.4e-281])
+    assert (
+        got["r2"] == 0.0
+    )  # constant truth, imperfect prediction (sklearn's squares underflow to 1.0)
+    assert got["rmse"] == pytest.approx(4.4e-281 / math.sqrt(2))
 
 
 def test_regression_skips_nan_and_inf_and_one_row_has_no_r2() -> None:

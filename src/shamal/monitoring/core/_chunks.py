@@ -35,6 +35,7 @@ from scipy.spatial.distance import jensenshannon  # type: ignore[import-untyped]
 from scipy.stats import wasserstein_distance  # type: ignore[import-untyped]
 
 from shamal.errors import InvalidParameter
+from shamal.monitoring.core import _sketch
 from shamal.monitoring.core._sketch import ColumnSketch
 
 __all__ = [
@@ -299,8 +300,8 @@ def chunk_statistic(reference: ColumnSketch, chunk: ColumnSketch) -> float:
 
     * numeric: the Wasserstein distance between the two columns, divided by the reference's
       standard deviation (floored at 0.001), Evidently's "normed Wasserstein". Exact values
-      are used when both sketches keep them, else the quantile grids (equally weighted points,
-      so the distance is that between the grid-approximated distributions);
+      are used where a sketch keeps them, else its quantile grid, each grid value weighted
+      by the rank mass around it (see :func:`grid_ranks`);
     * categorical: the Jensen-Shannon distance (natural logarithm, scipy's default) between
       the category frequencies over the union of categories.
 
@@ -316,8 +317,8 @@ def chunk_statistic(reference: ColumnSketch, chunk: ColumnSketch) -> float:
         )
     if reference.kind == "categorical":
         return _js_distance(reference, chunk)
-    ref_points = _numeric_points(reference)
-    cur_points = _numeric_points(chunk)
+    ref_points, ref_weights = _numeric_points(reference)
+    cur_points, cur_weights = _numeric_points(chunk)
     if ref_points.size == 0 or cur_points.size == 0:
         return math.nan
     norm = (
@@ -325,22 +326,43 @@ def chunk_statistic(reference: ColumnSketch, chunk: ColumnSketch) -> float:
         if reference.std is not None and math.isfinite(reference.std)
         else float(np.std(ref_points))
     )
-    return float(wasserstein_distance(ref_points, cur_points) / max(norm, _MIN_NORM))
+    distance = wasserstein_distance(ref_points, cur_points, ref_weights, cur_weights)
+    return float(distance / max(norm, _MIN_NORM))
 
 
-def _numeric_points(sketch: ColumnSketch) -> NDArray[np.float64]:
-    """Points standing for a numeric sketch's distribution: its exact values, else its grid."""
+def grid_ranks(size: int) -> NDArray[np.float64]:
+    """The ranks of a quantile grid of ``size`` values: the sketch module's
+    ``QUANTILE_RANKS`` when the grid has their length (the sketches a builder makes), else
+    ``size`` evenly spaced ranks from 0 to 1 (a grid built by hand)."""
+    ranks = getattr(_sketch, "QUANTILE_RANKS", None)
+    if ranks is not None and len(ranks) == size:
+        return np.asarray(ranks, dtype=np.float64)
+    return np.linspace(0.0, 1.0, size)
+
+
+def _numeric_points(
+    sketch: ColumnSketch,
+) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+    """Points standing for a numeric sketch's distribution, and their weights: its exact
+    values (equal weights: None), else its quantile grid, each point weighted by the rank
+    mass nearest to it (half the rank gap on each side), so a grid that is finer in the
+    tails does not over-weight them."""
     if sketch.values is not None:
         points = np.asarray([v for v in sketch.values if not isinstance(v, str)], dtype=np.float64)
-    elif sketch.quantiles is not None:
+        return points[np.isfinite(points)], None
+    if sketch.quantiles:
         points = np.asarray(sketch.quantiles, dtype=np.float64)
-    elif sketch.count - sketch.nulls - sketch.nonfinite <= 0:
-        return np.empty(0, dtype=np.float64)
-    else:
-        raise InvalidParameter(
-            f"sketch of column {sketch.name[:80]!r} has neither values nor quantiles"
-        )
-    return points[np.isfinite(points)]
+        if points.size == 1:
+            return points[np.isfinite(points)], None
+        gaps = np.diff(grid_ranks(points.size))
+        weights = np.concatenate([gaps, [0.0]]) / 2 + np.concatenate([[0.0], gaps]) / 2
+        keep = np.isfinite(points) & (weights > 0)
+        return points[keep], weights[keep]
+    if sketch.count - sketch.nulls - sketch.nonfinite <= 0:
+        return np.empty(0, dtype=np.float64), None
+    raise InvalidParameter(
+        f"sketch of column {sketch.name[:80]!r} has neither values nor quantiles"
+    )
 
 
 def _js_distance(reference: ColumnSketch, chunk: ColumnSketch) -> float:

@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from shamal.errors import InvalidParameter
+from shamal.monitoring.core._chunks import grid_ranks
 from shamal.monitoring.core._sketch import OTHER, ColumnSketch
 
 __all__ = [
@@ -173,12 +174,14 @@ def out_of_range_fraction(reference: ColumnSketch, current: ColumnSketch) -> flo
     keeps its exact values, or exact per-value counts with no :data:`OTHER` bucket, or its
     own ``[min, max]`` lies inside the reference range (then the share is 0).
 
-    Otherwise it is estimated from current's quantile grid, the values at ranks
-    ``r_i = i / (m - 1)`` (``m`` grid points, ``r_0`` the minimum, ``r_{m-1}`` the maximum).
-    For the lower end ``a`` the share below it, ``F(a-)``, lies between the ranks of the two
-    grid points around ``a``; it is interpolated linearly between them. The upper end is
-    handled the same way. The error of the estimate is therefore at most ``1 / (m - 1)`` per
-    end (``2 / (m - 1)`` in all), plus whatever rank error the sketch's quantiles carry.
+    Otherwise it is estimated from current's quantile grid: the values at ranks ``r_i``
+    (:func:`~shamal.monitoring.core._chunks.grid_ranks`: the builder's ``QUANTILE_RANKS``, or
+    evenly spaced ``i / (m - 1)`` for a hand-made grid of ``m`` values; ``r_0`` is the minimum's
+    rank 0, the last the maximum's rank 1). For the lower end ``a`` the share below it,
+    ``F(a-)``, lies between the ranks of the two grid points around ``a``; it is interpolated
+    linearly between them. The upper end is handled the same way. The error of the estimate
+    is therefore at most the rank gap around each end (``1 / (m - 1)`` for an even grid,
+    0.001 for the builder's), plus whatever rank error the sketch's quantiles carry.
 
     Returns ``0.0`` when current has no present values; ``nan`` when the reference has no
     range (all its values were null) or current has neither values, counts nor quantiles.
@@ -349,13 +352,14 @@ def _share_from_counts(counts: Mapping[str, int] | None, low: float, high: float
 
 def _share_from_grid(grid: np.ndarray, low: float, high: float) -> float:
     """The out-of-range share estimated from a quantile grid (see out_of_range_fraction)."""
-    grid = grid[np.isfinite(grid)]
+    ranks = grid_ranks(grid.size)
+    finite = np.isfinite(grid)
+    grid, ranks = grid[finite], ranks[finite]
     if grid.size == 0:
         return math.nan
     if grid.size == 1:
         return float(grid[0] < low or grid[0] > high)
     grid = np.sort(grid)  # a sketch's grid is monotone; sorting guards against rounding noise
-    ranks = np.linspace(0.0, 1.0, grid.size)
     below = _rank_at(grid, ranks, low, side="left")
     above = 1.0 - _rank_at(grid, ranks, high, side="right")
     return float(min(1.0, max(0.0, below + above)))
