@@ -26,9 +26,10 @@ from shamal.monitoring.core._chunks import (
     chunk_statistic,
     chunk_statistics,
     flag,
+    grid_ranks,
     time_chunks,
 )
-from shamal.monitoring.core._sketch import ColumnSketch
+from shamal.monitoring.core._sketch import QUANTILE_RANKS, ColumnSketch, SketchBuilder
 
 
 def numeric_sketch(raw: Sequence[float], *, grid: int = 101, exact: bool = True) -> ColumnSketch:
@@ -377,3 +378,70 @@ def test_huge_reference_values_keep_a_finite_band() -> None:
     wide = chunk_bands([1.7e308, -1.7e308], sigmas=3.0)  # the band itself overflows: unbounded
     assert (wide.lower, wide.upper) == (-math.inf, math.inf)
     assert chunk_bands([0.0, 0.0]) == Band(0.0, 0.0, 0.0, 0.0)
+
+
+# --- with the sketch builder's grid (finer in the tails) -----------------------------------
+
+
+def built(values: np.ndarray, kind: str = "numeric") -> ColumnSketch:
+    builder = SketchBuilder({"x": kind})  # type: ignore[dict-item]
+    builder.update({"x": values})
+    return builder.result()["x"]
+
+
+def test_grid_ranks_are_the_builders_ranks_for_its_grids() -> None:
+    assert grid_ranks(len(QUANTILE_RANKS)).tolist() == list(QUANTILE_RANKS)
+    assert grid_ranks(5).tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("make_ref", "make_cur"),
+    [
+        (lambda rng: rng.normal(0, 1, 50_000), lambda rng: rng.normal(0.2, 1, 50_000)),
+        (lambda rng: rng.exponential(1, 50_000), lambda rng: rng.exponential(1.3, 50_000)),
+        (lambda rng: rng.lognormal(0, 0.5, 50_000), lambda rng: rng.lognormal(0.1, 0.5, 50_000)),
+    ],
+)
+def test_distance_of_built_sketches_is_close_to_the_exact_distance(
+    make_ref: object, make_cur: object
+) -> None:
+    rng = np.random.default_rng(4)
+    ref, cur = make_ref(rng), make_cur(rng)  # type: ignore[operator]
+    reference, current = built(ref), built(cur)
+    assert reference.values is None  # the grids, not exact values, are compared
+    exact = wasserstein_distance(ref, cur) / ref.std()
+    assert chunk_statistic(reference, current) == pytest.approx(exact, rel=0.05)
+
+
+def test_distance_of_a_sketch_against_itself_is_zero() -> None:
+    sketch = built(np.random.default_rng(6).lognormal(0, 2, 20_000))
+    assert chunk_statistic(sketch, sketch) == 0.0
+    categories = built(np.array(["a", "b", "b", None], dtype=object), "categorical")
+    assert chunk_statistic(categories, categories) == 0.0
+
+
+def test_grid_points_are_weighted_by_their_rank_mass() -> None:
+    """On a grid of exact quantiles at the builder's ranks (finer in the tails), the distance
+    matches the exact one closely; weighting the 16 tail points like the others would not."""
+    rng = np.random.default_rng(8)
+    ref, cur = rng.exponential(1, 100_000), rng.exponential(1.5, 100_000)
+
+    def grid_sketch(values: np.ndarray) -> ColumnSketch:
+        quantiles = np.quantile(values, QUANTILE_RANKS)
+        return ColumnSketch(
+            "x",
+            "numeric",
+            values.size,
+            min=float(values.min()),
+            max=float(values.max()),
+            mean=float(values.mean()),
+            std=float(values.std()),
+            quantiles=tuple(float(q) for q in quantiles),
+        )
+
+    exact = wasserstein_distance(ref, cur) / ref.std()
+    assert chunk_statistic(grid_sketch(ref), grid_sketch(cur)) == pytest.approx(exact, rel=0.005)
+    unweighted = wasserstein_distance(
+        np.quantile(ref, QUANTILE_RANKS), np.quantile(cur, QUANTILE_RANKS)
+    )
+    assert abs(unweighted / ref.std() - exact) > 0.005 * exact

@@ -22,7 +22,7 @@ from shamal.monitoring.core._quality import (
     out_of_range_fraction,
     quality,
 )
-from shamal.monitoring.core._sketch import OTHER, ColumnSketch
+from shamal.monitoring.core._sketch import OTHER, ColumnSketch, SketchBuilder
 
 
 def numeric_sketch(
@@ -303,7 +303,14 @@ def test_empty_inputs_and_empty_current_columns() -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, -0.01, 1.01, math.inf, True, "0.1", None])
 @pytest.mark.parametrize(
-    "name", ["null_rate_increase", "out_of_range_share", "new_category_share", "nonfinite_increase"]
+    "name",
+    [
+        "null_rate_increase",
+        "out_of_range_share",
+        "new_category_share",
+        "nonfinite_increase",
+        "invalid_increase",
+    ],
 )
 def test_limits_outside_zero_one_are_refused(name: str, bad: object) -> None:
     with pytest.raises(InvalidParameter, match=name):
@@ -345,3 +352,64 @@ def test_huge_counts_do_not_overflow() -> None:
     (issue,) = quality(reference, current)
     assert issue.kind == "null_rate"
     assert issue.value == pytest.approx(0.5)
+
+
+# --- with the sketch builder (the sketches a monitor really compares) ----------------------
+
+
+def built(values: np.ndarray, kind: str = "numeric") -> ColumnSketch:
+    builder = SketchBuilder({"x": kind})  # type: ignore[dict-item]
+    builder.update({"x": values})
+    return builder.result()["x"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.floats(-3, 3),
+    st.floats(0.2, 3),
+    st.sampled_from([1500, 20_000]),
+)
+def test_out_of_range_of_built_sketches_is_within_the_grid_error(
+    seed: int, shift: float, scale: float, n: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(0, 1, n)
+    cur = rng.normal(shift, scale, n)
+    true = float(np.mean((cur < ref.min()) | (cur > ref.max())))
+    estimate = out_of_range_fraction(built(ref), built(cur))
+    # the builder's grid is 0.001 apart: 0.001 per end, plus its quantiles' own rank error
+    assert abs(estimate - true) <= 0.002 + 0.002
+
+
+def test_out_of_range_from_built_tails_is_exact() -> None:
+    rng = np.random.default_rng(1)
+    ref = rng.uniform(0, 1, 5000)
+    cur = np.concatenate([rng.uniform(0, 1, 4990), [1.5, 2.0, 7.0], [-1.0] * 7])
+    current = built(cur)
+    assert current.values is None  # beyond EXACT_LIMIT: only the tails can be exact
+    true = np.count_nonzero((cur < ref.min()) | (cur > ref.max()))
+    assert true >= 10
+    assert out_of_range_fraction(built(ref), current) == true / 5000
+
+
+def test_wrong_type_values_are_an_issue() -> None:
+    reference = {"x": built(np.array([1.0, 2.0, 3.0, 4.0]))}
+    current = {"x": built(np.array([1.0, "2", "three", 4.0], dtype=object))}
+    assert current["x"].invalid == 2
+    issues = quality(reference, current)
+    assert [i.kind for i in issues] == ["invalid_value"]
+    assert issues[0].value == pytest.approx(0.5)
+    assert quality(reference, current, invalid_increase=0.5) == ()
+    with pytest.raises(InvalidParameter, match="invalid values than rows"):
+        quality(reference, {"x": ColumnSketch("x", "numeric", 2, nulls=1, invalid=2)})
+
+
+def test_built_sketches_of_the_same_data_have_no_issues_and_a_shift_has() -> None:
+    rng = np.random.default_rng(2)
+    ref = rng.normal(0, 1, 30_000)
+    same = quality({"x": built(ref)}, {"x": built(ref)}, out_of_range_share=0.0)
+    assert same == ()
+    shifted = quality({"x": built(ref)}, {"x": built(ref + 3.0)})
+    assert [i.kind for i in shifted] == ["out_of_range"]
+    assert shifted[0].value == pytest.approx(float(np.mean(ref + 3.0 > ref.max())), abs=0.004)

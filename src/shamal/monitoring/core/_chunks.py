@@ -35,8 +35,7 @@ from scipy.spatial.distance import jensenshannon  # type: ignore[import-untyped]
 from scipy.stats import wasserstein_distance  # type: ignore[import-untyped]
 
 from shamal.errors import InvalidParameter
-from shamal.monitoring.core import _sketch
-from shamal.monitoring.core._sketch import ColumnSketch
+from shamal.monitoring.core._sketch import QUANTILE_RANKS, ColumnSketch
 
 __all__ = [
     "DISTANCE_RANGE",
@@ -67,6 +66,9 @@ DISTANCE_RANGE: Final = (0.0, math.inf)
 #: The floor of the reference's standard deviation when norming the Wasserstein distance,
 #: so a constant reference column does not divide by zero (Evidently uses the same floor).
 _MIN_NORM: Final = 0.001
+
+_RANKS: Final = np.asarray(QUANTILE_RANKS, dtype=np.float64)
+_RANKS.setflags(write=False)
 
 #: More chunks than this from one call is refused: a chunk size of 1 over a huge stream
 #: would allocate a range per row, which is never what a monitor means.
@@ -332,11 +334,10 @@ def chunk_statistic(reference: ColumnSketch, chunk: ColumnSketch) -> float:
 
 def grid_ranks(size: int) -> NDArray[np.float64]:
     """The ranks of a quantile grid of ``size`` values: the sketch module's
-    ``QUANTILE_RANKS`` when the grid has their length (the sketches a builder makes), else
+    :data:`QUANTILE_RANKS` when the grid has their length (the sketches a builder makes), else
     ``size`` evenly spaced ranks from 0 to 1 (a grid built by hand)."""
-    ranks = getattr(_sketch, "QUANTILE_RANKS", None)
-    if ranks is not None and len(ranks) == size:
-        return np.asarray(ranks, dtype=np.float64)
+    if size == len(QUANTILE_RANKS):
+        return _RANKS
     return np.linspace(0.0, 1.0, size)
 
 
@@ -358,7 +359,7 @@ def _numeric_points(
         weights = np.concatenate([gaps, [0.0]]) / 2 + np.concatenate([[0.0], gaps]) / 2
         keep = np.isfinite(points) & (weights > 0)
         return points[keep], weights[keep]
-    if sketch.count - sketch.nulls - sketch.nonfinite <= 0:
+    if sketch.valid <= 0:
         return np.empty(0, dtype=np.float64), None
     raise InvalidParameter(
         f"sketch of column {sketch.name[:80]!r} has neither values nor quantiles"

@@ -10,12 +10,14 @@ Shares are measured against the rows a check can see:
 
 * null rate: ``nulls / count`` (all rows);
 * non-finite share: ``nonfinite / count`` (all rows);
-* out-of-range share and new-category share: over the present values
-  (``count - nulls - nonfinite``), the rows that carry a usable value.
+* wrong-type share: ``invalid / count`` (all rows);
+* out-of-range share and new-category share: over the present values (the sketch's
+  ``valid``: not null, finite, of the column's kind), the rows that carry a usable value.
 
-Out-of-range shares are exact when the current sketch keeps its exact values or its exact
-per-value counts; otherwise they are estimated from its quantile grid (see
-:func:`out_of_range_fraction`, whose docstring states the error bound).
+Out-of-range shares are exact when the current sketch keeps its exact values, its exact
+per-value counts, or its exact tails reach past the reference range; otherwise they are
+estimated from its quantile grid (see :func:`out_of_range_fraction`, whose docstring states
+the error bound).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ QualityKind = Literal[
     "out_of_range",
     "new_category",
     "type_changed",
+    "invalid_value",
     "missing_column",
     "new_column",
 ]
@@ -58,10 +61,11 @@ _ORDER: Final[dict[str, int]] = {
     "missing_column": 0,
     "new_column": 1,
     "type_changed": 2,
-    "null_rate": 3,
-    "nonfinite": 4,
-    "out_of_range": 5,
-    "new_category": 6,
+    "invalid_value": 3,
+    "null_rate": 4,
+    "nonfinite": 5,
+    "out_of_range": 6,
+    "new_category": 7,
 }
 
 
@@ -103,6 +107,7 @@ def quality(
     out_of_range_share: float = 0.01,
     new_category_share: float = 0.01,
     nonfinite_increase: float = 0.0,
+    invalid_increase: float = 0.0,
 ) -> tuple[QualityIssue, ...]:
     """The data quality issues of ``current`` measured against ``reference``.
 
@@ -111,6 +116,8 @@ def quality(
     * ``missing_column``: in the reference, absent from current;
     * ``new_column``: in current, absent from the reference;
     * ``type_changed``: the kinds differ (no other check runs on that column);
+    * ``invalid_value``: current share of values of the wrong type (a string in a numeric
+      column: the sketch's ``invalid``) above the reference's plus ``invalid_increase``;
     * ``null_rate``: current null rate above the reference's plus ``null_rate_increase``;
     * ``nonfinite``: current share of +-inf above the reference's plus ``nonfinite_increase``
       (numeric columns);
@@ -131,6 +138,7 @@ def quality(
         out_of_range_share: allowed share of out-of-range values, in ``[0, 1]``.
         new_category_share: allowed share of values in new categories, in ``[0, 1]``.
         nonfinite_increase: allowed increase of the share of +-inf values, in ``[0, 1]``.
+        invalid_increase: allowed increase of the share of wrong-type values, in ``[0, 1]``.
 
     Returns:
         The issues, ordered by column name and then from structural to value-level.
@@ -144,6 +152,7 @@ def quality(
         "out_of_range_share": out_of_range_share,
         "new_category_share": new_category_share,
         "nonfinite_increase": nonfinite_increase,
+        "invalid_increase": invalid_increase,
     }
     for name, limit in limits.items():
         _check_share_limit(name, limit)
@@ -172,7 +181,9 @@ def out_of_range_fraction(reference: ColumnSketch, current: ColumnSketch) -> flo
 
     Exact when the reference range is known exactly (sketch min/max are exact) and current
     keeps its exact values, or exact per-value counts with no :data:`OTHER` bucket, or its
-    own ``[min, max]`` lies inside the reference range (then the share is 0).
+    own ``[min, max]`` lies inside the reference range (then the share is 0), or its tails
+    (its smallest and largest values) reach back inside the range at both ends, so every
+    value beyond the range is in them.
 
     Otherwise it is estimated from current's quantile grid: the values at ranks ``r_i``
     (:func:`~shamal.monitoring.core._chunks.grid_ranks`: the builder's ``QUANTILE_RANKS``, or
@@ -212,7 +223,26 @@ def _exact_out_of_range(current: ColumnSketch, low: float, high: float) -> float
         values = values[np.isfinite(values)]
         if values.size:
             return float(np.count_nonzero((values < low) | (values > high)) / values.size)
-    return _share_from_counts(current.counts, low, high)
+    counted = _share_from_counts(current.counts, low, high)
+    return counted if counted is not None else _share_from_tails(current, low, high)
+
+
+def _share_from_tails(current: ColumnSketch, low: float, high: float) -> float | None:
+    """The exact out-of-range share from current's tails (its smallest and largest values),
+    or None when a tail is too short to hold every value beyond its end of the range."""
+    if current.tails is None or _present(current) == 0:
+        return None
+    bottom, top = current.tails
+    whole = len(bottom) >= _present(current)  # the tails hold every value
+    below_known = whole or (bool(bottom) and bottom[-1] >= low)
+    above_known = whole or (bool(top) and top[0] <= high)
+    if not (below_known and above_known):
+        return None
+    if whole:
+        outside = sum(1 for v in bottom if v < low or v > high)
+    else:
+        outside = sum(1 for v in bottom if v < low) + sum(1 for v in top if v > high)
+    return outside / _present(current)
 
 
 def new_category_fraction(
@@ -244,19 +274,25 @@ def _column_issues(
     issues: list[QualityIssue] = []
     if cur.count == 0:
         return issues
-    null_limit = _rate(ref.nulls, ref.count) + limits["null_rate_increase"]
-    null_rate = cur.nulls / cur.count
-    if null_rate > null_limit:
-        issues.append(
-            QualityIssue(
-                column,
-                "null_rate",
-                null_rate,
-                null_limit,
-                f"{cur.nulls} of {cur.count} rows are null ({null_rate:.2%});"
-                f" the reference had {_rate(ref.nulls, ref.count):.2%}",
+    rates: tuple[tuple[QualityKind, int, int, str, str], ...] = (
+        ("invalid_value", ref.invalid, cur.invalid, "invalid_increase", "of the wrong type"),
+        ("null_rate", ref.nulls, cur.nulls, "null_rate_increase", "null"),
+        ("nonfinite", ref.nonfinite, cur.nonfinite, "nonfinite_increase", "+-inf"),
+    )
+    for kind, ref_part, cur_part, limit_name, what in rates:
+        limit = _rate(ref_part, ref.count) + limits[limit_name]
+        rate = cur_part / cur.count
+        if rate > limit:
+            issues.append(
+                QualityIssue(
+                    column,
+                    kind,
+                    rate,
+                    limit,
+                    f"{cur_part} of {cur.count} rows are {what} ({rate:.2%});"
+                    f" the reference had {_rate(ref_part, ref.count):.2%}",
+                )
             )
-        )
     if cur.kind == "numeric":
         issues.extend(_numeric_issues(column, ref, cur, limits))
     else:
@@ -267,20 +303,8 @@ def _column_issues(
 def _numeric_issues(
     column: str, ref: ColumnSketch, cur: ColumnSketch, limits: Mapping[str, float]
 ) -> list[QualityIssue]:
-    """Non-finite and out-of-range issues of a numeric column."""
+    """The out-of-range issue of a numeric column."""
     issues: list[QualityIssue] = []
-    nonfinite_limit = _rate(ref.nonfinite, ref.count) + limits["nonfinite_increase"]
-    nonfinite = cur.nonfinite / cur.count
-    if nonfinite > nonfinite_limit:
-        issues.append(
-            QualityIssue(
-                column,
-                "nonfinite",
-                nonfinite,
-                nonfinite_limit,
-                f"{cur.nonfinite} of {cur.count} rows are +-inf ({nonfinite:.2%})",
-            )
-        )
     share = out_of_range_fraction(ref, cur)
     limit = limits["out_of_range_share"]
     if share > limit:  # nan (no reference range) compares False: nothing to judge against
@@ -380,7 +404,7 @@ def _rank_at(
 
 
 def _present(sketch: ColumnSketch) -> int:
-    return max(0, sketch.count - sketch.nulls - sketch.nonfinite)
+    return max(0, sketch.valid)
 
 
 def _rate(part: int, whole: int) -> float:
@@ -393,10 +417,11 @@ def _check_share_limit(name: str, limit: float) -> None:
 
 
 def _check_sketch(sketch: ColumnSketch) -> None:
-    counts = (sketch.count, sketch.nulls, sketch.nonfinite)
+    counts = (sketch.count, sketch.nulls, sketch.nonfinite, sketch.invalid)
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
         raise InvalidParameter(f"sketch of column {sketch.name[:80]!r} has an invalid count")
-    if sketch.nulls + sketch.nonfinite > sketch.count:
+    if sketch.nulls + sketch.nonfinite + sketch.invalid > sketch.count:
         raise InvalidParameter(
-            f"sketch of column {sketch.name[:80]!r} has more nulls and infinities than rows"
+            f"sketch of column {sketch.name[:80]!r} has more nulls, infinities and invalid"
+            " values than rows"
         )
