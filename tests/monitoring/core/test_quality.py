@@ -413,3 +413,32 @@ def test_built_sketches_of_the_same_data_have_no_issues_and_a_shift_has() -> Non
     shifted = quality({"x": built(ref)}, {"x": built(ref + 3.0)})
     assert [i.kind for i in shifted] == ["out_of_range"]
     assert shifted[0].value == pytest.approx(float(np.mean(ref + 3.0 > ref.max())), abs=0.004)
+
+
+def test_tails_that_do_not_reach_back_fall_back_to_the_grid() -> None:
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(0, 1, 5000)
+    cur = np.concatenate([rng.uniform(0, 1, 4800), rng.uniform(2, 3, 200)])  # 200 > 64 tail values
+    current = built(cur)
+    assert min(current.tails[1]) > ref.max()  # type: ignore[index]
+    true = float(np.mean((cur < ref.min()) | (cur > ref.max())))
+    estimate = out_of_range_fraction(built(ref), current)
+    assert abs(estimate - true) <= 0.004
+
+
+def test_tails_holding_every_value_give_the_exact_share() -> None:
+    # a hand-made sketch: a two-point grid (its estimate would be 0.6), tails with all five values
+    reference = numeric_sketch("x", [0.0, 10.0])
+    current = ColumnSketch(
+        "x",
+        "numeric",
+        6,
+        nulls=1,
+        min=-5.0,
+        max=20.0,
+        mean=0.0,
+        std=1.0,
+        quantiles=(-5.0, 20.0),
+        tails=((-5.0, 1.0, 2.0, 3.0, 20.0), (-5.0, 1.0, 2.0, 3.0, 20.0)),
+    )
+    assert out_of_range_fraction(reference, current) == pytest.approx(2 / 5)

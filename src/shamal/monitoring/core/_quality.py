@@ -230,19 +230,17 @@ def _exact_out_of_range(current: ColumnSketch, low: float, high: float) -> float
 def _share_from_tails(current: ColumnSketch, low: float, high: float) -> float | None:
     """The exact out-of-range share from current's tails (its smallest and largest values),
     or None when a tail is too short to hold every value beyond its end of the range."""
-    if current.tails is None or _present(current) == 0:
+    present = _present(current)
+    if current.tails is None or present == 0:
         return None
-    bottom, top = current.tails
-    whole = len(bottom) >= _present(current)  # the tails hold every value
-    below_known = whole or (bool(bottom) and bottom[-1] >= low)
-    above_known = whole or (bool(top) and top[0] <= high)
-    if not (below_known and above_known):
+    bottom = np.asarray(current.tails[0], dtype=np.float64)
+    top = np.asarray(current.tails[1], dtype=np.float64)
+    if bottom.size >= present:  # the tails hold every value
+        return float(np.count_nonzero((bottom < low) | (bottom > high)) / present)
+    # a tail whose innermost value is inside the range holds every value beyond that end
+    if bottom.size == 0 or top.size == 0 or bottom[-1] < low or top[0] > high:
         return None
-    if whole:
-        outside = sum(1 for v in bottom if v < low or v > high)
-    else:
-        outside = sum(1 for v in bottom if v < low) + sum(1 for v in top if v > high)
-    return outside / _present(current)
+    return float((np.count_nonzero(bottom < low) + np.count_nonzero(top > high)) / present)
 
 
 def new_category_fraction(
