@@ -3,6 +3,7 @@ the chunk drift distance against scipy on the raw values."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -198,6 +199,33 @@ def test_band_to_json_has_no_infinities() -> None:
         "mean": 0.0,
         "std": 1.0,
     }
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunk_values, st.floats(0, 5), st.sampled_from(["both", "upper", "lower"]))
+def test_band_json_round_trips(values: list[float], sigmas: float, sides: str) -> None:
+    band = chunk_bands(values, sigmas=sigmas, sides=sides)  # type: ignore[arg-type]
+    assert Band.from_json(json.loads(json.dumps(band.to_json()))) == band
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        [],
+        {"lower": 0.0, "upper": 1.0, "mean": 0.5},
+        {"lower": 0.0, "upper": 1.0, "mean": 0.5, "std": 0.1, "extra": 1},
+        {"lower": "0", "upper": 1.0, "mean": 0.5, "std": 0.1},
+        {"lower": 0.0, "upper": 1.0, "mean": math.nan, "std": 0.1},
+        {"lower": 0.0, "upper": 1.0, "mean": 0.5, "std": -0.1},
+        {"lower": 2.0, "upper": 1.0, "mean": 0.5, "std": 0.1},
+        {"lower": True, "upper": 1.0, "mean": 0.5, "std": 0.1},
+        {"lower": 0.0, "upper": 1.0, "mean": 10**400, "std": 0.1},
+    ],
+)
+def test_hostile_band_json_is_refused(raw: object) -> None:
+    with pytest.raises(InvalidParameter, match="band"):
+        Band.from_json(raw)
 
 
 # --- the chunk drift distance --------------------------------------------------------------

@@ -100,6 +100,25 @@ class Band:
             "std": self.std,
         }
 
+    @classmethod
+    def from_json(cls, raw: Any) -> Band:
+        """The band :meth:`to_json` wrote (``None`` ends are unbounded).
+
+        Raises:
+            InvalidParameter: not such an object: missing or extra keys, values that are not
+                finite numbers, a negative std, or ``lower > upper``.
+        """
+        if not isinstance(raw, dict) or set(raw) != {"lower", "upper", "mean", "std"}:
+            raise InvalidParameter("a band is an object with lower, upper, mean and std")
+        lower = -math.inf if raw["lower"] is None else _json_number(raw["lower"], "lower")
+        upper = math.inf if raw["upper"] is None else _json_number(raw["upper"], "upper")
+        mean, std = _json_number(raw["mean"], "mean"), _json_number(raw["std"], "std")
+        if std < 0 or lower > upper:
+            raise InvalidParameter(
+                "a band's std must not be negative nor its lower end above its upper"
+            )
+        return cls(lower=lower, upper=upper, mean=mean, std=std)
+
 
 @dataclass(frozen=True, slots=True)
 class TimeChunk:
@@ -445,8 +464,19 @@ def _key_seconds(keys: ArrayLike) -> NDArray[np.float64]:
     return seconds
 
 
+def _json_number(value: Any, what: str) -> float:
+    if not _finite_number(value):
+        raise InvalidParameter(f"a band's {what} must be a finite number")
+    return float(value)
+
+
 def _finite_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:
