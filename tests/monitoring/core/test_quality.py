@@ -6,6 +6,7 @@ check can be compared with the obvious computation on the rows themselves.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -442,3 +443,37 @@ def test_tails_holding_every_value_give_the_exact_share() -> None:
         tails=((-5.0, 1.0, 2.0, 3.0, 20.0), (-5.0, 1.0, 2.0, 3.0, 20.0)),
     )
     assert out_of_range_fraction(reference, current) == pytest.approx(2 / 5)
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+
+def test_issues_round_trip_through_json() -> None:
+    reference = {"x": numeric_sketch("x", [0.0, 1.0]), "gone": categorical_sketch("gone", ["a"])}
+    current = {"x": numeric_sketch("x", [None, math.inf, 5.0, 0.5], exact=True)}
+    issues = quality(reference, current)
+    assert len(issues) == 4
+    for issue in issues:
+        assert QualityIssue.from_json(json.loads(json.dumps(issue.to_json()))) == issue
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        [],
+        {"column": "x", "kind": "null_rate", "value": 0.5, "limit": 0.1},
+        {"column": "x", "kind": "null_rate", "value": 0.5, "limit": 0.1, "detail": "", "more": 1},
+        {"column": "x", "kind": "bogus", "value": 0.5, "limit": 0.1, "detail": ""},
+        {"column": 3, "kind": "null_rate", "value": 0.5, "limit": 0.1, "detail": ""},
+        {"column": "x" * 10_001, "kind": "null_rate", "value": 0.5, "limit": 0.1, "detail": ""},
+        {"column": "x", "kind": "null_rate", "value": "0.5", "limit": 0.1, "detail": ""},
+        {"column": "x", "kind": "null_rate", "value": math.nan, "limit": 0.1, "detail": ""},
+        {"column": "x", "kind": "null_rate", "value": 0.5, "limit": 10**400, "detail": ""},
+        {"column": "x", "kind": "null_rate", "value": True, "limit": 0.1, "detail": ""},
+        {"column": "x", "kind": "null_rate", "value": 0.5, "limit": 0.1, "detail": None},
+    ],
+)
+def test_hostile_issue_json_is_refused(raw: object) -> None:
+    with pytest.raises(InvalidParameter, match="quality issue"):
+        QualityIssue.from_json(raw)

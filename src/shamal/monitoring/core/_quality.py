@@ -69,6 +69,10 @@ _ORDER: Final[dict[str, int]] = {
 }
 
 
+#: The longest column name or detail a stored issue may carry.
+_MAX_TEXT: Final = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class QualityIssue:
     """One data quality problem of one column.
@@ -97,6 +101,37 @@ class QualityIssue:
             "limit": self.limit,
             "detail": self.detail,
         }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> QualityIssue:
+        """The issue :meth:`to_json` wrote.
+
+        Raises:
+            InvalidParameter: not such an object: missing or extra keys, an unknown kind,
+                values that are not finite numbers, texts that are not strings or too long.
+        """
+        if not isinstance(raw, dict) or set(raw) != {"column", "kind", "value", "limit", "detail"}:
+            raise InvalidParameter(
+                "a quality issue is an object with column, kind, value, limit, detail"
+            )
+        column, kind, detail = raw["column"], raw["kind"], raw["detail"]
+        if not isinstance(column, str) or len(column) > _MAX_TEXT:
+            raise InvalidParameter("a quality issue's column must be a string")
+        if kind not in _ORDER:
+            raise InvalidParameter("a quality issue's kind is unknown")
+        if not isinstance(detail, str) or len(detail) > _MAX_TEXT:
+            raise InvalidParameter("a quality issue's detail must be a string")
+        numbers = []
+        for key in ("value", "limit"):
+            number = raw[key]
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, int | float)
+                or not _finite(number)
+            ):
+                raise InvalidParameter(f"a quality issue's {key} must be a finite number")
+            numbers.append(float(number))
+        return cls(column, kind, numbers[0], numbers[1], detail)
 
 
 def quality(
@@ -399,6 +434,13 @@ def _rank_at(
     left, right = grid[k - 1], grid[k]
     fraction = 0.0 if right <= left else (x - left) / (right - left)
     return float(ranks[k - 1] + fraction * (ranks[k] - ranks[k - 1]))
+
+
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 def _present(sketch: ColumnSketch) -> int:
