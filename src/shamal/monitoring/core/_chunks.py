@@ -39,6 +39,7 @@ from shamal.monitoring.core._sketch import QUANTILE_RANKS, ColumnSketch
 
 __all__ = [
     "DISTANCE_RANGE",
+    "MAX_CHUNKS",
     "Band",
     "Incomplete",
     "Sides",
@@ -50,6 +51,7 @@ __all__ = [
     "chunk_statistic",
     "chunk_statistics",
     "flag",
+    "grid_ranks",
     "time_chunks",
 ]
 
