@@ -31,8 +31,8 @@ from typing import Any, Final, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.spatial.distance import jensenshannon  # type: ignore[import-untyped]
-from scipy.stats import wasserstein_distance  # type: ignore[import-untyped]
+from scipy.spatial.distance import jensenshannon
+from scipy.stats import wasserstein_distance
 
 from shamal.errors import InvalidParameter
 from shamal.monitoring.core._sketch import QUANTILE_RANKS, ColumnSketch
