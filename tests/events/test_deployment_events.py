@@ -89,3 +89,40 @@ def test_a_change_that_fails_leaves_no_event(
     with pytest.raises(Conflict):
         service.promote(people.ctx("mo"), "fraud-api", expected_revision=7)
     assert [k for k, _ in _seen(events, people)] == [EventKind.DEPLOYMENT_CHANGED]
+
+
+def test_a_primary_breaking_the_slo_is_announced_once_per_revision(
+    service: DeploymentService, events: EventService, people: People
+) -> None:
+    mo = people.principals["mo"]
+    only = {**SPEC, "canary": None}
+    d = service.deploy(people.ctx("mo"), "fraud-api", DeploymentSpec(**only))
+    # Under the minimum of requests nothing is judged; then 10% errors break the 5% SLO.
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 10, errors=5)])
+    assert not [k for k, _ in _seen(events, people) if k is EventKind.SLO_BREACHED]
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 90, errors=5)])
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 50, errors=20)])
+    breaches = [p for k, p in _seen(events, people) if k is EventKind.SLO_BREACHED]
+    assert len(breaches) == 1, breaches  # once, however many reports repeat it
+    assert breaches[0]["version"] == "1"
+    assert breaches[0]["revision"] == d.revision
+    assert "error rate" in breaches[0]["reason"]
+    recorded = [e for e in service.events(mo, "fraud-api") if e.kind == "slo_breach"]
+    assert [(e.revision, e.detail["version"]) for e in recorded] == [(d.revision, "1")]
+    # A new revision is a new window: its own breach is announced again; slow calls count.
+    changed = service.deploy(people.ctx("mo"), "fraud-api", DeploymentSpec(**only))
+    service.record_report(mo, "fraud-api", changed.revision, [_report("1", 40, ms=400.0)])
+    again = [p for k, p in _seen(events, people) if k is EventKind.SLO_BREACHED]
+    assert [(p["revision"], "p99 latency" in p["reason"]) for p in again] == [
+        (d.revision, False),
+        (changed.revision, True),
+    ]
+
+
+def test_a_primary_within_its_slo_is_not_announced(
+    service: DeploymentService, events: EventService, people: People
+) -> None:
+    mo = people.principals["mo"]
+    d = service.deploy(people.ctx("mo"), "fraud-api", DeploymentSpec(**{**SPEC, "canary": None}))
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 500, errors=20)])  # 4%
+    assert not [k for k, _ in _seen(events, people) if k is EventKind.SLO_BREACHED]

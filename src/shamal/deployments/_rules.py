@@ -415,6 +415,24 @@ def _load_decision(
     return None
 
 
+def primary_breaches(
+    deployment: Deployment, window: Mapping[str, VersionStats]
+) -> list[tuple[str, str]]:
+    """The primaries whose calls under the current revision break the SLO, as (version key,
+    why), once each has at least ``slo.min_requests`` requests. A canary is the rollout
+    controller's to judge; these are the versions callers get whatever happens."""
+    slo = deployment.slo
+    found = []
+    for route in deployment.split.primaries:
+        stats = window.get(route.version_key)
+        if stats is None or stats.requests < slo.min_requests:
+            continue
+        why = slo_breach(f"primary {route.concrete_uri}", stats, slo)
+        if why is not None:
+            found.append((route.version_key, why))
+    return found
+
+
 def slo_breach(who: str, stats: VersionStats, slo: Slo) -> str | None:
     """Why ``stats`` break ``slo`` (error rate first, then p99), or None if they keep it."""
     if stats.error_rate > slo.max_error_rate:

@@ -69,6 +69,8 @@ DEFAULT_KEEP_LABELS = 10_000
 #: A sample larger than this (as JSON) is dropped, not stored.
 MAX_SAMPLE_BYTES = 32 * 1024
 CONTROLLER = "rollout-controller"
+#: The deployment event that records a primary breaking the SLO (once per revision).
+SLO_BREACH = "slo_breach"
 
 Mutation = Callable[[Deployment], tuple[Deployment, dict[str, Any]]]
 
@@ -516,6 +518,7 @@ class DeploymentService:
                     if report.version in known and report.stats.requests > 0:
                         _store.add_stats(s, ref.id, revision, report.version, report.stats)
             window = _store.window_stats(s, ref.id, current.revision)
+            self._record_breaches(s, ref.id, current, window)
             current_loads = loads if revision == current.revision else None
             decision = _rules.decide_rollout(current, window, self._clock(), current_loads)
             if decision.action is RolloutAction.HOLD:
@@ -524,6 +527,43 @@ class DeploymentService:
             return ReportOutcome(stored.revision, decision)
 
         return self._db.run(work)
+
+    def _record_breaches(
+        self, s: Session, deployment_id: str, current: Deployment, window: dict[str, VersionStats]
+    ) -> None:
+        """A primary that breaks the SLO is recorded once per revision: a deployment event
+        and ``slo_breached`` on the event stream, where monitors' policies, pipelines and
+        webhooks pick it up (the split itself is left as it is: a person or a policy acts)."""
+        breaches = _rules.primary_breaches(current, window)
+        if not breaches:
+            return
+        seen = _store.breached_versions(s, deployment_id, current.revision)
+        now = self._clock()
+        for version, why in breaches:
+            if version in seen:
+                continue
+            detail = {"version": version}
+            _store.add_event(
+                s,
+                deployment_id,
+                at=now,
+                revision=current.revision,
+                kind=SLO_BREACH,
+                actor=CONTROLLER,
+                reason=why,
+                detail=detail,
+            )
+            team = current.team or None
+            payload = {
+                "deployment": current.name,
+                "team": team,
+                "revision": current.revision,
+                "version": version,
+                "reason": why,
+            }
+            subject = f"deployments:/{current.name}"
+            emit(s, NewEvent(EventKind.SLO_BREACHED, subject, team, CONTROLLER, payload))
+            logger.warning("deployment %r: %s", current.name, why)
 
     def _apply(
         self,

@@ -239,6 +239,18 @@ def add_event(
     )
 
 
+def breached_versions(s: Session, deployment_id: str, revision: int) -> set[str]:
+    """The versions already recorded as breaking the SLO under ``revision``."""
+    details = s.scalars(
+        select(DeploymentEventRow.detail).where(
+            DeploymentEventRow.deployment_id == deployment_id,
+            DeploymentEventRow.revision == revision,
+            DeploymentEventRow.kind == "slo_breach",
+        )
+    )
+    return {str(detail.get("version")) for detail in details}
+
+
 def events(s: Session, deployment_id: str, limit: int) -> list[DeploymentEvent]:
     """The newest ``limit`` events, oldest first."""
     rows = s.scalars(

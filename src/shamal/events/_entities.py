@@ -37,6 +37,7 @@ class EventKind(enum.StrEnum):
     - ``deployment_changed``: ``deployment``, ``team``, ``change``
     - ``deployment_rolled_back``: ``deployment``, ``team``, ``reason``
     - ``drift_detected``: ``monitor``, ``deployment``, ``team``, ``features``
+    - ``slo_breached``: ``deployment``, ``team``, ``revision``, ``version``, ``reason``
     - ``schedule_fired``: ``pipeline``, ``schedule``, ``tick`` (ISO time)
     - ``pipeline_run_finished``: ``pipeline``, ``run_id``, ``state``
     """
@@ -49,6 +50,7 @@ class EventKind(enum.StrEnum):
     DEPLOYMENT_CHANGED = "deployment_changed"
     DEPLOYMENT_ROLLED_BACK = "deployment_rolled_back"
     DRIFT_DETECTED = "drift_detected"
+    SLO_BREACHED = "slo_breached"
     SCHEDULE_FIRED = "schedule_fired"
     PIPELINE_RUN_FINISHED = "pipeline_run_finished"
 
