@@ -39,6 +39,12 @@ from shamal.db.models.jobs import (
     SchedulerRow,
     SnapshotOwnerRow,
 )
+from shamal.db.models.monitoring import (
+    MonitorPointRow,
+    MonitorReferenceRow,
+    MonitorResultRow,
+    MonitorRow,
+)
 from shamal.db.models.pipelines import (
     PipelineCacheRow,
     PipelineRow,
@@ -112,6 +118,10 @@ __all__ = [
     "LoggedModelTagRow",
     "MetricRow",
     "ModelAliasRow",
+    "MonitorPointRow",
+    "MonitorReferenceRow",
+    "MonitorResultRow",
+    "MonitorRow",
     "ModelVersionRow",
     "ModelVersionTagRow",
     "ParamRow",
