@@ -202,32 +202,36 @@ def column_rows(points: Sequence[dict[str, Any]], width: int = 24) -> list[dict[
     return rows
 
 
+def _drawable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _draw_column(axis: Any, column: str, series: Sequence[dict[str, Any]]) -> None:
+    """One column's panel: its statistic, its threshold dashed, drifted runs in red."""
+    xs = list(range(len(series)))
+    axis.plot(xs, [p["statistic"] for p in series], linewidth=1.2, marker="o", markersize=3)
+    axis.plot(xs, [p["threshold"] for p in series], linestyle="--", linewidth=0.8)
+    drifted = [(x, p["statistic"]) for x, p in zip(xs, series, strict=True) if p["drifted"]]
+    if drifted:
+        axis.scatter([x for x, _ in drifted], [y for _, y in drifted], color="red", zorder=3)
+    axis.set_ylabel(f"{_drawable(column)}\n({series[-1]['test']})", parse_math=False)
+    axis.grid(alpha=0.3)
+
+
 def plot_series(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """Each column's statistic over time as a line chart (its threshold dashed)."""
     from shamal.cli._plotfile import pyplot, save_figure
 
     plt = pyplot()
     columns = sorted({p["column"] for p in points})
+    panels = max(len(columns), 1)
     fig, axes = plt.subplots(
-        max(len(columns), 1),
-        1,
-        sharex=True,
-        squeeze=False,
-        figsize=(10, 2.2 * max(len(columns), 1) + 0.8),
+        panels, 1, sharex=True, squeeze=False, figsize=(10, 2.2 * panels + 0.8)
     )
     for column, axis in zip(columns, axes[:, 0], strict=False):
-        series = [p for p in points if p["column"] == column]
-        xs = list(range(len(series)))
-        axis.plot(xs, [p["statistic"] for p in series], linewidth=1.2, marker="o", markersize=3)
-        axis.plot(xs, [p["threshold"] for p in series], linestyle="--", linewidth=0.8)
-        drifted = [(x, p["statistic"]) for x, p in zip(xs, series, strict=True) if p["drifted"]]
-        if drifted:
-            axis.scatter([x for x, _ in drifted], [y for _, y in drifted], color="red", zorder=3)
-        shown = "".join(c if c.isprintable() else "?" for c in column)
-        axis.set_ylabel(f"{shown}\n({series[-1]['test']})", parse_math=False)
-        axis.grid(alpha=0.3)
+        _draw_column(axis, column, [p for p in points if p["column"] == column])
     axes[-1, 0].set_xlabel("run (oldest first)")
-    fig.suptitle("".join(c if c.isprintable() else "?" for c in title), parse_math=False)
+    fig.suptitle(_drawable(title), parse_math=False)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -13,7 +13,7 @@ from typing import Any
 from shamal.errors import InvalidParameter
 from shamal.monitoring._columns import SampleColumns, coerce
 from shamal.monitoring._entities import ColumnRole, Monitor, ReferenceProfile, SeriesPoint
-from shamal.monitoring.core import ColumnSketch, SketchBuilder, compare
+from shamal.monitoring.core import ColumnSketch, DriftReport, SketchBuilder, compare
 
 __all__ = ["Evaluation", "evaluate", "monitored_columns"]
 
@@ -68,6 +68,22 @@ def _current(
     return sketches, issues
 
 
+def _points(report: DriftReport, at: datetime, result_id: str) -> tuple[SeriesPoint, ...]:
+    return tuple(
+        SeriesPoint(
+            column=d.column,
+            at=at,
+            result_id=result_id,
+            test=d.test,
+            statistic=d.statistic,
+            p_value=d.p_value,
+            threshold=d.threshold,
+            drifted=d.drifted,
+        )
+        for d in report.columns
+    )
+
+
 def evaluate(
     monitor: Monitor,
     reference: ReferenceProfile,
@@ -103,19 +119,7 @@ def evaluate(
         correction=monitor.correction,
         drift_share=monitor.drift_share,
     )
-    points = tuple(
-        SeriesPoint(
-            column=d.column,
-            at=at,
-            result_id=result_id,
-            test=d.test,
-            statistic=d.statistic,
-            p_value=d.p_value,
-            threshold=d.threshold,
-            drifted=d.drifted,
-        )
-        for d in report.columns
-    )
+    points = _points(report, at, result_id)
     body = report.to_json()
     body.update(
         quality=issues,

@@ -46,6 +46,28 @@ def _target(model: str, version: int) -> str:
     return f"reference:{model}/{version}"
 
 
+def _wanted(
+    uri: str, names: Sequence[str], columns: Sequence[str] | None, label: str | None
+) -> list[str]:
+    """The columns to profile: ``columns`` (default: all) and the label, each one the
+    dataset version has.
+
+    Raises:
+        InvalidParameter: too many columns, or one the version lacks.
+    """
+    wanted = list(columns) if columns else list(names)
+    if label is not None and label not in wanted:
+        wanted.append(label)
+    if len(wanted) > MAX_COLUMNS:
+        raise InvalidParameter(f"a reference profile holds at most {MAX_COLUMNS} columns")
+    missing = [check_column(c) for c in wanted if c not in names]
+    if missing:
+        raise InvalidParameter(
+            f"{uri} has no column {missing[0]!r} (its columns: {', '.join(names[:20])})"
+        )
+    return wanted
+
+
 class ReferenceService:
     """Build, upload, read and delete reference profiles. Thread-safe.
 
@@ -143,17 +165,7 @@ class ReferenceService:
         ctx.target = _target(model, version)
         self._model(principal, model, version, Role.MEMBER)
         found = self._datasets.version(principal, dataset)
-        names = [str(f.get("name")) for f in found.schema]
-        wanted = list(columns) if columns else list(names)
-        if label is not None and label not in wanted:
-            wanted.append(label)
-        if len(wanted) > MAX_COLUMNS:
-            raise InvalidParameter(f"a reference profile holds at most {MAX_COLUMNS} columns")
-        missing = [check_column(c) for c in wanted if c not in names]
-        if missing:
-            raise InvalidParameter(
-                f"{found.uri} has no column {missing[0]!r} (its columns: {', '.join(names[:20])})"
-            )
+        wanted = _wanted(found.uri, [str(f.get("name")) for f in found.schema], columns, label)
         sketches = self._sketch_version(principal, f"{found.dataset}/{found.version}", wanted)
         kept = {}
         before = self._existing(model, version)
