@@ -50,7 +50,7 @@ def test_small_numeric_quantiles_are_numpys() -> None:
     x = np.random.default_rng(3).normal(size=5000)
     sketch = build([{"x": x[:1234]}, {"x": x[1234:]}])["x"]
     np.testing.assert_allclose(sketch.quantiles or (), np.quantile(x, RANKS), rtol=0, atol=1e-12)
-    assert sketch.values is None  # 5000 rows: more than EXACT_LIMIT
+    assert sketch.values is None  # 5000 values: more than EXACT_LIMIT
     assert sketch.counts is None  # continuous: more than DISTINCT_LIMIT values
 
 
@@ -250,3 +250,28 @@ def test_categorical_json_with_numeric_fields_is_refused() -> None:
     with pytest.raises(InvalidParameter):
         ColumnSketch.from_json({**raw, "mean": 1.0})
     assert ColumnSketch.from_json(raw).counts == {"a": 1}
+
+
+def test_dictionary_arrays_count_by_index_with_nulls_and_repeated_words() -> None:
+    dictionary = pa.array(["x", "y", "x", "unused"])
+    array = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 1, 0]), dictionary)
+    sketch = build([pa.record_batch({"d": array})])["d"]
+    assert sketch.counts == {"x": 3, "y": 2}
+    assert (sketch.count, sketch.nulls) == (6, 1)
+    assert sorted(sketch.values or ()) == ["x", "x", "x", "y", "y"]
+
+
+def test_a_large_first_batch_keeps_no_exact_values() -> None:
+    words = np.array(["a", "b"] * 1500, dtype=object)
+    sketch = build([{"c": words}, {"c": words[:10]}], {"c": "categorical"})["c"]
+    assert sketch.values is None
+    assert sketch.counts == {"a": 1505, "b": 1505}
+
+
+def test_exact_values_are_kept_while_the_valid_ones_fit() -> None:
+    x = np.concatenate([np.full(500, np.nan), np.arange(EXACT_LIMIT, dtype=np.float64)])
+    sketch = build([{"x": x[:700]}, {"x": x[700:]}])["x"]
+    assert sketch.count == EXACT_LIMIT + 500
+    assert sorted(sketch.values or ()) == list(range(EXACT_LIMIT))
+    words = np.array([None] * 300 + ["a"] * EXACT_LIMIT, dtype=object)
+    assert len(build([{"c": words}], {"c": "categorical"})["c"].values or ()) == EXACT_LIMIT

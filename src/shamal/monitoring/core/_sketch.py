@@ -21,11 +21,11 @@ How a numeric column is summarised (:class:`SketchBuilder`):
   2 MB per column at a billion rows;
 - ``str(value) -> count`` while the column has at most :data:`DISTINCT_LIMIT` distinct values;
 - its :data:`TAIL_VALUES` smallest and largest values (exact tails for the binned tests);
-- the exact finite values while the column has at most :data:`EXACT_LIMIT` rows.
+- the exact finite values while there are at most :data:`EXACT_LIMIT` of them.
 
 A categorical column (strings, booleans, dictionary arrays, or any column given the kind) keeps
 value counts, at most :data:`CATEGORY_LIMIT` of them (the rarest beyond that are folded under
-:data:`OTHER`), and its exact values while it has at most :data:`EXACT_LIMIT` rows.
+:data:`OTHER`), and its exact values while there are at most :data:`EXACT_LIMIT` of them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ class ColumnSketch:
         quantiles: numeric: the values at :data:`QUANTILE_RANKS`.
         counts: categorical: value -> count (capped; the rest under :data:`OTHER`);
             numeric with few distinct values: ``repr(float(value))`` -> count.
-        values: the exact non-null (numeric: finite) values when ``count <= EXACT_LIMIT``.
+        values: the exact valid values (not null; numeric: finite) while there are at most
+            :data:`EXACT_LIMIT` of them (Evidently's small-sample tests run on exactly these).
         invalid: values of the wrong type (a string in a numeric column, an object that is
             not a category): counted, left out of the statistics. ``count`` = ``nulls`` +
             ``nonfinite`` + ``invalid`` + the values the statistics describe (:attr:`valid`).
@@ -412,7 +413,7 @@ class _NumericState:
         finite = values[np.isfinite(values)]
         self.nonfinite += values.size - int(nan.sum()) - finite.size
         if self.exact is not None:
-            self.exact = self.exact + [finite] if self.seen <= EXACT_LIMIT else None
+            self.exact = self.exact + [finite] if self.n + finite.size <= EXACT_LIMIT else None
         if not finite.size:
             return
         ordered = np.sort(finite) + 0.0  # + 0.0: -0.0 counts as 0.0
@@ -473,7 +474,7 @@ class _NumericState:
                 ),
             }
         values: tuple[float | str, ...] | None = None
-        if rows <= EXACT_LIMIT and self.exact is not None:
+        if self.exact is not None:
             values = tuple(float(v) for v in np.concatenate([np.empty(0), *self.exact]))
         counts = None
         if self.distinct is not None:
@@ -519,12 +520,10 @@ class _CategoricalState:
         if self.exact is None:
             return
         self.exact = self.exact + [v for v in values if v is not None]
-        if self.seen > EXACT_LIMIT:
-            self.exact = None
 
     def sketch(self, name: str, rows: int) -> ColumnSketch:
         values: tuple[float | str, ...] | None = None
-        if rows <= EXACT_LIMIT and self.exact is not None:
+        if self.exact is not None:
             values = tuple(self.exact)
         return ColumnSketch(
             name=name,
@@ -620,8 +619,6 @@ class SketchBuilder:
         # A column first seen now had nulls in every earlier row.
         state.seen = self._rows
         state.nulls = self._rows
-        if self._rows > EXACT_LIMIT:
-            state.exact = None
         self._states[name] = state
         return state
 
@@ -692,8 +689,10 @@ def _feed(state: _NumericState | _CategoricalState, chunk: Any) -> None:
         return
     keys, counts, nulls, invalid = _category_counts(chunk)
     state.update(keys, counts, nulls, invalid)
-    if state.exact is not None:
+    if state.exact is not None and state.seen - state.nulls - state.invalid <= EXACT_LIMIT:
         state.keep_exact(_category_list(chunk))
+    else:
+        state.exact = None
 
 
 def _as_floats(chunk: Any) -> tuple[FloatArray, int]:
@@ -729,14 +728,13 @@ def _object_floats(chunk: np.ndarray[Any, Any]) -> tuple[FloatArray, int]:
 def _category_counts(chunk: Any) -> tuple[list[str], list[int], int, int]:
     """(keys, counts, nulls, invalid) of one chunk of a categorical column."""
     if isinstance(chunk, np.ndarray):
-        listed = _object_categories(chunk)
-        strings = [v for v in listed if isinstance(v, str)]
-        nulls = sum(1 for v in listed if v is None)
-        array = pa.array(strings, pa.string())
-        keys, counts, _, _ = _category_counts(array)
-        return keys, counts, nulls, len(listed) - len(strings) - nulls
+        return _object_category_counts(chunk)
     array = cast(pa.Array, chunk)
     if pa.types.is_dictionary(array.type):
+        if pa.types.is_string(array.type.value_type) or pa.types.is_large_string(
+            array.type.value_type
+        ):
+            return _dictionary_counts(array)
         array = array.dictionary_decode()
     kind = array.type
     if any(check(kind) for check in _NUMERIC_TYPES):
@@ -751,6 +749,26 @@ def _category_counts(chunk: Any) -> tuple[list[str], list[int], int, int]:
     counted = pc.value_counts(array.drop_null())
     keys = [category_key(v) for v in counted.field("values").to_pylist()]
     return keys, counted.field("counts").to_pylist(), array.null_count, 0
+
+
+def _object_category_counts(chunk: np.ndarray[Any, Any]) -> tuple[list[str], list[int], int, int]:
+    listed = _object_categories(chunk)
+    strings = [v for v in listed if isinstance(v, str)]
+    nulls = sum(1 for v in listed if v is None)
+    keys, counts, _, _ = _category_counts(pa.array(strings, pa.string()))
+    return keys, counts, nulls, len(listed) - len(strings) - nulls
+
+
+def _dictionary_counts(array: pa.DictionaryArray) -> tuple[list[str], list[int], int, int]:
+    """Counts of a dictionary-encoded string chunk, by its indices (no strings materialised)."""
+    indices = array.indices.drop_null().to_numpy(zero_copy_only=False)
+    counts = np.bincount(indices.astype(np.int64, copy=False), minlength=len(array.dictionary))
+    used = np.flatnonzero(counts)
+    words = array.dictionary.take(pa.array(used)).to_pylist()
+    totals: dict[str, int] = {}
+    for word, count in zip(words, counts[used].tolist(), strict=True):
+        totals[word] = totals.get(word, 0) + count  # a dictionary may repeat a word
+    return list(totals), list(totals.values()), array.null_count, 0
 
 
 def _numeric_categories(array: pa.Array) -> tuple[list[str], list[int], int, int]:
