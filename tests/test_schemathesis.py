@@ -73,6 +73,8 @@ CROSS_FIELD = {
     ("POST", "/api/v1/monitors"),
     ("POST", "/api/v1/monitor-references/{model}/versions/{version}/build"),
     ("POST", "/api/v1/monitor-references/{model}/versions/{version}/sketches"),
+    # Each request id once in a post of labels.
+    ("POST", "/api/v1/deployments/{name}/labels"),
 }
 #: Bodies that are files of a named format: no schema states "a readable CSV".
 FILE_BODIES = {

@@ -144,6 +144,15 @@ def test_cli_deploy_show_promote_samples_delete(
     assert after["state"]["phase"] == "promoted"
     assert [e["kind"] for e in after["events"]] == ["create", "promote"]
     assert json.loads(cli.invoke(app, ["deployments", "samples", name, "--json"]).output) == []
+    labelled = cli.invoke(
+        app, ["deployments", "labels", name, "-"], input="request_id,label\nr1,1\nr2,no\n"
+    )
+    assert labelled.exit_code == 0, labelled.output
+    assert "stored 2 labels" in labelled.output
+    assert "2 labels name requests no kept sample has (yet)" in labelled.output
+    lines = '{"request_id": "r1", "label": 0}\n{"request_id": "r1", "label": 1}\n'
+    twice = cli.invoke(app, ["deployments", "labels", name, "-"], input=lines)
+    assert (twice.exit_code, "appears twice" in twice.output) == (1, True)
     both = cli.invoke(app, ["deploy", name, "--model", "models:/fraud/1", "--weights", "x=1"])
     assert both.exit_code == 1
     denied = cli.invoke(app, ["deployments", "delete", name])
@@ -243,12 +252,20 @@ def test_hostile_inputs_are_refused_and_change_nothing(world: World, safe: str) 
             ("POST", f"{base}/reports", _report(latency_counts=[1] * 500)),
             ("POST", f"{base}/samples", {"samples": [_sample(shape=[1] * 50)]}),
             ("POST", f"{base}/samples", {"samples": [_sample()] * 101}),
+            ("POST", f"{base}/samples", {"samples": [{**_sample(), "request_id": "a b"}]}),
+            ("POST", f"{base}/labels", {"labels": []}),
+            ("POST", f"{base}/labels", {"labels": [{"request_id": "a b", "label": 1}]}),
+            ("POST", f"{base}/labels", {"labels": [{"request_id": "r", "label": {"x": 1}}]}),
+            ("POST", f"{base}/labels", {"labels": [{"request_id": "r", "label": None}]}),
+            ("POST", f"{base}/labels", {"labels": [{"request_id": "r", "label": 1}] * 2}),
+            ("POST", f"{base}/labels", {"labels": [{"request_id": "r" * 129, "label": 1}]}),
         ]:  # fmt: skip
             _assert_refused(mo.request(method, path, json=body), 400)
         _assert_refused(mo.get(f"{base}/events", params={"limit": 10**6}), 400)
         _assert_refused(mo.get(f"{base}/samples", params={"limit": -1}), 400)
         _assert_refused(mo.get(base, params={"evil": "1"}), 400)
         assert mo.get(base).json() == before
+        assert mo.get(f"{base}/samples").json() == []
         assert sorted(d["name"] for d in mo.get("/api/v1/deployments").json()) == names
     with world.http(None) as anonymous:
         _assert_refused(anonymous.get(base), 401)
@@ -257,10 +274,13 @@ def test_hostile_inputs_are_refused_and_change_nothing(world: World, safe: str) 
         _assert_refused(outsider.get(base), 404)
         _assert_refused(outsider.post(f"{base}/rollback"), 404)
         _assert_refused(outsider.post(f"{base}/reports", json={"revision": 1, "versions": []}), 404)
+        labels = {"labels": [{"request_id": "r1", "label": 1}]}
+        _assert_refused(outsider.post(f"{base}/labels", json=labels), 404)
     with world.http("vi") as viewer:
         assert viewer.get(base).status_code == 200
         _assert_refused(viewer.post(f"{base}/promote"), 403)
         _assert_refused(viewer.delete(base), 403)
+        _assert_refused(viewer.post(f"{base}/labels", json=labels), 403)
     with world.http("mo") as mo:
         assert mo.get(base).json() == before
     with world.http("admin") as admin:
@@ -298,7 +318,7 @@ def _route_report_and_roll_back(admin: ShamalClient, mo: ShamalClient, name: str
         router.observe(name, version, latency_s=0.004, ok=version != "2", shadow=False)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     x[0, 0] = np.nan
-    router.sample(name, "2", {"x": x}, {"y": np.array([b"ok", b"\xff"])})
+    router.sample(name, "2", {"x": x}, {"y": np.array([b"ok", b"\xff"])}, "req-1")
     answer = router.push()
     assert answer is not None
     assert answer["action"] == "rollback", answer
@@ -308,13 +328,19 @@ def _route_report_and_roll_back(admin: ShamalClient, mo: ShamalClient, name: str
         "1"
     }
     assert router.versions() == {name: ["1"]}
+    assert mo.post_deployment_labels(name, {"req-1": ["fraud", "ok"], "req-9": "ok"}) == {
+        "stored": 2,
+        "unmatched": ["req-9"],
+    }
     (sample,) = admin.deployment_samples(name)
     assert sample["inputs"]["x"] == {
         "shape": [2, 3],
         "datatype": "float32",
+        "rows": 2,
         "data": [None, 1.0, 2.0, 3.0, 4.0, 5.0],
     }
     assert sample["outputs"]["y"]["data"] == ["ok", "\ufffd"]
+    assert (sample["request_id"], sample["label"]) == ("req-1", ["fraud", "ok"])
     events = admin.deployment_events(name)
     assert [(e["kind"], e["actor"]) for e in events] == [
         ("create", "mo"),

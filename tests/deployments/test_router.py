@@ -49,15 +49,22 @@ def test_the_router_reads_what_the_api_writes() -> None:
 
 
 def test_tensor_excerpts_are_small_plain_json() -> None:
-    floats = np.arange(100, dtype=np.float64).reshape(10, 10)
+    floats = np.arange(400, dtype=np.float64).reshape(40, 10)
     floats[0, 1], floats[0, 2] = np.nan, np.inf
     excerpt = tensor_excerpt(floats)
-    assert (excerpt["shape"], excerpt["datatype"], len(excerpt["data"])) == (
-        [10, 10],
+    # whole rows only: 25 rows of 10 values fit in 256
+    assert (excerpt["shape"], excerpt["datatype"], excerpt["rows"], len(excerpt["data"])) == (
+        [40, 10],
         "float64",
-        64,
+        25,
+        250,
     )
     assert excerpt["data"][:4] == [0.0, None, None, 3.0]
+    assert excerpt["data"][-1] == 249.0
+    wide = tensor_excerpt(np.zeros((2, 300), dtype=np.float32))
+    assert (wide["rows"], len(wide["data"])) == (0, 256)  # no whole row fits: its first values
+    single = tensor_excerpt(np.array(7))
+    assert (single["shape"], single["rows"], single["data"]) == ([], 1, [7])
     words = tensor_excerpt(np.array(["abc", "x" * 300]))
     assert words["datatype"] == "<U300"
     assert words["data"] == ["abc", "x" * 256]
@@ -65,7 +72,7 @@ def test_tensor_excerpts_are_small_plain_json() -> None:
     assert raw["data"] == ["\x00\ufffd", "ok"]
     flags = tensor_excerpt(np.array([[True, False]]))
     assert (flags["datatype"], flags["data"]) == ("bool", [True, False])
-    for sample in (excerpt, words, raw, flags):
+    for sample in (excerpt, wide, single, words, raw, flags):
         TensorIn.model_validate(sample)  # what the control plane accepts
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from shamal.deployments import (
     LATENCY_SLOTS,
+    Label,
     RolloutAction,
     RolloutPhase,
     RolloutPlan,
@@ -240,7 +241,7 @@ def test_samples_are_bounded_oldest_dropped(service: DeploymentService, people: 
         for i in range(8)
     ]
     assert service.record_samples(mo, "fraud-api", rows[:3]) == 3
-    huge = SampledRequest(1, "2", True, {"x": {"data": ["a" * 20_000]}}, {})
+    huge = SampledRequest(1, "2", True, {"x": {"data": ["a" * 40_000]}}, {})
     nan = SampledRequest(1, "2", True, {"x": {"data": [float("nan")]}}, {})
     assert service.record_samples(mo, "fraud-api", [*rows[3:], huge, nan]) == 5
     kept = service.samples(people.principals["vi"], "fraud-api")
@@ -251,6 +252,75 @@ def test_samples_are_bounded_oldest_dropped(service: DeploymentService, people: 
     assert (newest.inputs, newest.shadow) == ({"t\x00": {"data": ["a\x00b", "\u2028", None]}}, True)
     with pytest.raises(PermissionDenied):
         service.record_samples(people.principals["vi"], "fraud-api", rows)
+
+
+def _sampled(request_id: str | None, x: float) -> SampledRequest:
+    return SampledRequest(1, "1", False, {"x": {"data": [x]}}, {}, request_id=request_id)
+
+
+def test_labels_join_samples_by_request_id_whenever_they_arrive(
+    service: DeploymentService, people: People, clock: ManualClock
+) -> None:
+    service.deploy(people.ctx("mo"), "fraud-api", _spec())
+    mo = people.principals["mo"]
+    service.record_samples(mo, "fraud-api", [_sampled("r1", 1.0), _sampled(None, 2.0)])
+    early = service.record_labels(mo, "fraud-api", [Label("r1", 0), Label("r3", [1, 0])])
+    assert (early.stored, early.unmatched) == (2, ("r3",))  # r3's sample has not come yet
+    clock.advance(5)
+    service.record_samples(mo, "fraud-api", [_sampled("r3", 3.0)])
+    again = service.record_labels(mo, "fraud-api", [Label("r1", 1)])  # a corrected label
+    assert (again.stored, again.unmatched) == (1, ())
+    found = service.samples_after("fraud-api", 0)
+    assert [(s.inputs["x"]["data"][0], s.request_id, s.label) for s in found] == [
+        (1.0, "r1", 1),
+        (2.0, None, None),
+        (3.0, "r3", [1, 0]),
+    ]
+    assert found[0].labelled_at is not None
+    assert found[1].labelled_at is None
+    assert [s.request_id for s in service.samples_after("fraud-api", found[0].id, limit=1)] == [
+        None
+    ]
+    listed = service.samples(people.principals["vi"], "fraud-api")
+    assert [s.label for s in listed] == [[1, 0], None, 1]  # newest first, labels joined
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [Label("", 1)],
+        [Label("x" * 129, 1)],
+        [Label("has space", 1)],
+        [Label("r1", float("nan"))],
+        [Label("r1", float("inf"))],
+        [Label("r1", None)],
+        [Label("r1", {"nested": 1})],
+        [Label("r1", [])],
+        [Label("r1", ["a" * 300])],
+        [Label("r1", 1), Label("r1", 2)],
+        [Label(f"r{i}", 1) for i in range(1000)],  # 1001 with the good one
+    ],
+)
+def test_a_bad_label_post_is_refused_whole(
+    service: DeploymentService, people: People, bad: list[Label]
+) -> None:
+    service.deploy(people.ctx("mo"), "fraud-api", _spec())
+    mo = people.principals["mo"]
+    service.record_samples(mo, "fraud-api", [_sampled("r1", 1.0)])
+    with pytest.raises(InvalidParameter):
+        service.record_labels(mo, "fraud-api", [Label("ok", 1), *bad])
+    assert [s.label for s in service.samples_after("fraud-api", 0)] == [None]
+    assert service.record_labels(mo, "fraud-api", [Label("ok", 1)]).unmatched == ("ok",)
+
+
+def test_only_members_post_labels(service: DeploymentService, people: People) -> None:
+    service.deploy(people.ctx("mo"), "fraud-api", _spec())
+    with pytest.raises(PermissionDenied):
+        service.record_labels(people.principals["vi"], "fraud-api", [Label("r1", 1)])
+    with pytest.raises(NotFound):
+        service.record_labels(people.principals["mo"], "nowhere", [Label("r1", 1)])
+    with pytest.raises(NotFound):
+        service.samples_after("nowhere", 0)
 
 
 def _race(workers: list[Callable[[], object]]) -> list[object]:

@@ -184,3 +184,14 @@ def test_values_of_another_type_become_nulls_and_are_counted() -> None:
     texts, changed = coerce(["a", 1, None, {"x": 1}], "categorical")
     assert texts.tolist() == ["a", "1", None, None]
     assert changed == 1
+
+
+def test_an_excerpt_reads_only_the_whole_rows_it_says_it_holds() -> None:
+    whole = {"shape": [5, 2], "datatype": "FP64", "rows": 2, "data": [1, 2, 3, 4, 5]}
+    cut = {"shape": [1, 100], "datatype": "FP64", "rows": 0, "data": list(range(64))}
+    lying = {"shape": [3], "datatype": "FP64", "rows": -1, "data": [1, 2, 3]}
+    found = split_samples(
+        [Sampled(1, {"x": whole, "big": cut, "bad": lying}, {})], None, max_rows=9
+    )
+    assert found.values == {"x[0]": [1, 3], "x[1]": [2, 4]}
+    assert found.malformed == 1  # the lying one; the long row is simply not read

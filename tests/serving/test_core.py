@@ -28,7 +28,7 @@ class RecordingRouter:
 
     def __init__(self) -> None:
         self.observed: list[tuple[str, bool, bool]] = []
-        self.samples: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.samples: list[tuple[str, dict[str, np.ndarray], str | None]] = []
 
     def choose(self, model: str, headers: Mapping[str, str]) -> RouteChoice:
         return RouteChoice("1", ("2",))
@@ -44,8 +44,9 @@ class RecordingRouter:
         version: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
+        request_id: str | None = None,
     ) -> None:
-        self.samples.append((version, dict(outputs)))
+        self.samples.append((version, dict(outputs), request_id))
 
 
 def _core(tmp_path: Path, router: Any = None, **options: Any) -> InferenceCore:
@@ -146,7 +147,8 @@ def test_shadow_runs_off_the_response_path(tmp_path: Path) -> None:
     assert response.outputs[0].data.tolist() == [[2.0, 4.0]]
     assert ("1", True, False) in router.observed
     assert ("2", True, True) in router.observed  # drained before stop: the shadow finished
-    assert [version for version, _ in router.samples] == ["1"]
+    # the caller's request id goes with the sample: labels posted later name it
+    assert [(version, request_id) for version, _, request_id in router.samples] == [("1", "r1")]
 
 
 def test_draining_refuses_with_retry_after(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ plane's rollout controller moves up step by step, or rolls back when it breaks t
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from typing import Annotated, Any
 
@@ -17,7 +19,7 @@ from shamal.cli._quantities import parse_duration_s, require_finite
 from shamal.errors import InvalidParameter
 
 deployments = typer.Typer(
-    help="Deployments: list, show, promote or roll back a canary, delete, read samples.",
+    help="Deployments: list, show, promote or roll back a canary, delete, samples, labels.",
     no_args_is_help=True,
 )
 
@@ -304,9 +306,94 @@ def samples(
         {
             "at": s["at"],
             "version": s["version"] + (" (shadow)" if s["shadow"] else ""),
+            "request id": s.get("request_id") or "",
             "inputs": json.dumps(s["inputs"])[:60],
             "outputs": json.dumps(s["outputs"])[:60],
+            "label": "" if s.get("label") is None else json.dumps(s["label"])[:30],
         }
         for s in found
     ]
-    print_table("Samples", ["at", "version", "inputs", "outputs"], rows)
+    print_table("Samples", ["at", "version", "request id", "inputs", "outputs", "label"], rows)
+
+
+@deployments.command("labels")
+@handle_errors
+def labels(
+    name: str,
+    source: Annotated[
+        typer.FileText,
+        typer.Argument(
+            help="CSV with columns request_id,label, or JSON lines of "
+            '{"request_id": ..., "label": ...}; - reads standard input.'
+        ),
+    ],
+    as_json: bool = JsonOption,
+) -> None:
+    """Post the true outcomes of served requests, by the request ids their callers sent.
+
+    The monitor joins them to the sampled requests to measure the model's performance. A label
+    posted again for a request replaces the first.
+    """
+    found = read_labels(source.read())
+    outcome = client().post_deployment_labels(name, found)
+    if as_json:
+        console.print_json(data=outcome)
+        return
+    unmatched = outcome["unmatched"]
+    console.print(f"stored {outcome['stored']} labels for {escape(name)}")
+    if unmatched:
+        console.print(
+            f"[yellow]{len(unmatched)} labels name requests no kept sample has (yet), e.g. "
+            f"{escape(', '.join(unmatched[:3]))}[/]: only a sampled share of requests is kept "
+            "(the deployment's sample rate); their labels are kept and joined if it arrives."
+        )
+
+
+def read_labels(text: str) -> dict[str, Any]:
+    """Labels by request id from CSV (``request_id,label``) or JSON lines.
+
+    Raises:
+        InvalidParameter: a line that is neither, a missing column, or a request id twice.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise InvalidParameter("the labels file is empty")
+    pairs = _json_lines(lines) if lines[0].lstrip().startswith("{") else _csv_rows(text)
+    found: dict[str, Any] = {}
+    for request_id, label in pairs:
+        if request_id in found:
+            raise InvalidParameter(f"request id {request_id!r} appears twice in the labels file")
+        found[request_id] = label
+    return found
+
+
+def _json_lines(lines: list[str]) -> list[tuple[str, Any]]:
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            raise InvalidParameter(f"line {number} of the labels file is not JSON") from None
+        if not isinstance(item, dict) or "request_id" not in item or "label" not in item:
+            raise InvalidParameter(f'line {number} needs "request_id" and "label"')
+        pairs.append((str(item["request_id"]), item["label"]))
+    return pairs
+
+
+def _csv_rows(text: str) -> list[tuple[str, Any]]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows or not {"request_id", "label"} <= set(rows[0]):
+        raise InvalidParameter("a CSV labels file needs the columns request_id and label")
+    return [(row["request_id"], _csv_value(row["label"])) for row in rows]
+
+
+def _csv_value(text: str | None) -> Any:
+    """A CSV cell as a number where it reads as one (``1``, ``0.5``), else the text."""
+    if text is None:
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text

@@ -128,5 +128,19 @@ class DeploymentCalls(ClientCalls):
         result: dict[str, Any] = self.request("POST", _path(name, "samples"), json=body)
         return int(result["accepted"])
 
+    def post_deployment_labels(
+        self, name: str, labels: Mapping[str, Any], *, batch: int = 1000
+    ) -> dict[str, Any]:
+        """Post true outcomes by request id (``{request_id: label}``), ``batch`` at a time;
+        returns ``{"stored": n, "unmatched": [request ids no kept sample has yet]}``."""
+        items = [{"request_id": k, "label": v} for k, v in labels.items()]
+        stored, unmatched = 0, []
+        for start in range(0, len(items), batch):
+            body = {"labels": items[start : start + batch]}
+            result: dict[str, Any] = self.request("POST", _path(name, "labels"), json=body)
+            stored += int(result["stored"])
+            unmatched.extend(result["unmatched"])
+        return {"stored": stored, "unmatched": unmatched}
+
     def deployment_samples(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
         return self.list_pages(_path(name, "samples"), limit=limit)

@@ -233,11 +233,14 @@ class SampledRequest:
     shadow: bool
     inputs: Mapping[str, Any]
     outputs: Mapping[str, Any]
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One request's inputs and outputs as a serve process sampled them (small, JSON-able)."""
+    """One request's inputs and outputs as a serve process sampled them (small, JSON-able),
+    its caller's request id and, once posted, its label (the true outcome: a value, or a
+    list with one value per row of a batched request)."""
 
     id: int
     at: datetime
@@ -246,6 +249,28 @@ class Sample:
     shadow: bool
     inputs: Mapping[str, Any]
     outputs: Mapping[str, Any]
+    request_id: str | None = None
+    label: Any = None
+    labelled_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """The true outcome of a served request, posted when it is known (often days later)."""
+
+    request_id: str
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class LabelsOutcome:
+    """What a post of labels did: how many were stored, and the request ids no kept sample
+    has (yet): a serve process ships its samples every few seconds, and only a sampled share
+    of requests is kept at all, so such labels are stored too, and joined if their sample
+    arrives."""
+
+    stored: int
+    unmatched: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

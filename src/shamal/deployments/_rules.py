@@ -21,9 +21,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from shamal.deployments._entities import (
     Deployment,
+    Label,
     LoadStatus,
     RolloutAction,
     RolloutDecision,
@@ -138,6 +140,50 @@ def check_sample_rate(rate: float) -> float:
     if not _finite(rate) or not 0 <= rate <= 1:
         raise InvalidParameter("the sample rate is a fraction from 0 to 1")
     return float(rate)
+
+
+#: Labels in one post, values in one label (a batched request's rows), characters of text.
+MAX_LABELS = 1000
+MAX_LABEL_VALUES = 256
+MAX_LABEL_TEXT = 256
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def check_labels(labels: Sequence[Label]) -> list[Label]:
+    """Labels as posted: each request id once (printable ASCII, at most 128 characters), each
+    value a finite number, a boolean, a short text, or a list of them (one per row of a
+    batched request).
+
+    Raises:
+        InvalidParameter: naming the first label that breaks a rule; nothing is stored.
+    """
+    if not 1 <= len(labels) <= MAX_LABELS:
+        raise InvalidParameter(f"post from 1 to {MAX_LABELS} labels at a time")
+    seen: set[str] = set()
+    for label in labels:
+        if not isinstance(label.request_id, str) or not _REQUEST_ID.fullmatch(label.request_id):
+            raise InvalidParameter(
+                "a request id is 1 to 128 printable ASCII characters, as sent in the request's id"
+            )
+        if label.request_id in seen:
+            raise InvalidParameter(f"request id {label.request_id!r} has two labels in one post")
+        seen.add(label.request_id)
+        values = label.value if isinstance(label.value, list) else [label.value]
+        if not 1 <= len(values) <= MAX_LABEL_VALUES or not all(map(_label_value, values)):
+            raise InvalidParameter(
+                f"the label of request {label.request_id!r} must be a finite number, a boolean "
+                f"or a text of at most {MAX_LABEL_TEXT} characters, or a list of 1 to "
+                f"{MAX_LABEL_VALUES} of them (one per row)"
+            )
+    return list(labels)
+
+
+def _label_value(value: Any) -> bool:
+    if isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and len(value) <= MAX_LABEL_TEXT
 
 
 def check_feature_service(name: str | None) -> str | None:

@@ -28,6 +28,8 @@ from shamal.deployments._entities import (
     Deployment,
     DeploymentEvent,
     DeploymentSpec,
+    Label,
+    LabelsOutcome,
     LoadStatus,
     ReportOutcome,
     RolloutAction,
@@ -44,7 +46,7 @@ from shamal.deployments._entities import (
     VersionStats,
     WeightedUri,
 )
-from shamal.errors import AlreadyExists, Conflict, InvalidParameter
+from shamal.errors import AlreadyExists, Conflict, InvalidParameter, NotFound
 from shamal.events import EventKind, NewEvent, emit
 from shamal.registry import RegistryService
 from shamal.security import (
@@ -62,8 +64,10 @@ MAX_LIST = 1000
 MAX_EVENTS = 1000
 #: Samples kept per deployment; older ones are dropped as new ones arrive.
 DEFAULT_KEEP_SAMPLES = 1000
+#: Labels kept per deployment (posted labels wait for their samples; the oldest go first).
+DEFAULT_KEEP_LABELS = 10_000
 #: A sample larger than this (as JSON) is dropped, not stored.
-MAX_SAMPLE_BYTES = 16 * 1024
+MAX_SAMPLE_BYTES = 32 * 1024
 CONTROLLER = "rollout-controller"
 
 Mutation = Callable[[Deployment], tuple[Deployment, dict[str, Any]]]
@@ -597,6 +601,45 @@ class DeploymentService:
             return len(small)
 
         return self._db.run(work)
+
+    def record_labels(
+        self, principal: Principal, name: str, labels: Sequence[Label]
+    ) -> LabelsOutcome:
+        """Store the true outcomes of served requests, by the request ids their callers sent
+        (member of the deployment's team). A label posted again for a request replaces the
+        first; labels whose request no kept sample has are stored too and reported as
+        ``unmatched`` (their sample may still arrive; most requests are never sampled).
+
+        Raises:
+            InvalidParameter: a malformed label (nothing is stored).
+        """
+        _rules.check_deployment_name(name)
+        checked = _rules.check_labels(labels)
+        now = self._clock()
+
+        def work(s: Session) -> LabelsOutcome:
+            ref, _ = self._access(principal, _store.find(s, name), name, Role.MEMBER)
+            unmatched = _store.add_labels(s, ref.id, now, checked, DEFAULT_KEEP_LABELS)
+            return LabelsOutcome(stored=len(checked), unmatched=unmatched)
+
+        return self._db.run(work)
+
+    def samples_after(self, name: str, after: int, *, limit: int = 1000) -> list[Sample]:
+        """The platform's own read (a monitor's, whose access was checked when it was made):
+        the oldest ``limit`` samples newer than the sample of id ``after``, oldest first, each
+        with its label if one was posted.
+
+        Raises:
+            NotFound: no deployment of that name.
+        """
+        _rules.check_deployment_name(name)
+        if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
+            raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find(s, name)
+            if found is None:
+                raise NotFound(f"Deployment {name!r} not found.")
+            return _store.samples_after(s, found[0].id, after, limit)
 
     def samples(
         self, principal: Principal, name: str, *, limit: int = 100, before: int | None = None

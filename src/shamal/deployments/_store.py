@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, and_, delete, select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
 from shamal.db.models import (
     DeploymentEventRow,
+    DeploymentLabelRow,
     DeploymentRow,
     DeploymentSampleRow,
     DeploymentStatsRow,
@@ -25,6 +26,7 @@ from shamal.db.models import (
 from shamal.deployments._entities import (
     Deployment,
     DeploymentEvent,
+    Label,
     RolloutPhase,
     RolloutPlan,
     RolloutState,
@@ -329,46 +331,109 @@ def add_samples(
                 shadow=sample.shadow,
                 inputs=dict(sample.inputs),
                 outputs=dict(sample.outputs),
+                request_id=sample.request_id,
             )
         )
     s.flush()
+    _keep_newest(s, DeploymentSampleRow, deployment_id, keep)
+
+
+def _keep_newest(
+    s: Session,
+    table: type[DeploymentSampleRow] | type[DeploymentLabelRow],
+    deployment_id: str,
+    keep: int,
+) -> None:
+    """Delete the deployment's rows of ``table`` older than its newest ``keep``."""
     oldest_kept = s.scalar(
-        select(DeploymentSampleRow.id)
-        .where(DeploymentSampleRow.deployment_id == deployment_id)
-        .order_by(DeploymentSampleRow.id.desc())
+        select(table.id)
+        .where(table.deployment_id == deployment_id)
+        .order_by(table.id.desc())
         .offset(keep - 1)
         .limit(1)
     )
     if oldest_kept is not None:
-        s.execute(
-            delete(DeploymentSampleRow).where(
-                DeploymentSampleRow.deployment_id == deployment_id,
-                DeploymentSampleRow.id < oldest_kept,
-            )
+        s.execute(delete(table).where(table.deployment_id == deployment_id, table.id < oldest_kept))
+
+
+def _sample_query(
+    deployment_id: str,
+) -> Select[DeploymentSampleRow, DeploymentLabelRow]:
+    """The deployment's samples, each with the label posted for its request (if any)."""
+    return (
+        select(DeploymentSampleRow, DeploymentLabelRow)
+        .outerjoin(
+            DeploymentLabelRow,
+            and_(
+                DeploymentLabelRow.deployment_id == DeploymentSampleRow.deployment_id,
+                DeploymentLabelRow.request_id == DeploymentSampleRow.request_id,
+            ),
         )
+        .where(DeploymentSampleRow.deployment_id == deployment_id)
+    )
+
+
+def _sample(r: DeploymentSampleRow, label: DeploymentLabelRow | None) -> Sample:
+    return Sample(
+        id=r.id,
+        at=r.at,
+        revision=r.revision,
+        version=r.version,
+        shadow=r.shadow,
+        inputs=dict(r.inputs),
+        outputs=dict(r.outputs),
+        request_id=r.request_id,
+        label=None if label is None else label.value,
+        labelled_at=None if label is None else label.at,
+    )
 
 
 def samples(s: Session, deployment_id: str, limit: int, before: int | None = None) -> list[Sample]:
     """The newest ``limit`` samples, newest first; ``before``: only those older than the
     sample of that id (a keyset page)."""
-    query = (
-        select(DeploymentSampleRow)
-        .where(DeploymentSampleRow.deployment_id == deployment_id)
-        .order_by(DeploymentSampleRow.id.desc())
-        .limit(limit)
-    )
+    query = _sample_query(deployment_id).order_by(DeploymentSampleRow.id.desc()).limit(limit)
     if before is not None:
         query = query.where(DeploymentSampleRow.id < before)
-    rows = s.scalars(query)
-    return [
-        Sample(
-            id=r.id,
-            at=r.at,
-            revision=r.revision,
-            version=r.version,
-            shadow=r.shadow,
-            inputs=dict(r.inputs),
-            outputs=dict(r.outputs),
+    return [_sample(r, label) for r, label in s.execute(query)]
+
+
+def samples_after(s: Session, deployment_id: str, after: int, limit: int) -> list[Sample]:
+    """The oldest ``limit`` samples newer than the sample of id ``after``, oldest first."""
+    query = (
+        _sample_query(deployment_id)
+        .where(DeploymentSampleRow.id > after)
+        .order_by(DeploymentSampleRow.id)
+        .limit(limit)
+    )
+    return [_sample(r, label) for r, label in s.execute(query)]
+
+
+def add_labels(
+    s: Session, deployment_id: str, at: datetime, labels: Sequence[Label], keep: int
+) -> tuple[str, ...]:
+    """Store labels (one posted again replaces the first); keep the deployment's newest
+    ``keep``. Returns the request ids no kept sample has."""
+    ids = [label.request_id for label in labels]
+    s.execute(
+        delete(DeploymentLabelRow).where(
+            DeploymentLabelRow.deployment_id == deployment_id,
+            DeploymentLabelRow.request_id.in_(ids),
         )
-        for r in rows
-    ]
+    )
+    for label in labels:
+        s.add(
+            DeploymentLabelRow(
+                deployment_id=deployment_id, request_id=label.request_id, value=label.value, at=at
+            )
+        )
+    s.flush()
+    _keep_newest(s, DeploymentLabelRow, deployment_id, keep)
+    sampled = set(
+        s.scalars(
+            select(DeploymentSampleRow.request_id).where(
+                DeploymentSampleRow.deployment_id == deployment_id,
+                DeploymentSampleRow.request_id.in_(ids),
+            )
+        )
+    )
+    return tuple(request_id for request_id in ids if request_id not in sampled)

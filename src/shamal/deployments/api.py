@@ -36,6 +36,7 @@ from shamal.deployments._entities import (
     Deployment,
     DeploymentEvent,
     DeploymentSpec,
+    Label,
     LoadStatus,
     RolloutPlan,
     RouteRole,
@@ -364,7 +365,36 @@ class TensorIn(_Model):
 
     shape: list[Annotated[int, Field(ge=0, le=2**40)]] = Field(max_length=16)
     datatype: str = Field(max_length=32, pattern=r"^[A-Za-z0-9<>|=_]*$")
+    rows: int | None = Field(
+        default=None, ge=0, le=256, description="Whole rows (first axis) held in data."
+    )
     data: list[DataItem] = Field(max_length=256)
+
+
+#: The caller's id of a served request (OIP's request ``id``), as labels name it.
+RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
+LabelValue = Scalar | Annotated[str, Field(max_length=_rules.MAX_LABEL_TEXT)]
+
+
+class LabelIn(_Model):
+    request_id: RequestId
+    label: LabelValue | list[LabelValue] = Field(
+        description="The true outcome: a value, or a list with one value per row of a "
+        "batched request."
+    )
+
+
+class LabelsIn(_Model):
+    labels: list[LabelIn] = Field(min_length=1, max_length=_rules.MAX_LABELS)
+
+
+class LabelsOut(_Model):
+    stored: int
+    unmatched: list[str] = Field(
+        description="Request ids no kept sample has (yet): only a sampled share of requests "
+        "is kept, and serve processes ship samples every few seconds. Their labels are "
+        "stored and joined if the sample arrives."
+    )
 
 
 #: Tensor name -> excerpt. Names are kept to their first 128 characters.
@@ -375,6 +405,7 @@ class SampleIn(_Model):
     revision: int = Field(ge=1, le=2**31 - 1)
     version: VersionText
     shadow: bool = False
+    request_id: RequestId | None = None
     inputs: TensorMap = Field(max_length=32)
     outputs: TensorMap = Field(max_length=32)
 
@@ -395,6 +426,9 @@ class SampleOut(_Model):
     shadow: bool
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    request_id: str | None = None
+    label: Any = None
+    labelled_at: datetime | None = None
 
     @classmethod
     def of(cls, s: Sample) -> SampleOut:
@@ -406,6 +440,9 @@ class SampleOut(_Model):
             shadow=s.shadow,
             inputs=dict(s.inputs),
             outputs=dict(s.outputs),
+            request_id=s.request_id,
+            label=s.label,
+            labelled_at=s.labelled_at,
         )
 
 
@@ -592,10 +629,21 @@ def push_samples(name: Name, body: SamplesIn, svc: Deployments, principal: DataP
             shadow=s.shadow,
             inputs={k[:128]: v.model_dump() for k, v in s.inputs.items()},
             outputs={k[:128]: v.model_dump() for k, v in s.outputs.items()},
+            request_id=s.request_id,
         )
         for s in body.samples
     ]
     return SamplesOut(accepted=svc.record_samples(principal, name, rows))
+
+
+@router.post(
+    "/{name}/labels",
+    summary="The true outcomes of served requests, by the request ids their callers sent",
+)
+def post_labels(name: Name, body: LabelsIn, svc: Deployments, principal: DataPlane) -> LabelsOut:
+    labels = [Label(request_id=item.request_id, value=item.label) for item in body.labels]
+    outcome = svc.record_labels(principal, name, labels)
+    return LabelsOut(stored=outcome.stored, unmatched=list(outcome.unmatched))
 
 
 def _sample_cursor(sample: SampleOut) -> str:

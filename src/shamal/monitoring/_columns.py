@@ -64,11 +64,13 @@ def signature_names(signature: Mapping[str, Any] | None) -> tuple[list[str], lis
     return found[0], found[1]
 
 
-def _tensor_rows(excerpt: Any) -> tuple[int, list[Any]] | None:
-    """(width, values) of one excerpt; None when it is not one."""
+def _tensor_rows(excerpt: Any) -> tuple[int, int, list[Any]] | None:
+    """(width, whole rows, values) of one excerpt; None when it is not one. An excerpt
+    says how many whole rows it holds (``rows``; 0: its one row was too long to keep
+    whole); one without says nothing, and only the whole rows its values fill are read."""
     if not isinstance(excerpt, Mapping):
         return None
-    shape, data = excerpt.get("shape"), excerpt.get("data")
+    shape, data, rows = excerpt.get("shape"), excerpt.get("data"), excerpt.get("rows")
     if not isinstance(shape, list) or not isinstance(data, list):
         return None
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
@@ -76,7 +78,12 @@ def _tensor_rows(excerpt: Any) -> tuple[int, list[Any]] | None:
     width = math.prod(shape[1:]) if len(shape) >= 2 else 1
     if not 1 <= width <= MAX_COLUMNS_PER_TENSOR:
         return None
-    return width, data
+    full = len(data) // width  # an excerpt may end inside a row: that row is left out
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            return None
+        full = min(full, rows)
+    return width, full, data
 
 
 def _add(
@@ -89,14 +96,15 @@ def _add(
         if found is None:
             out.malformed += 1
             continue
-        width, data = found
+        width, full, data = found
+        if full == 0:
+            continue  # no whole row to read
         if width == 1:
             labels = [names[0] if len(tensors) == 1 and len(names) == 1 else tensor]
         elif len(tensors) == 1 and len(names) == width:
             labels = list(names)
         else:
             labels = [f"{tensor}[{j}]" for j in range(width)]
-        full = len(data) // width  # an excerpt may end inside a row: that row is left out
         for j, label in enumerate(labels):
             out.values.setdefault(label, []).extend(data[j : full * width : width])
             out.roles.setdefault(label, role)

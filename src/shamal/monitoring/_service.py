@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.deployments import Deployment, DeploymentService, Sample
+from shamal.deployments import Deployment, DeploymentService
 from shamal.errors import Conflict, InvalidParameter, NotFound, ShamalError
 from shamal.events import EventKind, EventService, NewEvent, emit
 from shamal.monitoring import _rules, _store
@@ -428,21 +428,18 @@ class MonitorService:
         return self._security.principal_of(monitor.created_by)
 
     def _samples(self, principal: Principal, monitor: Monitor) -> Iterator[Sampled]:
-        """The deployment's samples after the cursor, oldest first (shadows left out)."""
-        newer: list[Sample] = []
-        before: int | None = None
+        """The deployment's samples after the cursor, oldest first, as far as the window
+        needs (shadows left out). The monitor's creator must still read the deployment."""
+        self._deployments.get(principal, monitor.deployment)
+        after = monitor.cursor
         while True:
-            page = self._deployments.samples(
-                principal, monitor.deployment, limit=_PAGE, before=before
-            )
-            fresh = [p for p in page if p.id > monitor.cursor]
-            newer.extend(fresh)
-            if len(page) < _PAGE or len(fresh) < len(page):
-                break
-            before = page[-1].id
-        for sample in sorted(newer, key=lambda p: p.id):
-            if not sample.shadow:
-                yield Sampled(sample.id, sample.inputs, sample.outputs)
+            page = self._deployments.samples_after(monitor.deployment, after, limit=_PAGE)
+            for sample in page:
+                if not sample.shadow:
+                    yield Sampled(sample.id, sample.inputs, sample.outputs)
+            if len(page) < _PAGE:
+                return
+            after = page[-1].id
 
     def _evaluate_and_store(
         self, monitor_id: str, monitor: Monitor, ctx: AuditContext | None

@@ -422,7 +422,7 @@ class InferenceCore:
                 datatype = "BYTES"
             outputs.append(OutputTensor(name, datatype, tuple(data.shape), data))
         try:
-            self.router.sample(served.name, served.version, inputs, results)
+            self.router.sample(served.name, served.version, inputs, results, request.id)
         except Exception:  # a monitor's failure never fails the caller
             logger.exception("The traffic router failed to take a sample")
         return InferResponse(served.name, served.version, request.id, outputs)

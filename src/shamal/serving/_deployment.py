@@ -53,7 +53,7 @@ from shamal.serving._routing import RouteChoice
 logger = logging.getLogger(__name__)
 
 #: Values kept per tensor in a sample, and characters per string value.
-SAMPLE_VALUES = 64
+SAMPLE_VALUES = 256
 SAMPLE_TEXT = 256
 #: Samples waiting to be shipped; older ones are dropped when the control plane is slow.
 SAMPLE_BUFFER = 200
@@ -139,17 +139,27 @@ class _Window:
 
 
 def tensor_excerpt(array: np.ndarray) -> dict[str, Any]:
-    """A small JSON-able excerpt of a tensor: shape, dtype and its first values (flattened).
+    """A small JSON-able excerpt of a tensor: shape, dtype and its first whole rows.
 
-    Non-finite floats become None; bytes are decoded (invalid bytes replaced); strings are cut
-    at 256 characters.
+    ``shape`` is the whole tensor's; ``data`` holds its first ``rows`` rows along the first
+    axis, flattened, as many as fit in :data:`SAMPLE_VALUES` values (a monitor reads rows,
+    never a part of one). A tensor whose single row is larger keeps its first values and
+    ``rows`` 0. Non-finite floats become None; bytes are decoded (invalid bytes replaced);
+    strings are cut at 256 characters.
     """
-    flat = np.asarray(array).reshape(-1)[:SAMPLE_VALUES]
+    values = np.asarray(array)
+    row_size = int(np.prod(values.shape[1:], dtype=np.int64)) if values.ndim else 1
+    if values.ndim == 0:
+        rows = 1
+    elif 0 < row_size <= SAMPLE_VALUES:
+        rows = min(values.shape[0], SAMPLE_VALUES // row_size)
+    else:
+        rows = 0
+    flat = values.reshape(-1)[: rows * row_size if rows else SAMPLE_VALUES]
     return {
-        "shape": [int(d) for d in np.shape(array)][:16],
-        "datatype": str(np.asarray(array).dtype.str if flat.dtype.kind in "SUO" else flat.dtype)[
-            :32
-        ],
+        "shape": [int(d) for d in values.shape][:16],
+        "datatype": str(values.dtype.str if flat.dtype.kind in "SUO" else flat.dtype)[:32],
+        "rows": rows,
         "data": [_plain(v) for v in flat.tolist()],
     }
 
@@ -332,8 +342,10 @@ class DeploymentRouter:
         version: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
+        request_id: str | None = None,
     ) -> None:
-        """Keep this request at the deployment's sample rate (small excerpts of each tensor)."""
+        """Keep this request at the deployment's sample rate (small excerpts of each tensor),
+        with the caller's request id, by which labels that arrive later are joined to it."""
         deployment = self._deployment
         if deployment is None or deployment.sample_rate <= 0:
             return
@@ -344,6 +356,7 @@ class DeploymentRouter:
             "revision": deployment.revision,
             "version": version,
             "shadow": shadow,
+            "request_id": request_id[:128] if request_id else None,
             "inputs": {k[:128]: tensor_excerpt(v) for k, v in list(inputs.items())[:32]},
             "outputs": {k[:128]: tensor_excerpt(v) for k, v in list(outputs.items())[:32]},
         }

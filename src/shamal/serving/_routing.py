@@ -64,8 +64,10 @@ class TrafficRouter(Protocol):
         version: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
+        request_id: str | None = None,
     ) -> None:
-        """Offer one request's inputs and outputs for monitoring; the router keeps a sample."""
+        """Offer one request's inputs and outputs (and the caller's request id, which labels
+        posted later name) for monitoring; the router keeps a sample."""
         ...
 
 
@@ -92,6 +94,7 @@ class LatestVersionRouter:
         version: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
+        request_id: str | None = None,
     ) -> None:
         """Nothing to do: without a deployment there is no monitor to feed."""
 

@@ -17,6 +17,7 @@ from shamal.db.models.datasets import (
 )
 from shamal.db.models.deployments import (
     DeploymentEventRow,
+    DeploymentLabelRow,
     DeploymentRow,
     DeploymentSampleRow,
     DeploymentStatsRow,
@@ -100,6 +101,7 @@ __all__ = [
     "DatasetRow",
     "DeploymentEventRow",
     "DeploymentRow",
+    "DeploymentLabelRow",
     "DeploymentSampleRow",
     "DeploymentStatsRow",
     "EventConsumerRow",

@@ -81,7 +81,10 @@ class DeploymentSampleRow(Base):
     """One sampled request; a deployment keeps a bounded number, the oldest dropped first."""
 
     __tablename__ = "deployment_samples"
-    __table_args__ = (Index("ix_deployment_samples_deployment_id_id", "deployment_id", "id"),)
+    __table_args__ = (
+        Index("ix_deployment_samples_deployment_id_id", "deployment_id", "id"),
+        Index("ix_deployment_samples_deployment_id_request_id", "deployment_id", "request_id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     deployment_id: Mapped[str] = mapped_column(
@@ -93,3 +96,31 @@ class DeploymentSampleRow(Base):
     shadow: Mapped[bool] = mapped_column(Boolean)
     inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
     outputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class DeploymentLabelRow(Base):
+    """The true outcome of a served request, joined to its sample by the caller's request id.
+
+    Labels are kept whether or not a sample of their request is (only a share of requests is
+    sampled, and samples arrive every few seconds); a deployment keeps a bounded number, the
+    oldest dropped first. A label posted again for the same request replaces the first.
+    """
+
+    __tablename__ = "deployment_labels"
+    __table_args__ = (
+        Index(
+            "ix_deployment_labels_deployment_id_request_id",
+            "deployment_id",
+            "request_id",
+            unique=True,
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("deployments.id", ondelete="CASCADE")
+    )
+    request_id: Mapped[str] = mapped_column(String(128))
+    value: Mapped[Any] = mapped_column(JSON)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)

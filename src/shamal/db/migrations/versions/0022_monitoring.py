@@ -1,7 +1,7 @@
 """monitoring: reference profiles, monitors, their results and per-column points
 
 Revision ID: 0022
-Revises: 0020 (0021 once the lead's deployment sample ids and labels land)
+Revises: 0021
 Create Date: 2026-11-27
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 import shamal.db.models._base
 
 revision: str = "0022"
-down_revision: str | None = "0020"
+down_revision: str | None = "0021"
 branch_labels: str | None = None
 depends_on: str | None = None
 
