@@ -303,3 +303,17 @@ def test_drift_rolls_the_canary_back(
     after = deployments.get(people.principals["mo"], DEPLOYMENT)
     assert after.split.canary is None
     assert after.state.phase.value == "rolled_back"
+
+
+@pytest.mark.usefixtures("reference")
+def test_a_column_whose_every_value_changed_type_is_reported_and_the_run_completes(
+    monitors: MonitorService, deployments: DeploymentService, people: People
+) -> None:
+    made = monitors.create(people.ctx("mo"), MonitorSpec(DEPLOYMENT, HOUR))
+    send(deployments, people, samples=3, amounts=["abc"] * 10)
+    result = monitors.run_now(people.ctx("mo"), made.name).result
+    assert result is not None
+    assert result.samples == 3
+    kinds = {(i["column"], i["kind"]) for i in result.report["quality"]}
+    assert ("amount", "type_changed") in kinds
+    assert monitors.get(people.principals["mo"], made.name).last_error is None
