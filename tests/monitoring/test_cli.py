@@ -41,6 +41,7 @@ def test_the_options_make_the_api_body() -> None:
         threshold=0.01,
         on_drift="retrain:r",
         alert="https://h.example/x",
+        params=["reason=drift", "min_rows=500"],
     )
     assert body == {
         "deployment": "api",
@@ -54,6 +55,7 @@ def test_the_options_make_the_api_body() -> None:
         "reference": {"model": "fraud", "version": 3},
         "threshold": 0.01,
         "alert_url": "https://h.example/x",
+        "retrain_params": {"reason": "drift", "min_rows": 500},
     }
 
 

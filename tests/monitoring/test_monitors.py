@@ -263,12 +263,24 @@ def test_drift_starts_the_retraining_pipeline_once(
     platform: Platform,
 ) -> None:
     spec = PipelineSpec.from_json(
-        {"name": "retrain-fraud", "team": "red", "steps": [{"name": "a", "command": ["true"]}]}
+        {
+            "name": "retrain-fraud",
+            "team": "red",
+            "params": {"reason": "by hand"},
+            "steps": [{"name": "a", "command": ["true"]}],
+        }
     )
     platform.pipelines.register(people.ctx("mo"), spec)
+    with pytest.raises(InvalidParameter):  # parameters are for a retraining policy only
+        monitors.create(people.ctx("mo"), MonitorSpec(DEPLOYMENT, HOUR, retrain_params={"a": 1}))
     made = monitors.create(
         people.ctx("mo"),
-        MonitorSpec(DEPLOYMENT, HOUR, on_drift=parse_on_drift("retrain:retrain-fraud")),
+        MonitorSpec(
+            DEPLOYMENT,
+            HOUR,
+            on_drift=parse_on_drift("retrain:retrain-fraud"),
+            retrain_params={"reason": "drift"},
+        ),
     )
     send(deployments, people, samples=20, amount_shift=50.0)
     result = monitors.run_now(people.ctx("mo"), made.name).result
@@ -280,6 +292,7 @@ def test_drift_starts_the_retraining_pipeline_once(
     runs = platform.pipelines.list_runs(people.principals["mo"], pipeline="retrain-fraud")
     assert len(runs) == 1
     assert "drift" in runs[0].trigger
+    assert runs[0].params == {"reason": "drift"}
     # The policy applied again for the same result starts nothing new.
     again = monitors._apply_policy(monitors.get(people.principals["mo"], made.name), result)
     assert again[0]["status"] == "already started"

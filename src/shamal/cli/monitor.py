@@ -68,6 +68,7 @@ def monitor_body(
     window: int = 1000,
     on_drift: str = "none",
     alert: str | None = None,
+    params: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The body of ``POST /api/v1/monitors`` from the command's options."""
     body: dict[str, Any] = {
@@ -89,6 +90,10 @@ def monitor_body(
         body["threshold"] = threshold
     if alert is not None:
         body["alert_url"] = alert
+    if params:
+        from shamal.cli.pipeline import parse_params
+
+        body["retrain_params"] = parse_params(params)
     return body
 
 
@@ -128,6 +133,9 @@ def create(
     window: Annotated[int, typer.Option(help="At most this many rows per run.")] = 1000,
     on_drift: Annotated[str, typer.Option(help="none, rollback or retrain:PIPELINE.")] = "none",
     alert: Annotated[str | None, typer.Option(help="A webhook URL told of each drift.")] = None,
+    params: Annotated[
+        list[str] | None, typer.Option("--param", help="NAME=VALUE for the retraining run.")
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Attach a monitor to a deployment."""
@@ -144,6 +152,7 @@ def create(
         window=window,
         on_drift=on_drift,
         alert=alert,
+        params=params or (),
     )
     found = client().create_monitor(body)
     if as_json:

@@ -125,6 +125,7 @@ class MonitorSpec:
         drift_share: the share of drifted columns that makes the dataset drifted.
         window: at most this many rows per run (the oldest unread first).
         on_drift: the policy applied when a run finds drift.
+        retrain_params: the parameters a retraining run is started with.
         alert_url: a webhook URL told of every drift event of this monitor.
     """
 
@@ -140,6 +141,7 @@ class MonitorSpec:
     window: int = 1000
     on_drift: OnDrift = field(default_factory=OnDrift)
     alert_url: str | None = None
+    retrain_params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ class Monitor:
     created_by: str
     created_at: datetime
     updated_at: datetime
+    retrain_params: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,6 +185,7 @@ class Monitor:
             "drift_share": self.drift_share,
             "window": self.window,
             "on_drift": str(self.on_drift),
+            "retrain_params": dict(self.retrain_params),
             "schedule_s": self.schedule_s,
             "paused": self.paused,
             "cursor": self.cursor,

@@ -7,6 +7,7 @@ monitor never runs twice to catch up and two ticks never overlap.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,23 @@ def _check_fraction(value: float, what: str) -> float:
     return float(value)
 
 
+#: A retraining run's parameters, as JSON, at most.
+MAX_PARAMS_BYTES: Final = 16 * 1024
+
+
+def _check_params(spec: MonitorSpec) -> dict[str, Any]:
+    params = dict(spec.retrain_params)
+    if params and spec.on_drift.action is not DriftAction.RETRAIN:
+        raise InvalidParameter("retrain parameters need on_drift retrain:PIPELINE")
+    try:
+        text = json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidParameter("retrain parameters are plain JSON (no NaN or infinity)") from None
+    if len(text) > MAX_PARAMS_BYTES:
+        raise InvalidParameter(f"retrain parameters are at most {MAX_PARAMS_BYTES} bytes of JSON")
+    return params
+
+
 def check_spec(spec: MonitorSpec) -> MonitorSpec:
     """The spec checked field by field (the deployment and reference are the service's).
 
@@ -165,6 +183,7 @@ def check_spec(spec: MonitorSpec) -> MonitorSpec:
         window=spec.window,
         on_drift=spec.on_drift,
         alert_url=spec.alert_url,
+        retrain_params=_check_params(spec),
     )
 
 
@@ -194,4 +213,5 @@ def spec_json(spec: MonitorSpec, reference: tuple[str, int]) -> dict[str, Any]:
         "drift_share": spec.drift_share,
         "window": spec.window,
         "on_drift": str(spec.on_drift),
+        "retrain_params": dict(spec.retrain_params),
     }

@@ -210,6 +210,7 @@ class MonitorService:
             drift_share=spec.drift_share,
             window=spec.window,
             on_drift=spec.on_drift,
+            retrain_params=dict(spec.retrain_params),
             schedule_s=spec.schedule_s,
             paused=False,
             cursor=0,
@@ -528,7 +529,7 @@ class MonitorService:
                 run = self._pipelines.start(
                     ctx,
                     policy.pipeline,
-                    {},
+                    dict(monitor.retrain_params),
                     trigger=f"drift found by monitor {monitor.name} (result {result.id})",
                     trigger_key=f"drift:{result.id}",
                 )

@@ -141,6 +141,7 @@ def _monitor(row: MonitorRow) -> Monitor:
         drift_share=float(spec.get("drift_share", 0.5)),
         window=int(spec.get("window", 1000)),
         on_drift=parse_on_drift(spec.get("on_drift", "none")),
+        retrain_params=dict(spec.get("retrain_params", {})),
         schedule_s=row.schedule_s,
         paused=row.paused,
         cursor=row.cursor,

@@ -86,6 +86,9 @@ class MonitorIn(_Model):
     window: int = Field(default=1000, ge=1, le=MAX_WINDOW)
     on_drift: str = Field(default="none", pattern=_ON_DRIFT, max_length=72)
     alert_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    retrain_params: dict[str, Any] = Field(
+        default_factory=dict, max_length=200, description="the retraining run's parameters"
+    )
 
     def spec(self) -> MonitorSpec:
         return MonitorSpec(
@@ -101,6 +104,7 @@ class MonitorIn(_Model):
             window=self.window,
             on_drift=parse_on_drift(self.on_drift),
             alert_url=self.alert_url,
+            retrain_params=dict(self.retrain_params),
         )
 
 
