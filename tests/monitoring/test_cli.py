@@ -91,5 +91,8 @@ def test_each_column_shows_its_latest_verdict_and_a_sparkline_of_its_past() -> N
 
 
 def test_the_series_is_drawn_to_a_png(tmp_path: Path) -> None:
-    written = plot_series(_points(), tmp_path / "drift.png", "monitor m")
+    points = _points()
+    points[0]["statistic"] = None  # a test that could not be computed: a gap
+    assert column_rows(points[:1])[0]["statistic"] == "-"
+    written = plot_series(points, tmp_path / "drift.png", "monitor m")
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

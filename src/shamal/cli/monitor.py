@@ -11,6 +11,7 @@ statistic and verdict with a sparkline of its recent values (`--plot FILE.png` d
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -201,7 +202,7 @@ def column_rows(points: Sequence[dict[str, Any]], width: int = 24) -> list[dict[
             {
                 "column": column,
                 "test": last["test"],
-                "statistic": f"{last['statistic']:.4g}",
+                "statistic": "-" if last["statistic"] is None else f"{last['statistic']:.4g}",
                 "p_value": "-" if last["p_value"] is None else f"{last['p_value']:.3g}",
                 "threshold": f"{last['threshold']:.3g}",
                 "verdict": "DRIFT" if last["drifted"] else "ok",
@@ -218,9 +219,10 @@ def _drawable(text: str) -> str:
 def _draw_column(axis: Any, column: str, series: Sequence[dict[str, Any]]) -> None:
     """One column's panel: its statistic, its threshold dashed, drifted runs in red."""
     xs = list(range(len(series)))
-    axis.plot(xs, [p["statistic"] for p in series], linewidth=1.2, marker="o", markersize=3)
+    ys = [math.nan if p["statistic"] is None else p["statistic"] for p in series]
+    axis.plot(xs, ys, linewidth=1.2, marker="o", markersize=3)
     axis.plot(xs, [p["threshold"] for p in series], linestyle="--", linewidth=0.8)
-    drifted = [(x, p["statistic"]) for x, p in zip(xs, series, strict=True) if p["drifted"]]
+    drifted = [(x, y) for x, y, p in zip(xs, ys, series, strict=True) if p["drifted"]]
     if drifted:
         axis.scatter([x for x, _ in drifted], [y for _, y in drifted], color="red", zorder=3)
     axis.set_ylabel(f"{_drawable(column)}\n({series[-1]['test']})", parse_math=False)

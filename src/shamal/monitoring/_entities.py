@@ -240,7 +240,7 @@ class SeriesPoint:
     at: datetime
     result_id: str
     test: str
-    statistic: float
+    statistic: float | None
     p_value: float | None
     threshold: float
     drifted: bool

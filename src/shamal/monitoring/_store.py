@@ -299,6 +299,14 @@ def _finite(value: float | None) -> float | None:
     return float(value)
 
 
+def _statistic(value: float | None) -> float | None:
+    """A statistic as a float column keeps it: +-inf as +-1e308 (the database's floats end
+    there), NaN as None."""
+    if value is None or math.isnan(value):
+        return None
+    return max(-1e308, min(1e308, float(value)))
+
+
 def insert_result(
     s: Session, monitor_id: str, result: MonitorResult, points: Sequence[SeriesPoint]
 ) -> None:
@@ -326,8 +334,7 @@ def insert_result(
                 monitor_id=monitor_id,
                 at=p.at,
                 test=p.test,
-                # A statistic too large for a float column is kept as the largest float.
-                statistic=_finite(p.statistic) if _finite(p.statistic) is not None else 1e308,
+                statistic=_statistic(p.statistic),
                 p_value=_finite(p.p_value),
                 threshold=p.threshold,
                 drifted=p.drifted,

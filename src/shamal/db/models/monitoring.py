@@ -114,7 +114,8 @@ class MonitorPointRow(Base):
     )
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     test: Mapped[str] = mapped_column(String(32))
-    statistic: Mapped[float] = mapped_column(Float)
+    #: None: not a number (a test that could not be computed); +-inf kept as +-1e308.
+    statistic: Mapped[float | None] = mapped_column(Float, nullable=True)
     p_value: Mapped[float | None] = mapped_column(Float, nullable=True)
     threshold: Mapped[float] = mapped_column(Float)
     drifted: Mapped[bool] = mapped_column(Boolean)

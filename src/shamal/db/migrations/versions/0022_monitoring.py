@@ -94,7 +94,7 @@ def upgrade() -> None:
         sa.Column("monitor_id", sa.String(length=32), nullable=False),
         sa.Column("at", shamal.db.models._base.UTCDateTime(), nullable=False),
         sa.Column("test", sa.String(length=32), nullable=False),
-        sa.Column("statistic", sa.Float(), nullable=False),
+        sa.Column("statistic", sa.Float(), nullable=True),
         sa.Column("p_value", sa.Float(), nullable=True),
         sa.Column("threshold", sa.Float(), nullable=False),
         sa.Column("drifted", sa.Boolean(), nullable=False),
