@@ -348,12 +348,24 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return bool(a["drifted"] == b["drifted"])
 
 
+#: Evidently's default thresholds, to count the cases that land near them.
+THRESHOLDS = {"ks": 0.05, "chisquare": 0.05, "z": 0.05, "wasserstein": 0.1, "jensenshannon": 0.1}
+
+
+def near_threshold(result: dict[str, Any]) -> bool:
+    """A p-value within a factor 2 of alpha, or a distance within 20% of its threshold."""
+    ratio = result["statistic"] / THRESHOLDS.get(result["test"], 0.1)
+    return (
+        0.5 <= ratio <= 2.0 if result["test"] in ("ks", "chisquare", "z") else 0.8 <= ratio <= 1.25
+    )
+
+
 def agreement(
     cases: list[dict[str, Any]], shamal: dict[str, Any], evidently: dict[str, Any]
 ) -> tuple[int, int, list[str], dict[str, int]]:
     """(same verdicts, cases, lines for the disagreements, verdicts matching the labels)."""
     same, total, lines = 0, 0, []
-    right = {"shamal": 0, "evidently": 0}
+    right = {"shamal": 0, "evidently": 0, "near": 0}
     for pair, ours, theirs in zip(cases, shamal["pairs"], evidently["pairs"], strict=True):
         for spec in pair["columns"]:
             a, b = ours[spec["name"]], theirs[spec["name"]]
@@ -361,6 +373,7 @@ def agreement(
             label = spec["level"] > 0
             right["shamal"] += a["drifted"] == label
             right["evidently"] += b["drifted"] == label
+            right["near"] += near_threshold(b)
             if _same(a, b):
                 same += 1
                 continue
@@ -416,7 +429,8 @@ def report(
         "",
         f"agreement cases: {total} columns in {len(SIZE_PAIRS)} pairs of sizes; same verdict "
         f"{same}/{total}; verdicts matching the labels: shamal {right['shamal']}/{total}, "
-        f"evidently {right['evidently']}/{total}",
+        f"evidently {right['evidently']}/{total}; near a threshold (Evidently's statistic "
+        f"within a factor 2 of alpha, or 20% of a distance threshold): {right['near']}",
         *(disagreements or ["  no disagreement"]),
     ]
     speedup = evid["work_s"] / shamal["work_s"]

@@ -35,6 +35,15 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(inherited, None)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding slow tests run first. Under pytest-xdist's ``--dist loadfile`` a worker
+    takes a whole file at a time, in collection order: started last, a long file keeps one
+    worker busy while the others have nothing left; started first, the short files fill in
+    around it. The order within a file is kept (a stable sort)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 PG_ADMIN_URL = os.environ.get(
     "SHAMAL_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts servers (or fuzzes every route) for minutes
+
 OPTIONAL = [
     "optuna",
     "cmaes",

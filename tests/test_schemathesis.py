@@ -19,6 +19,8 @@ from schemathesis.specs.openapi import checks
 from shamal.config import Settings
 from shamal.server import Platform, create_app, start_platform
 
+pytestmark = pytest.mark.slow  # starts servers (or fuzzes every route) for minutes
+
 EXAMPLES = 25
 
 

@@ -138,6 +138,14 @@ def test_a_fan_out_runs_each_step_as_a_job_and_gathers_in_order(
     assert cached["total"]["state"] == "cached"
     assert cached["items"]["job_id"] is None
     assert cached["items"]["cached_from"] == f"{run['id']}/items"
+    # The hit is an edge of the lineage graph: the step run that made the result -> the one
+    # that reused it, both ways.
+    producer = f"runs:/{steps['items']['mlflow_run_id']}"
+    reuser = f"runs:/{cached['items']['mlflow_run_id']}"
+    for start, way in ((reuser, "up"), (producer, "down")):
+        graph = client.lineage(start, direction=way, depth=1)
+        edges = {(e["source"], e["target"], e["relation"]) for e in graph["edges"]}
+        assert (producer, reuser, "reused") in edges, graph
     # check opted out of the cache: it ran again, and says why.
     assert cached["check"]["state"] == "succeeded"
     assert cached["check"]["cache_note"] == "caching is off for this step"

@@ -28,9 +28,10 @@ from shamal.deployments import Deployment, DeploymentService
 from shamal.errors import InvalidParameter, NotFound, PermissionDenied
 from shamal.lineage._entities import Direction, Edge, Lineage, Node, NodeKind
 from shamal.lineage._uris import NodeRef, parse_uri
+from shamal.pipelines import CACHED_FROM_RUN_TAG
 from shamal.registry import ModelVersion, RegistryService
 from shamal.security import Principal
-from shamal.tracking import LoggedModel, RunInfo, TrackingService
+from shamal.tracking import LoggedModel, Run, RunInfo, TrackingService
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -263,6 +264,10 @@ class LineageService:
         for model_id in run.model_inputs:
             node = self._named(walk, NodeRef(NodeKind.LOGGED_MODEL, model_id))
             yield node, Edge(node.id, target, "input")
+        producer = run.tags.get(CACHED_FROM_RUN_TAG)
+        if producer:
+            node = self._named(walk, NodeRef(NodeKind.RUN, producer))
+            yield node, Edge(node.id, target, "reused", {"cache": "hit"})
 
     def _run_down(self, walk: _Walk, ref: NodeRef) -> Iterator[Step]:
         info = self._tracking.run_info(walk.principal, ref.name)
@@ -286,6 +291,22 @@ class LineageService:
             if version.model_id not in logged:  # else it hangs under its logged model
                 node = _version_node(version)
                 yield node, Edge(source, node.id, "registered")
+        for reuser in self._reusers(walk, info):
+            node = _run_node(reuser.info)
+            yield node, Edge(source, node.id, "reused", {"cache": "hit"})
+
+    def _reusers(self, walk: _Walk, info: RunInfo) -> list[Run]:
+        """Pipeline steps' runs (in the run's experiment, where a pipeline keeps its steps)
+        that took this run's result from the step cache instead of running again."""
+        return self._tracking.search_runs(
+            walk.principal,
+            experiment_ids=[info.experiment_id],
+            filter_string=f"tags.`{CACHED_FROM_RUN_TAG}` = '{info.run_id}'",  # a minted hex id
+            view="active",
+            max_results=MAX_FANOUT + 1,
+            order_by=[],
+            page_token=None,
+        ).items
 
     # ------------------------------------------------------------------ models
     def _logged_up(self, walk: _Walk, ref: NodeRef) -> Iterator[Step]:

@@ -30,6 +30,7 @@ from shamal.pipelines._definitions import (
     StepSpec,
     Trigger,
 )
+from shamal.pipelines._entities import CACHED_FROM_RUN_TAG
 from shamal.pipelines._sdk import (
     DatasetInput,
     Output,
@@ -85,6 +86,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = [
+    "CACHED_FROM_RUN_TAG",
     "MAX_MAP_ITEMS",
     "ON_TIME",
     "CronSchedule",

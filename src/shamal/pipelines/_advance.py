@@ -40,7 +40,7 @@ from shamal.pipelines._engine import (
     advance,
     run_state,
 )
-from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
+from shamal.pipelines._entities import CACHED_FROM_RUN_TAG, PipelineInfo, PipelineRun, StepRun
 from shamal.security import AuditContext, SecurityService
 from shamal.tracking import LoggedData, TrackingService
 
@@ -270,6 +270,16 @@ class RunAdvancer:
         self._submit(ctx, info, step, run, record)
         return 1
 
+    def _producer_run(self, source: str) -> str | None:
+        """The tracking run of the step that made a cached result (``RUN/STEP``), if it is
+        still recorded."""
+        run_id, _, key = source.partition("/")
+        try:
+            with self._s.db.unit_of_work(write=False) as s:
+                return _store.get_step(s, run_id, key).mlflow_run_id
+        except NotFound:
+            return None
+
     def _from_cache(
         self,
         ctx: AuditContext,
@@ -281,9 +291,12 @@ class RunAdvancer:
     ) -> int:
         output, source = hit
         now = self._s.clock()
-        nested = self._nested_run(
-            ctx, run, decision.key, {"shamal.pipeline.cached_from": source}, finished=True
-        )
+        tags = {"shamal.pipeline.cached_from": source}
+        producer = self._producer_run(source)
+        if producer is not None:
+            # The lineage graph's "reused" edge: from the run that made the result to this one.
+            tags[CACHED_FROM_RUN_TAG] = producer
+        nested = self._nested_run(ctx, run, decision.key, tags, finished=True)
 
         def work(s: Session) -> bool:
             return _store.insert_step(

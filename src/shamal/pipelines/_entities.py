@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-__all__ = ["PipelineInfo", "PipelineRun", "StepRun"]
+__all__ = ["CACHED_FROM_RUN_TAG", "PipelineInfo", "PipelineRun", "StepRun"]
+
+#: On a cached step's tracking run: the tracking run of the step whose result it reused (the
+#: lineage graph's ``reused`` edge).
+CACHED_FROM_RUN_TAG = "shamal.pipeline.cached_from_run"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,16 @@ their combined size (``numpy.histogram_bin_edges(..., "sturges")``; Evidently's 
 argument is not used there); otherwise each distinct value is a bin. PSI fills an empty bin
 with ``min(nonzero) / 1e6`` when the smallest non-empty share is at most 1e-4, else 1e-4.
 
-Exactness: where both sketches hold their exact values (at most ``EXACT_LIMIT`` rows) or
+Exactness: where both sketches hold their exact values (at most ``EXACT_LIMIT`` of them) or
 value counts (few distinct values), the tests see the very samples Evidently sees. Otherwise
-a numeric side is its quantile grid: KS uses a sample drawn at evenly spaced ranks from it
-(the p-value from the true sizes: scipy's exact method up to 10,000 values a side, else its
-asymptotic ``kstwo.sf(D, round(n m / (n + m)))``), Wasserstein the grid's atoms, the binned
-tests the grid's CDF at the bin edges. The differences from the exact statistic are of the
-order of the grid's rank step (0.001); the tests in ``tests/monitoring/core`` bound them.
+a numeric side is its quantile grid and its exact tails: KS runs ``ks_2samp`` on a sample of
+the side's true size drawn at evenly spaced ranks from the grid (so scipy picks the method it
+would pick on the raw data), and beyond 200,000 values a side takes the statistic from
+200,000-value samples and the p-value from the true sizes as scipy's asymptotic method does
+(``kstwo.sf(D, round(n m / (n + m)))``); Wasserstein uses the grid's atoms with the tails'
+values; the binned tests use the grid's CDF at the bin edges, exact in the tails. The
+differences from the exact statistics are of the order of the grid's rank step (0.001) and
+the sketch's rank error; the tests in ``tests/monitoring/core`` bound them.
 """
 
 from __future__ import annotations
