@@ -7,7 +7,8 @@ named by the model version's signature when it lists as many columns (``x[0]``, 
 ... otherwise). Outputs become prediction columns. Values arrive as JSON: a number where
 the reference holds text, or text where it holds numbers, is a type change — counted, kept
 as a null of the column (so the run completes and the change is reported), never dropped
-silently. ``"NaN"`` and ``"Infinity"`` as text parse as the numbers they name.
+silently (a quality issue ``invalid_value``). ``"NaN"`` and ``"Infinity"`` as text parse as
+the numbers they name.
 """
 
 from __future__ import annotations

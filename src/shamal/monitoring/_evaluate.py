@@ -13,7 +13,7 @@ from typing import Any
 from shamal.errors import InvalidParameter
 from shamal.monitoring._columns import SampleColumns, coerce
 from shamal.monitoring._entities import ColumnRole, Monitor, ReferenceProfile, SeriesPoint
-from shamal.monitoring.core import ColumnSketch, DriftReport, SketchBuilder, compare
+from shamal.monitoring.core import ColumnSketch, DriftReport, SketchBuilder, compare, quality
 
 __all__ = ["Evaluation", "evaluate", "monitored_columns"]
 
@@ -56,7 +56,7 @@ def _current(
             issues.append(
                 _issue(
                     column,
-                    "type_changed",
+                    "invalid_value",
                     changed / max(len(values), 1),
                     0.0,
                     f"{changed} of {len(values)} values are not {kind} (counted as nulls)",
@@ -84,6 +84,23 @@ def _points(report: DriftReport, at: datetime, result_id: str) -> tuple[SeriesPo
     )
 
 
+def _compare(
+    monitor: Monitor, reference: ReferenceProfile, current: dict[str, ColumnSketch]
+) -> DriftReport:
+    """The core's drift report over the current columns, with the monitor's tests,
+    threshold, correction and drift share."""
+    tests = {c: t for c, t in monitor.tests.items() if c in current}
+    thresholds = dict.fromkeys(current, monitor.threshold) if monitor.threshold else None
+    return compare(
+        {c: reference.columns[c].sketch for c in current},
+        current,
+        tests=tests,
+        thresholds=thresholds,
+        correction=monitor.correction,
+        drift_share=monitor.drift_share,
+    )
+
+
 def evaluate(
     monitor: Monitor,
     reference: ReferenceProfile,
@@ -106,19 +123,10 @@ def evaluate(
             f"the samples carry none of the monitored columns (they carry: {carried})"
         )
     current, issues = _current(reference, gathered, present)
-    issues += [
-        _issue(c, "missing", 1.0, 0.0, "the samples do not carry this column") for c in missing
-    ]
-    tests = {c: t for c, t in monitor.tests.items() if c in current}
-    thresholds = dict.fromkeys(current, monitor.threshold) if monitor.threshold else None
-    report = compare(
-        {c: reference.columns[c].sketch for c in present},
-        current,
-        tests=tests,
-        thresholds=thresholds,
-        correction=monitor.correction,
-        drift_share=monitor.drift_share,
-    )
+    # The core's checks: null rates, out-of-range values, new categories, missing columns.
+    known = {c: reference.columns[c].sketch for c in wanted if c in reference.columns}
+    issues += [i.to_json() for i in quality(known, current)]
+    report = _compare(monitor, reference, current)
     points = _points(report, at, result_id)
     body = report.to_json()
     body.update(
