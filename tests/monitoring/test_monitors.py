@@ -94,6 +94,7 @@ def test_traffic_like_the_training_set_is_no_drift_and_shifted_traffic_is_drift(
     calm = monitors.run_now(people.ctx("mo"), made.name).result
     assert calm is not None
     assert not calm.drifted
+    assert calm.report["bands"]["amount"]["outside"] is False
     assert (calm.samples, calm.rows) == (20, 800)
     assert _drift_events(platform, people) == []
     clock.advance(60)
@@ -104,6 +105,7 @@ def test_traffic_like_the_training_set_is_no_drift_and_shifted_traffic_is_drift(
     assert shifted.first_sample > calm.last_sample  # the cursor moved: nothing read twice
     drifted = {p["column"] for p in shifted.report["columns"] if p["drifted"]}
     assert "amount" in drifted
+    assert shifted.report["bands"]["amount"]["outside"] is True
     (event,) = _drift_events(platform, people)
     assert event["monitor"] == made.name
     assert event["deployment"] == DEPLOYMENT

@@ -35,6 +35,13 @@ def test_a_reference_is_built_from_every_batch_of_the_dataset_version(
     assert amount.count == ROWS
     assert amount.mean == pytest.approx(float(table["amount"].to_numpy().mean()), rel=1e-9)
     assert sum((profile.columns["country"].sketch.counts or {}).values()) == ROWS
+    # Ten reference chunks of 200 rows: their distances from the whole give each band.
+    assert profile.chunks is not None
+    assert profile.chunks["rows_per_chunk"] == ROWS // 10
+    bands = profile.chunks["columns"]
+    assert set(bands) == {"amount", "country", "is_fraud"}
+    assert len(bands["amount"]["distances"]) == 10
+    assert bands["amount"]["band"]["upper"] > max(bands["amount"]["distances"]) * 0.5
     # What is stored reads back the same.
     again = references.get(people.principals["vi"], MODEL, 1)
     assert again.columns["amount"].sketch == amount

@@ -6,6 +6,8 @@ the columns read from the sample log, and stores what it returns.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -13,7 +15,15 @@ from typing import Any
 from shamal.errors import InvalidParameter
 from shamal.monitoring._columns import SampleColumns, coerce
 from shamal.monitoring._entities import ColumnRole, Monitor, ReferenceProfile, SeriesPoint
-from shamal.monitoring.core import ColumnSketch, DriftReport, SketchBuilder, compare, quality
+from shamal.monitoring.core import (
+    Band,
+    ColumnSketch,
+    DriftReport,
+    SketchBuilder,
+    chunk_statistic,
+    compare,
+    quality,
+)
 
 __all__ = ["Evaluation", "evaluate", "monitored_columns"]
 
@@ -84,6 +94,26 @@ def _points(report: DriftReport, at: datetime, result_id: str) -> tuple[SeriesPo
     )
 
 
+def _bands(reference: ReferenceProfile, current: Mapping[str, ColumnSketch]) -> dict[str, Any]:
+    """Each current column's drift distance against the band of the reference's chunks
+    (NannyML's alert rule: above the band's upper end); columns without a band are left out."""
+    bands = (reference.chunks or {}).get("columns", {})
+    found: dict[str, Any] = {}
+    for column, sketch in current.items():
+        raw = bands.get(column)
+        if raw is None:
+            continue
+        band = Band.from_json(raw["band"])
+        distance = chunk_statistic(reference.columns[column].sketch, sketch)
+        outside = bool(math.isfinite(distance) and distance > band.upper)
+        found[column] = {
+            "distance": distance if math.isfinite(distance) else None,
+            "upper": band.to_json()["upper"],
+            "outside": outside,
+        }
+    return found
+
+
 def _compare(
     monitor: Monitor, reference: ReferenceProfile, current: dict[str, ColumnSketch]
 ) -> DriftReport:
@@ -127,10 +157,12 @@ def evaluate(
     known = {c: reference.columns[c].sketch for c in wanted if c in reference.columns}
     issues += [i.to_json() for i in quality(known, current)]
     report = _compare(monitor, reference, current)
+    bands = _bands(reference, current)
     points = _points(report, at, result_id)
     body = report.to_json()
     body.update(
         quality=issues,
+        bands=bands,
         missing=missing,
         rows=gathered.rows,
         samples=gathered.samples,

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
@@ -29,7 +30,7 @@ from shamal.errors import InvalidParameter, NotFound
 from shamal.monitoring import _store
 from shamal.monitoring._entities import ColumnRole, ReferenceColumn, ReferenceProfile
 from shamal.monitoring._rules import MAX_COLUMNS, check_column
-from shamal.monitoring.core import ColumnSketch, SketchBuilder
+from shamal.monitoring.core import ColumnSketch, SketchBuilder, chunk_bands, chunk_statistic
 from shamal.registry import RegistryService
 from shamal.security import AuditContext, AuditLog, Principal, Role
 
@@ -40,6 +41,52 @@ __all__ = ["ReferenceService"]
 #: Rows per Arrow batch read from a dataset part (what bounds the build's memory).
 BATCH_ROWS: Final = 65_536
 MAX_LIST: Final = 1000
+
+
+#: Reference chunks whose drift distances give each column's band (NannyML's approach).
+CHUNKS: Final = 10
+#: Fewer rows per chunk than this give no bands (the distances would be noise).
+MIN_CHUNK_ROWS: Final = 50
+
+
+class _Chunks:
+    """The reference split into :data:`CHUNKS` runs of rows, each sketched as it streams
+    by: the spread of the chunks' drift distances from the whole is what a window of live
+    traffic is judged against (memory: ten sets of sketches)."""
+
+    def __init__(self, rows: int) -> None:
+        self.size = rows // CHUNKS
+        self.done: list[dict[str, ColumnSketch]] = []
+        self._builder = SketchBuilder()
+        self._filled = 0
+
+    def update(self, batch: pa.RecordBatch) -> None:
+        if self.size < MIN_CHUNK_ROWS:
+            return
+        offset = 0
+        while offset < batch.num_rows and len(self.done) < CHUNKS:
+            take = min(self.size - self._filled, batch.num_rows - offset)
+            self._builder.update(batch.slice(offset, take))
+            self._filled += take
+            offset += take
+            if self._filled == self.size:
+                self.done.append(self._builder.result())
+                self._builder, self._filled = SketchBuilder(), 0
+
+    def bands(self, whole: Mapping[str, ColumnSketch]) -> dict[str, Any] | None:
+        """Per column: the chunks' distances and the band above which a window drifted."""
+        if len(self.done) < CHUNKS:
+            return None
+        columns: dict[str, Any] = {}
+        for name, sketch in whole.items():
+            parts = [c[name] for c in self.done if c[name].kind == sketch.kind]
+            values = [chunk_statistic(sketch, part) for part in parts]
+            try:
+                band = chunk_bands(values, sides="upper")
+            except InvalidParameter:  # no finite distance: the column has no band
+                continue
+            columns[name] = {"band": band.to_json(), "distances": values}
+        return {"rows_per_chunk": self.size, "columns": columns}
 
 
 def _target(model: str, version: int) -> str:
@@ -166,7 +213,9 @@ class ReferenceService:
         self._model(principal, model, version, Role.MEMBER)
         found = self._datasets.version(principal, dataset)
         wanted = _wanted(found.uri, [str(f.get("name")) for f in found.schema], columns, label)
-        sketches = self._sketch_version(principal, f"{found.dataset}/{found.version}", wanted)
+        sketches, bands = self._sketch_version(
+            principal, f"{found.dataset}/{found.version}", wanted
+        )
         kept = {}
         before = self._existing(model, version)
         if before is not None:
@@ -189,7 +238,7 @@ class ReferenceService:
             dataset_version=found.version,
             rows=found.row_count,
             columns={**profiled, **kept},
-            chunks=None,
+            chunks=bands,
             created_by=principal.name,
             created_at=before.created_at if before else now,
             updated_at=now,
@@ -199,11 +248,14 @@ class ReferenceService:
 
     def _sketch_version(
         self, principal: Principal, reference: str, columns: Sequence[str]
-    ) -> dict[str, ColumnSketch]:
-        """Stream each part of the version through one builder: a part is spooled to disk
-        (the artifact store hands bytes), read back one batch at a time, then removed."""
+    ) -> tuple[dict[str, ColumnSketch], dict[str, Any] | None]:
+        """Stream each part of the version through one builder (and, row by row, through
+        the builders of its chunks): a part is spooled to disk (the artifact store hands
+        bytes), read back one batch at a time, then removed. Returns the sketches and the
+        chunks' bands."""
         found = self._datasets.version(principal, reference)
         builder = SketchBuilder()
+        chunks = _Chunks(found.row_count)
         self._spool.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self._spool, prefix="reference-") as folder:
             path = Path(folder) / "part.parquet"
@@ -217,9 +269,11 @@ class ReferenceService:
                         batch_size=self._batch_rows, columns=list(columns)
                     ):
                         builder.update(batch)
+                        chunks.update(batch)
                 finally:
                     parquet.close()
-        return builder.result()
+        sketches = builder.result()
+        return sketches, chunks.bands(sketches)
 
     def upload(
         self,
