@@ -69,6 +69,12 @@ CROSS_FIELD = {
     ("POST", "/api/v1/pipeline-runs/{run_id}/steps/{key}/output"),
     ("POST", "/api/v1/pipeline-runs/{run_id}/retry"),
     ("POST", "/api/v1/models/{name}/promote"),
+    # A monitor needs a deployment, a reference profile holding its columns and a pipeline
+    # the caller sees; a reference is built from a dataset version holding the columns
+    # named, and uploaded sketches must parse as sketches of the columns they are under.
+    ("POST", "/api/v1/monitors"),
+    ("POST", "/api/v1/monitor-references/{model}/versions/{version}/build"),
+    ("POST", "/api/v1/monitor-references/{model}/versions/{version}/sketches"),
     # Each request id once in a post of labels.
     ("POST", "/api/v1/deployments/{name}/labels"),
 }

@@ -26,6 +26,7 @@ from shamal.cli import (
 from shamal.cli import events as events_cmd
 from shamal.cli import features as features_cmd
 from shamal.cli import lineage as lineage_cmd
+from shamal.cli import monitor as monitor_cmd
 from shamal.cli import pipeline as pipeline_cmd
 from shamal.cli import tune as tune_cmd
 from shamal.cli._common import ShamalGroup
@@ -87,6 +88,7 @@ app.add_typer(data.app, name="data")
 app.command("lineage")(lineage_cmd.lineage)
 app.add_typer(features_cmd.app, name="features")
 app.add_typer(pipeline_cmd.app, name="pipeline")
+app.add_typer(monitor_cmd.app, name="monitor")
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from shamal.client._events import EventCalls
 from shamal.client._features import FeatureCalls
 from shamal.client._lineage import LineageCalls
 from shamal.client._models import ModelCalls, ModelRef
+from shamal.client._monitors import MonitorCalls
 from shamal.client._pipelines import PipelineCalls
 from shamal.client._tracking import MIN_RUN_ID_PREFIX, AmbiguousRunId, TrackingCalls
 from shamal.errors import InvalidParameter, NotFound, ServiceUnavailable
@@ -92,6 +93,7 @@ class ShamalClient(
     FeatureCalls,
     PipelineCalls,
     EventCalls,
+    MonitorCalls,
 ):
     """A thin, typed-by-convention client of the native ``/api/v1`` API.
 

@@ -24,6 +24,7 @@ from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
 from shamal.mlflow import registry_router, tracking_router, webhooks_router
+from shamal.monitoring import api as monitoring_api
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
 from shamal.registry import api as registry_api
@@ -87,6 +88,8 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.pipelines = platform.pipelines
     app.state.promotion = platform.promotion
     app.state.events = platform.events
+    app.state.references = platform.references
+    app.state.monitors = platform.monitors
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -159,6 +162,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(pipelines_api.router)
     app.include_router(promotion_router)
     app.include_router(events_api.router)
+    app.include_router(monitoring_api.router)
     return app
 
 

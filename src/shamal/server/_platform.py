@@ -20,6 +20,7 @@ from shamal.executors import detect_local_gpus
 from shamal.features import FeatureStoreService
 from shamal.jobs import JobService
 from shamal.lineage import LineageService
+from shamal.monitoring import MonitorService, MonitorServices, ReferenceService
 from shamal.pipelines import (
     PipelineService,
     PipelineTriggers,
@@ -80,6 +81,8 @@ class Platform:
     events: EventService
     event_outlets: EventOutlets
     pipeline_triggers: PipelineTriggers
+    references: ReferenceService
+    monitors: MonitorService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -103,6 +106,8 @@ class Platform:
         loop.periodic.append((1.0, self.pipeline_triggers.consume_events))
         loop.periodic.append((5.0, self.pipeline_triggers.fire_schedules))
         loop.periodic.append((2.0, self.event_outlets.run_once))
+        # Due monitors run under a lease each: cheap when none is due.
+        loop.periodic.append((5.0, self.monitors.run_due))
         return loop
 
 
@@ -179,6 +184,21 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         resolve_dataset=_dataset_resolver(datasets),
         check_trigger=check_trigger,
     )
+    references = ReferenceService(
+        db, audit, registry, datasets, settings.resolved_upload_spool_dir / "monitoring"
+    )
+    monitors = MonitorService(
+        MonitorServices(
+            db=db,
+            audit=audit,
+            security=security,
+            deployments=deployments,
+            registry=registry,
+            references=references,
+            pipelines=pipelines,
+            events=events,
+        )
+    )
     return Platform(
         settings=settings,
         db=db,
@@ -212,6 +232,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         events=events,
         event_outlets=EventOutlets(events, settings.events),
         pipeline_triggers=PipelineTriggers(db, security, pipelines, events, utc_now),
+        references=references,
+        monitors=monitors,
         admin_secret=admin_secret,
     )
 

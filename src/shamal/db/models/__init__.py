@@ -40,6 +40,12 @@ from shamal.db.models.jobs import (
     SchedulerRow,
     SnapshotOwnerRow,
 )
+from shamal.db.models.monitoring import (
+    MonitorPointRow,
+    MonitorReferenceRow,
+    MonitorResultRow,
+    MonitorRow,
+)
 from shamal.db.models.pipelines import (
     PipelineCacheRow,
     PipelineRow,
@@ -114,6 +120,10 @@ __all__ = [
     "LoggedModelTagRow",
     "MetricRow",
     "ModelAliasRow",
+    "MonitorPointRow",
+    "MonitorReferenceRow",
+    "MonitorResultRow",
+    "MonitorRow",
     "ModelVersionRow",
     "ModelVersionTagRow",
     "ParamRow",
