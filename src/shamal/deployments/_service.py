@@ -681,6 +681,25 @@ class DeploymentService:
                 raise NotFound(f"Deployment {name!r} not found.")
             return _store.samples_after(s, found[0].id, after, limit)
 
+    def labelled_after(
+        self, name: str, after: int, *, limit: int = 1000
+    ) -> list[tuple[int, Sample]]:
+        """The platform's own read (a monitor's): samples whose label came after the label of
+        id ``after``, in the order labels came, each with its label's id. A label whose
+        sample is not kept is not among them.
+
+        Raises:
+            NotFound: no deployment of that name.
+        """
+        _rules.check_deployment_name(name)
+        if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
+            raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find(s, name)
+            if found is None:
+                raise NotFound(f"Deployment {name!r} not found.")
+            return _store.labelled_after(s, found[0].id, after, limit)
+
     def samples(
         self, principal: Principal, name: str, *, limit: int = 100, before: int | None = None
     ) -> list[Sample]:

@@ -420,6 +420,28 @@ def samples_after(s: Session, deployment_id: str, after: int, limit: int) -> lis
     return [_sample(r, label) for r, label in s.execute(query)]
 
 
+def labelled_after(
+    s: Session, deployment_id: str, after: int, limit: int
+) -> list[tuple[int, Sample]]:
+    """The samples whose label was posted (or posted again) after the label of id ``after``,
+    in the order the labels came, each with its label's id (a later post of a label gets a
+    new id, so a corrected label is read again)."""
+    query = (
+        select(DeploymentSampleRow, DeploymentLabelRow)
+        .join(
+            DeploymentLabelRow,
+            and_(
+                DeploymentLabelRow.deployment_id == DeploymentSampleRow.deployment_id,
+                DeploymentLabelRow.request_id == DeploymentSampleRow.request_id,
+            ),
+        )
+        .where(DeploymentSampleRow.deployment_id == deployment_id, DeploymentLabelRow.id > after)
+        .order_by(DeploymentLabelRow.id)
+        .limit(limit)
+    )
+    return [(label.id, _sample(r, label)) for r, label in s.execute(query)]
+
+
 def add_labels(
     s: Session, deployment_id: str, at: datetime, labels: Sequence[Label], keep: int
 ) -> tuple[str, ...]:

@@ -22,7 +22,15 @@ import numpy as np
 
 from shamal.monitoring._entities import ColumnRole
 
-__all__ = ["SampleColumns", "Sampled", "coerce", "signature_names", "split_samples"]
+__all__ = [
+    "LabelledPairs",
+    "SampleColumns",
+    "Sampled",
+    "coerce",
+    "labelled_pairs",
+    "signature_names",
+    "split_samples",
+]
 
 #: Columns taken from one request at most (the excerpts carry at most 32 tensors).
 MAX_COLUMNS_PER_TENSOR: Final = 512
@@ -171,3 +179,54 @@ def coerce(values: Sequence[Any], kind: str) -> tuple[np.ndarray, int]:
             texts.append(None)
             changed += 1
     return np.array(texts, dtype=object), changed
+
+
+@dataclass(slots=True)
+class LabelledPairs:
+    """True outcomes and the model's answers, row by row, from labelled samples."""
+
+    truth: list[Any] = field(default_factory=list)
+    predicted: list[Any] = field(default_factory=list)
+    output: str | None = None
+    samples: int = 0
+    skipped: int = 0
+
+
+def labelled_pairs(labelled: Iterable[tuple[Sampled, Any]]) -> LabelledPairs:
+    """(label, prediction) per row of each labelled sample. The prediction is the sample's
+    first output tensor of one value per row (a classifier's label, a regressor's value);
+    a label is one value for a one-row request or a list with one value per row (the rows
+    the excerpt holds take the first ones). A sample that pairs no row (no such output, a
+    single label for several rows, fewer labels than rows) is skipped, and counted."""
+    out = LabelledPairs()
+    for sample, label in labelled:
+        out.samples += 1
+        answers = _one_per_row(sample.outputs, out.output)
+        if answers is None:
+            out.skipped += 1
+            continue
+        name, values = answers
+        labels = label if isinstance(label, list) else [label]
+        if (
+            not values
+            or len(labels) < len(values)
+            or (not isinstance(label, list) and len(values) != 1)
+        ):
+            out.skipped += 1
+            continue
+        out.output = name
+        out.truth.extend(labels[: len(values)])
+        out.predicted.extend(values)
+    return out
+
+
+def _one_per_row(outputs: Mapping[str, Any], wanted: str | None) -> tuple[str, list[Any]] | None:
+    """The first output tensor (or ``wanted``, once one was chosen) holding one value per row,
+    as (name, the values of its whole rows)."""
+    for name, excerpt in outputs.items():
+        if wanted is not None and name != wanted:
+            continue
+        found = _tensor_rows(excerpt)
+        if found is not None and found[0] == 1 and found[1] > 0:
+            return name, list(found[2][: found[1]])
+    return None

@@ -171,6 +171,7 @@ class Monitor:
     created_at: datetime
     updated_at: datetime
     retrain_params: Mapping[str, Any] = field(default_factory=dict)
+    label_cursor: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -12,20 +12,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 from shamal.errors import InvalidParameter
-from shamal.monitoring._columns import SampleColumns, coerce
+from shamal.monitoring._columns import LabelledPairs, SampleColumns, coerce
 from shamal.monitoring._entities import ColumnRole, Monitor, ReferenceProfile, SeriesPoint
 from shamal.monitoring.core import (
     Band,
     ColumnSketch,
     DriftReport,
     SketchBuilder,
+    Task,
     chunk_statistic,
     compare,
+    performance,
     quality,
 )
 
-__all__ = ["Evaluation", "evaluate", "monitored_columns"]
+__all__ = ["Evaluation", "evaluate", "monitored_columns", "score"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +179,74 @@ def evaluate(
         share=report.share,
         drifted_columns=tuple(d.column for d in report.columns if d.drifted),
     )
+
+
+def _task(pairs: LabelledPairs) -> Task:
+    """Regression when labels and answers are all numbers and some is not a whole number;
+    classification otherwise (classes as ints, booleans or text)."""
+    values = pairs.truth + pairs.predicted
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) < len(values) - values.count(None):
+        return "classification"
+    whole = all(float(v).is_integer() for v in numbers if math.isfinite(v))
+    return "classification" if whole else "regression"
+
+
+def score(
+    pairs: LabelledPairs, *, at: datetime, result_id: str
+) -> tuple[dict[str, Any], list[SeriesPoint]]:
+    """The model's performance on the labels that came since the last run (the core's
+    metrics), as the report's ``performance`` part and a point per metric (column
+    ``performance:<metric>``). Labels and answers of different kinds (text labels for a
+    model answering numbers) are compared as text."""
+    body: dict[str, Any] = {
+        "samples": pairs.samples,
+        "skipped": pairs.skipped,
+        "output": pairs.output,
+    }
+    if not pairs.truth:
+        return {**body, "rows": 0, "metrics": {}}, []
+    task = _task(pairs)
+    truth, predicted = _comparable(task, pairs)
+    try:
+        found = performance(task, _array(truth), _array(predicted))
+    except InvalidParameter as exc:
+        return {**body, "task": task, "rows": 0, "metrics": {}, "error": exc.message}, []
+    # JSON holds no NaN (R2 of one row): an undefined metric is stored as null.
+    metrics = {
+        k: (float(v) if math.isfinite(v) else None)
+        for k, v in found.items()
+        if k not in ("rows", "skipped")
+    }
+    points = [
+        SeriesPoint(
+            column=f"performance:{metric}",
+            at=at,
+            result_id=result_id,
+            test="performance",
+            statistic=value,
+            p_value=None,
+            threshold=0.0,  # a metric has no threshold of its own (yet): never flagged
+            drifted=False,
+        )
+        for metric, value in sorted(metrics.items())
+    ]
+    rows = int(found["rows"])
+    return {**body, "task": task, "rows": rows, "metrics": metrics}, points
+
+
+def _comparable(task: Task, pairs: LabelledPairs) -> tuple[list[Any], list[Any]]:
+    """Labels and answers as the metrics compare them: classes of different kinds (text
+    labels for a model answering numbers) as text."""
+    truth, predicted = pairs.truth, pairs.predicted
+    texts = [isinstance(v, str) for v in truth + predicted if v is not None]
+    if task == "classification" and any(texts) and not all(texts):
+        truth = [None if v is None else str(v) for v in truth]
+        predicted = [None if v is None else str(v) for v in predicted]
+    return truth, predicted
+
+
+def _array(values: list[Any]) -> np.ndarray:
+    if all(v is None or isinstance(v, str) for v in values):
+        return np.array(values, dtype=object)
+    return np.array([math.nan if v is None else v for v in values])

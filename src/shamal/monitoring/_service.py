@@ -37,7 +37,7 @@ from shamal.deployments import Deployment, DeploymentService
 from shamal.errors import Conflict, InvalidParameter, NotFound, ShamalError
 from shamal.events import EventKind, EventService, NewEvent, emit
 from shamal.monitoring import _rules, _store
-from shamal.monitoring._columns import Sampled, split_samples
+from shamal.monitoring._columns import Sampled, labelled_pairs, split_samples
 from shamal.monitoring._entities import (
     DriftAction,
     Monitor,
@@ -46,7 +46,7 @@ from shamal.monitoring._entities import (
     RunOutcome,
     SeriesPoint,
 )
-from shamal.monitoring._evaluate import Evaluation, evaluate
+from shamal.monitoring._evaluate import Evaluation, evaluate, score
 from shamal.monitoring._references import ReferenceService
 from shamal.pipelines import PipelineService
 from shamal.registry import RegistryService
@@ -442,6 +442,19 @@ class MonitorService:
                 return
             after = page[-1].id
 
+    def _labelled(self, monitor: Monitor) -> tuple[list[tuple[Sampled, Any]], int | None]:
+        """Samples whose labels came since the last run (one page, oldest label first; shadow
+        answers left out), and the label cursor after them (None: no new label)."""
+        page = self._deployments.labelled_after(
+            monitor.deployment, monitor.label_cursor, limit=_PAGE
+        )
+        found = [
+            (Sampled(sample.id, sample.inputs, sample.outputs), sample.label)
+            for _, sample in page
+            if not sample.shadow
+        ]
+        return found, (page[-1][0] if page else None)
+
     def _evaluate_and_store(
         self, monitor_id: str, monitor: Monitor, ctx: AuditContext | None
     ) -> RunOutcome:
@@ -455,19 +468,33 @@ class MonitorService:
         gathered = split_samples(
             self._samples(principal, monitor), version.signature, max_rows=monitor.window
         )
+        labelled, label_cursor = self._labelled(monitor)
         now = self._clock()
         due = _rules.next_due(monitor.next_run_at, monitor.schedule_s, now)
-        if gathered.samples == 0:
-            self._finish(monitor_id, monitor, ctx, None, None, now, due)
+        if gathered.samples == 0 and not labelled:
+            self._finish(monitor_id, monitor, ctx, None, None, now, due, label_cursor)
             return RunOutcome(monitor.name, None, "no new samples")
         result_id = uuid.uuid4().hex
-        found = evaluate(monitor, reference, gathered, at=now, result_id=result_id)
+        if gathered.samples:
+            found = evaluate(monitor, reference, gathered, at=now, result_id=result_id)
+        else:  # labels only: the model's performance on them, no traffic to compare
+            empty = {
+                "columns": [],
+                "share": 0.0,
+                "drifted": False,
+                "correction": monitor.correction,
+            }
+            found = Evaluation(empty, (), drifted=False, share=0.0, drifted_columns=())
+        if labelled:
+            scored, points = score(labelled_pairs(labelled), at=now, result_id=result_id)
+            found.report["performance"] = scored
+            found = replace(found, points=found.points + tuple(points))
         result = MonitorResult(
             id=result_id,
             monitor=monitor.name,
             at=now,
-            first_sample=gathered.first_id,
-            last_sample=gathered.last_id,
+            first_sample=gathered.first_id if gathered.samples else monitor.cursor,
+            last_sample=gathered.last_id if gathered.samples else monitor.cursor,
             samples=gathered.samples,
             rows=gathered.rows,
             drifted=found.drifted,
@@ -475,7 +502,7 @@ class MonitorService:
             report=found.report,
             actions=(),
         )
-        self._finish(monitor_id, monitor, ctx, result, found, now, due)
+        self._finish(monitor_id, monitor, ctx, result, found, now, due, label_cursor)
         if found.drifted:
             actions = self._apply_policy(monitor, result)
             if actions:
@@ -492,13 +519,21 @@ class MonitorService:
         found: Evaluation | None,
         now: datetime,
         due: datetime,
+        label_cursor: int | None = None,
     ) -> None:
-        """Store the result, move the cursor and release the lease, in one transaction."""
+        """Store the result, move the cursors and release the lease, in one transaction."""
         cursor = monitor.cursor if result is None else result.last_sample
 
         def work(s: Session) -> None:
             if not _store.finish(
-                s, monitor_id, self._owner, cursor=cursor, next_run_at=due, now=now, error=None
+                s,
+                monitor_id,
+                self._owner,
+                cursor=cursor,
+                next_run_at=due,
+                now=now,
+                error=None,
+                label_cursor=label_cursor,
             ):
                 raise Conflict(f"monitor {monitor.name!r} was taken over; this run stored nothing")
             if result is not None and found is not None:

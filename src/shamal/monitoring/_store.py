@@ -145,6 +145,7 @@ def _monitor(row: MonitorRow) -> Monitor:
         schedule_s=row.schedule_s,
         paused=row.paused,
         cursor=row.cursor,
+        label_cursor=row.label_cursor,
         next_run_at=row.next_run_at,
         last_run_at=row.last_run_at,
         last_error=row.last_error,
@@ -173,6 +174,7 @@ def insert_monitor(
             schedule_s=m.schedule_s,
             paused=m.paused,
             cursor=m.cursor,
+            label_cursor=m.label_cursor,
             next_run_at=m.next_run_at,
             last_run_at=None,
             last_error=None,
@@ -274,20 +276,24 @@ def finish(
     next_run_at: datetime,
     now: datetime,
     error: str | None,
+    label_cursor: int | None = None,
 ) -> bool:
-    """Release ``owner``'s lease, moving the cursor, the next run and the last error;
+    """Release ``owner``'s lease, moving the cursors, the next run and the last error;
     False (nothing changed) when the lease is no longer ``owner``'s."""
+    values: dict[str, Any] = {
+        "lease_owner": None,
+        "lease_until": None,
+        "cursor": cursor,
+        "next_run_at": next_run_at,
+        "last_run_at": now,
+        "last_error": None if error is None else error[:2000],
+    }
+    if label_cursor is not None:
+        values["label_cursor"] = label_cursor
     done = s.execute(
         update(MonitorRow)
         .where(MonitorRow.id == monitor_id, MonitorRow.lease_owner == owner)
-        .values(
-            lease_owner=None,
-            lease_until=None,
-            cursor=cursor,
-            next_run_at=next_run_at,
-            last_run_at=now,
-            last_error=None if error is None else error[:2000],
-        )
+        .values(**values)
     )
     return bool(getattr(done, "rowcount", 0))
 

@@ -67,6 +67,8 @@ class MonitorRow(Base):
     schedule_s: Mapped[int] = mapped_column(Integer)
     paused: Mapped[bool] = mapped_column(Boolean)
     cursor: Mapped[int] = mapped_column(BigInteger)
+    #: The newest label (by its id) a run has scored: labels arrive after their samples.
+    label_cursor: Mapped[int] = mapped_column(BigInteger, server_default="0")
     next_run_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -46,6 +46,7 @@ def upgrade() -> None:
         sa.Column("schedule_s", sa.Integer(), nullable=False),
         sa.Column("paused", sa.Boolean(), nullable=False),
         sa.Column("cursor", sa.BigInteger(), nullable=False),
+        sa.Column("label_cursor", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("next_run_at", shamal.db.models._base.UTCDateTime(), nullable=False),
         sa.Column("lease_owner", sa.String(length=64), nullable=True),
         sa.Column("lease_until", shamal.db.models._base.UTCDateTime(), nullable=True),
