@@ -90,6 +90,21 @@ def test_each_column_shows_its_latest_verdict_and_a_sparkline_of_its_past() -> N
     assert len(amount["recent"]) == 4
 
 
+def test_a_performance_series_shows_its_score_without_a_verdict() -> None:
+    accuracy = {
+        "column": "performance:accuracy",
+        "at": "2030-01-01T00:00:00+00:00",
+        "result_id": "1",
+        "test": "performance",
+        "statistic": 0.75,
+        "p_value": None,
+        "threshold": 0.0,
+        "drifted": False,
+    }
+    (row,) = column_rows([accuracy])
+    assert (row["statistic"], row["threshold"], row["verdict"]) == ("0.75", "-", "-")
+
+
 def test_the_series_is_drawn_to_a_png(tmp_path: Path) -> None:
     points = _points()
     points[0]["statistic"] = None  # a test that could not be computed: a gap

@@ -198,14 +198,15 @@ def column_rows(points: Sequence[dict[str, Any]], width: int = 24) -> list[dict[
     rows = []
     for column, series in sorted(by_column.items()):
         last = series[-1]
+        metric = last["test"] == "performance"  # a score on labels: no threshold, no verdict
         rows.append(
             {
                 "column": column,
                 "test": last["test"],
                 "statistic": "-" if last["statistic"] is None else f"{last['statistic']:.4g}",
                 "p_value": "-" if last["p_value"] is None else f"{last['p_value']:.3g}",
-                "threshold": f"{last['threshold']:.3g}",
-                "verdict": "DRIFT" if last["drifted"] else "ok",
+                "threshold": "-" if metric else f"{last['threshold']:.3g}",
+                "verdict": "-" if metric else ("DRIFT" if last["drifted"] else "ok"),
                 "recent": sparkline([p["statistic"] for p in series], width),
             }
         )
@@ -297,6 +298,15 @@ def _print_latest(result: dict[str, Any] | None) -> None:
         console.print(
             f"[yellow]quality:[/] {escape(str(issue.get('column')))}: "
             f"{escape(str(issue.get('kind')))} ({escape(str(issue.get('detail', '')))})"
+        )
+    scored = result["report"].get("performance")
+    if scored and scored.get("rows"):
+        figures = ", ".join(
+            f"{k} {v:.4g}" for k, v in sorted(scored["metrics"].items()) if v is not None
+        )
+        console.print(
+            f"performance on {scored['rows']} labelled rows ({escape(str(scored.get('task')))}): "
+            f"{escape(figures)}"
         )
     for action in result.get("actions", []):
         console.print(f"action: {escape(json.dumps(action))}")
