@@ -12,13 +12,30 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from shamal.errors import InvalidParameter
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["PLOT_FORMATS", "plot_path", "pyplot", "save_figure"]
+__all__ = ["PLOT_FORMATS", "checked_plot_path", "plot_path", "pyplot", "save_figure"]
 
 PLOT_FORMATS = (".png", ".svg", ".pdf")
 """The file extensions a plot may be written as."""
+
+
+def checked_plot_path(path: str | Path | None, option: str = "--plot") -> Path | None:
+    """:func:`plot_path` for a CLI option that may be left out (None), its errors as the
+    CLI's: checked before the work, so a long command never ends on "cannot write".
+
+    Raises:
+        InvalidParameter: what :func:`plot_path` refuses, with its message.
+    """
+    if path is None:
+        return None
+    try:
+        return plot_path(path, option)
+    except ValueError as exc:
+        raise InvalidParameter(str(exc)) from None
 
 
 def plot_path(path: str | Path, option: str = "--plot") -> Path:

@@ -257,14 +257,9 @@ def show(
     as_json: bool = JsonOption,
 ) -> None:
     """A monitor, each column's latest verdict and a sparkline of its recent statistic."""
-    from shamal.cli._plotfile import plot_path
+    from shamal.cli._plotfile import checked_plot_path
 
-    target = None
-    if plot is not None:
-        try:
-            target = plot_path(plot)
-        except ValueError as exc:
-            raise InvalidParameter(str(exc)) from None
+    target = checked_plot_path(plot)
     api = client()
     found = api.monitor(name)
     points = api.monitor_series(name, limit=last)

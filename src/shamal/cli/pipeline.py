@@ -237,14 +237,9 @@ def show(
     as_json: bool = JsonOption,
 ) -> None:
     """A run's DAG with each step's state, why each step's cache missed, and its outputs."""
-    from shamal.cli._plotfile import plot_path
+    from shamal.cli._plotfile import checked_plot_path
 
-    target = None
-    if plot is not None:
-        try:
-            target = plot_path(plot)
-        except ValueError as exc:
-            raise InvalidParameter(str(exc)) from None
+    target = checked_plot_path(plot)
     api = client()
     found = api.pipeline_run(run_id)
     if as_json:
