@@ -5,7 +5,7 @@ failures recorded without stopping the loop."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import func, select
@@ -15,7 +15,9 @@ from shamal.deployments._entities import DeploymentSpec, WeightedUri
 from shamal.deployments._service import DeploymentService
 from shamal.errors import Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.events import EventKind
+from shamal.events import _store as events_store
 from shamal.monitoring import MonitorService, MonitorSpec, parse_on_drift
+from shamal.monitoring._service import POLICY_CONSUMER
 from shamal.monitoring._store import claim, find
 from shamal.pipelines import PipelineSpec
 from shamal.server import Platform
@@ -302,6 +304,43 @@ def test_drift_starts_the_retraining_pipeline_once(
     assert len(platform.pipelines.list_runs(people.principals["mo"], pipeline="retrain-fraud")) == 1
     stored = monitors.results(people.principals["mo"], made.name)[0]
     assert stored.actions == result.actions
+
+
+@pytest.mark.usefixtures("reference")
+def test_a_policy_a_dying_server_left_undone_is_carried_out_once_by_the_next_call(
+    monitors: MonitorService,
+    other_server: MonitorService,
+    deployments: DeploymentService,
+    people: People,
+    platform: Platform,
+) -> None:
+    spec = {"name": "retrain-fraud", "team": "red", "steps": [{"name": "a", "command": ["true"]}]}
+    platform.pipelines.register(people.ctx("mo"), PipelineSpec.from_json(spec))
+    made = monitors.create(
+        people.ctx("mo"),
+        MonitorSpec(DEPLOYMENT, HOUR, on_drift=parse_on_drift("retrain:retrain-fraud")),
+    )
+    # A server holds the policy consumer's lease and dies before acting.
+    now = datetime.now(UTC)
+    with platform.db.unit_of_work() as s:
+        events_store.ensure_consumer(s, POLICY_CONSUMER, now)
+        held = events_store.claim_consumer(s, POLICY_CONSUMER, "dead", now, now + timedelta(days=1))
+        assert held is not None
+    send(deployments, people, samples=20, amount_shift=50.0)
+    result = monitors.run_now(people.ctx("mo"), made.name).result
+    assert result is not None
+    assert result.drifted
+    assert result.actions == ()  # the drift is recorded; its policy waits for the stream
+    assert platform.pipelines.list_runs(people.principals["mo"], pipeline="retrain-fraud") == []
+    # Its lease runs out: the next call (either server's loop) carries the policy out, once.
+    with platform.db.unit_of_work() as s:
+        assert events_store.release_consumer(s, POLICY_CONSUMER, "dead", now, None)
+    assert other_server.apply_policies() == 1
+    assert monitors.apply_policies() == 0
+    runs = platform.pipelines.list_runs(people.principals["mo"], pipeline="retrain-fraud")
+    assert len(runs) == 1
+    (stored,) = monitors.results(people.principals["mo"], made.name)
+    assert [a["status"] for a in stored.actions] == ["started"]
 
 
 @pytest.mark.usefixtures("reference")

@@ -9,11 +9,11 @@ Another team's monitor answers 404; platform admins see and do everything.
 A run, scheduled or asked for, holds the monitor's lease while it reads and compares; its
 result, the per-column points, the moved cursor and (on drift) the ``drift_detected`` event
 commit in one transaction, under the lease (a run that lost its lease stores nothing). The
-drift policy is applied after that commit and is idempotent: a retraining run is started
-with the result's id as its trigger key, so a retry starts nothing new. A pipeline that
-must never miss a drift can instead subscribe to the event stream
-(``on: "drift_detected where monitor = 'NAME'"``), which hands every event out at least
-once. A run that fails records its error on the monitor and moves the schedule on; it never
+drift policy follows that event through the stream (the consumer ``monitors.policies``, at
+least once: a server that dies between the commit and the policy leaves the event to the
+next call, in any server's scheduler loop) and acts once in effect: a result whose actions
+are recorded is left alone, and a retraining run is started with the result's id as its
+trigger key, so a retry starts nothing new. A run that fails records its error on the monitor and moves the schedule on; it never
 stops the loop that runs the others.
 """
 
@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -35,7 +35,7 @@ from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.deployments import Deployment, DeploymentService
 from shamal.errors import Conflict, InvalidParameter, NotFound, ShamalError
-from shamal.events import EventKind, EventService, NewEvent, emit
+from shamal.events import Event, EventFilter, EventKind, EventService, NewEvent, emit
 from shamal.monitoring import _rules, _store
 from shamal.monitoring._columns import Sampled, labelled_pairs, split_samples
 from shamal.monitoring._entities import (
@@ -62,6 +62,8 @@ DEFAULT_LEASE: Final = timedelta(minutes=10)
 #: Monitors one pass of the scheduler runs at most (the rest wait for the next pass).
 DUE_PER_PASS: Final = 50
 #: Samples read per page of the deployment's log.
+#: The event consumer that carries out drift policies.
+POLICY_CONSUMER: Final = "monitors.policies"
 _PAGE: Final = 1000
 
 
@@ -504,10 +506,14 @@ class MonitorService:
         )
         self._finish(monitor_id, monitor, ctx, result, found, now, due, label_cursor)
         if found.drifted:
-            actions = self._apply_policy(monitor, result)
-            if actions:
-                self._db.run(lambda s: _store.set_actions(s, result_id, actions))
-                result = replace(result, actions=tuple(actions))
+            # The policy follows the drift event the result committed with, through the
+            # event stream (at least once: a server that dies here leaves the event to the
+            # next call, in the scheduler loop); done now, the answer shows what it did.
+            self.apply_policies()
+            with self._db.unit_of_work(write=False) as s:
+                stored = _store.result(s, monitor_id, monitor.name, result_id)
+            if stored is not None:
+                result = stored
         return RunOutcome(monitor.name, result, "drift" if found.drifted else "no drift")
 
     def _finish(
@@ -547,6 +553,35 @@ class MonitorService:
         self._db.run(work)
 
     # ------------------------------------------------------------------ policy
+    def apply_policies(self) -> int:
+        """Carry out the drift policies of ``drift_detected`` events not acted on yet; for
+        the scheduler loop (and after a run that found drift). At least once, and once in
+        effect: a result whose actions are recorded is left alone, and a retraining run is
+        started under the result's id. Returns how many events were read."""
+        return self._events.consume(
+            POLICY_CONSUMER, self._on_drift_events, filter=EventFilter.parse("drift_detected")
+        )
+
+    def _on_drift_events(self, events: Sequence[Event]) -> None:
+        for event in events:
+            try:
+                self._act_on(event)
+            except Exception:  # one event's failure never holds up the stream
+                logger.exception("drift event %d: its policy failed", event.id)
+
+    def _act_on(self, event: Event) -> None:
+        name, result_id = event.payload.get("monitor"), event.payload.get("result")
+        if not isinstance(name, str) or not isinstance(result_id, str):
+            return
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find(s, name)
+            result = None if found is None else _store.result(s, found[0].id, name, result_id)
+        if found is None or result is None or result.actions:
+            return  # the monitor is gone, or this result was acted on already
+        actions = self._apply_policy(found[1], result)
+        if actions:
+            self._db.run(lambda s: _store.set_actions(s, result_id, actions))
+
     def _apply_policy(self, monitor: Monitor, result: MonitorResult) -> list[dict[str, Any]]:
         """The drift policy, after the result is stored; each action says how it went."""
         actions: list[dict[str, Any]] = []

@@ -108,6 +108,7 @@ class Platform:
         loop.periodic.append((2.0, self.event_outlets.run_once))
         # Due monitors run under a lease each: cheap when none is due.
         loop.periodic.append((5.0, self.monitors.run_due))
+        loop.periodic.append((2.0, self.monitors.apply_policies))
         return loop
 
 
