@@ -13,8 +13,8 @@ drift policy follows that event through the stream (the consumer ``monitors.poli
 least once: a server that dies between the commit and the policy leaves the event to the
 next call, in any server's scheduler loop) and acts once in effect: a result whose actions
 are recorded is left alone, and a retraining run is started with the result's id as its
-trigger key, so a retry starts nothing new. A run that fails records its error on the monitor and moves the schedule on; it never
-stops the loop that runs the others.
+trigger key, so a retry starts nothing new. A run that fails records its error on the
+monitor and moves the schedule on; it never stops the loop that runs the others.
 """
 
 from __future__ import annotations
