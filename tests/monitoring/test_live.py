@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from shamal.cli import app
 from shamal.client import ShamalClient
+from shamal.monitoring import upload_predictions
 from shamal.monitoring.core import SketchBuilder
 from tests.live import LiveServer
 
@@ -97,12 +98,15 @@ def test_a_monitor_over_a_live_servers_sample_log(
 
 def _loop(api: ShamalClient, live: LiveServer, token: str, tmp_path: Path) -> None:
     deployed = api.deploy("fraud-api", {"primary": [{"model": "models:/fraud/1"}], "team": "red"})
-    # The training job: sketches of its features and of its predictions on them.
+    # The training job: sketches of its features (made by hand) and of its predictions on
+    # them (sketched by the client from the arrays).
     builder = SketchBuilder({"amount": "numeric", "score": "numeric"})
-    builder.update(_sketches(0.0, 5000, 1))
+    training = _sketches(0.0, 5000, 1)
+    builder.update(training)
     sketches = {name: s.to_json() for name, s in builder.result().items()}
     api.upload_sketches("fraud", 1, {"amount": sketches["amount"]}, role="feature")
-    api.upload_sketches("fraud", 1, {"score": sketches["score"]})
+    uploaded = upload_predictions("fraud", 1, {"score": training["score"]})  # SHAMAL_URL, _TOKEN
+    assert uploaded["columns"]["score"]["sketch"] == sketches["score"]
     cli = CliRunner()
     made = cli.invoke(app, ["monitor", "create", "fraud-api", "--schedule", "1h", "--json"])
     assert made.exit_code == 0, made.output

@@ -44,6 +44,7 @@ from shamal.monitoring._rules import (
     parse_on_drift,
     parse_schedule,
 )
+from shamal.monitoring._sdk import upload_predictions
 
 if TYPE_CHECKING:
     from shamal.monitoring._references import ReferenceService
@@ -56,6 +57,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = [
+    "upload_predictions",
     "CORRECTIONS",
     "MAX_WINDOW",
     "MIN_SCHEDULE_S",
