@@ -5,7 +5,7 @@ the model answers on them; an entity without features is a clear 400, never a gu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -65,10 +65,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield live
 
 
-def _core(tmp_path: Path, lookup: OnlineFeatureLookup) -> InferenceCore:
+class SamplingRouter(LatestVersionRouter):
+    """The latest version answers; every request is kept as a deployment's router keeps its
+    samples (what a monitor reads)."""
+
+    def __init__(self, versions: Mapping[str, Sequence[str]]) -> None:
+        super().__init__(versions)
+        self.samples: list[tuple[dict[str, np.ndarray], str | None]] = []
+
+    def sample(
+        self,
+        model: str,
+        version: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray],
+        request_id: str | None = None,
+    ) -> None:
+        self.samples.append((dict(inputs), request_id))
+
+
+def _core(
+    tmp_path: Path, lookup: OnlineFeatureLookup, router: SamplingRouter | None = None
+) -> InferenceCore:
     sources = [ModelSource("scale", "1", str(scale_model(tmp_path / "s.onnx", 2.0)))]
     repository = load_repository(sources, BackendOptions(threads=1), work_dir=tmp_path)
-    return InferenceCore(repository, LatestVersionRouter(repository.version_map()), features=lookup)
+    chosen = router or SamplingRouter(repository.version_map())
+    return InferenceCore(repository, chosen, features=lookup)
 
 
 def _infer(core: InferenceCore, *inputs: InferInput) -> np.ndarray:
@@ -92,11 +114,16 @@ def _keys(*ids: int) -> InferInput:
 def test_requests_with_entity_keys_are_answered_on_their_online_features(
     server: LiveServer, tmp_path: Path
 ) -> None:
+    router = SamplingRouter({"scale": ["1"]})
     with ShamalClient(server.url, server.token) as api:
         lookup = OnlineFeatureLookup(api, lambda model: "scale_inputs")
-        got = _infer(_core(tmp_path, lookup), _keys(7, 8))
+        got = _infer(_core(tmp_path, lookup, router), _keys(7, 8))
     # Sensor 7's newest row (a=2, b=4) and sensor 8's, each times 2 by the model.
     assert got.tolist() == [[4.0, 8.0], [20.0, 40.0]]
+    # The sample a monitor reads holds the online features the model was called on.
+    ((inputs, request_id),) = router.samples
+    assert request_id == "r1"
+    assert [v.tolist() for v in inputs.values()] == [[[2.0, 4.0], [10.0, 20.0]]]
 
 
 def test_features_the_caller_sends_are_used_as_they_are(server: LiveServer, tmp_path: Path) -> None:
