@@ -1,5 +1,6 @@
 """A retraining pipeline: validate the newest wine data, train, evaluate, register the model
-as a candidate, and promote it to champion only through the gate.
+as a candidate, promote it to champion only through the gate, and (with ``deployment``) put
+it on the deployment as a canary that the rollout controller promotes or rolls back.
 
     shamal pipeline run examples/retrain/pipeline.py:retrain --team quickstart --wait
 
@@ -112,8 +113,30 @@ def gate(registered: dict[str, Any]) -> dict[str, Any]:
     return {"version": registered["version"], "promoted": report["promoted"]}
 
 
+@step(cpus=1, memory_mib=512)
+def canary(registered: dict[str, Any], deployment: str, percent: int) -> dict[str, Any]:
+    """Put the new version on the deployment as its canary (none named: nothing to do). The
+    rollout controller then moves it up step by step on live traffic, or rolls it back when
+    it breaks the deployment's SLO: production decides, not a person."""
+    version = registered["version"]
+    if not deployment:
+        return {"version": version, "canary": None}
+    from shamal.client import ShamalClient
+
+    uri = f"models:/{MODEL}/{version}"
+    with ShamalClient() as api:
+        changed = api.set_canary(deployment, uri, percent)
+    return {"version": version, "canary": uri, "revision": changed["revision"]}
+
+
 @pipeline(on="dataset_version_created where dataset = 'wine'")
-def retrain(min_rows: int = 150, alpha: float = 1e-3, min_accuracy: float = 0.8) -> None:
+def retrain(
+    min_rows: int = 150,
+    alpha: float = 1e-3,
+    min_accuracy: float = 0.8,
+    deployment: str = "",
+    canary_percent: int = 10,
+) -> None:
     checked = validate(dataset("wine"), min_rows)
     trained = train(checked, alpha)
     verdict = evaluate(trained, min_accuracy)
@@ -121,3 +144,4 @@ def retrain(min_rows: int = 150, alpha: float = 1e-3, min_accuracy: float = 0.8)
         trained
     )
     gate(registered)
+    canary(registered, deployment, canary_percent)

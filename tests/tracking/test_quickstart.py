@@ -68,10 +68,15 @@ def _assert_the_pipeline_retrained(text: str) -> None:
     its steps ran as a job (the gate decides whether @champion moves)."""
     retrained = re.search(
         r"ingested data:/wine/2: it started run (\w+), succeeded \(validate succeeded, "
-        r"train succeeded, evaluate succeeded, register succeeded, gate succeeded\)",
+        r"train succeeded, evaluate succeeded, register succeeded, gate succeeded, "
+        r"canary succeeded\)",
         text,
     )
     assert retrained is not None, text
+    # The new version went on the served deployment as its canary.
+    assert re.search(r"models:/quickstart-wine/\d+ is now wine's canary at 10% of traffic", text), (
+        text
+    )
 
 
 def _assert_the_job_trained(api: ShamalClient, text: str) -> None:

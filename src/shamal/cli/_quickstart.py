@@ -267,15 +267,17 @@ RETRAIN = Path(__file__).resolve().parents[3] / "examples" / "retrain" / "pipeli
 
 
 def retrain_on_new_data(client: ShamalClient, folder: Path) -> list[str]:
-    """Register the retraining pipeline (validate -> train -> evaluate -> register -> gate),
-    triggered by every new version of the wine data, then ingest one and follow the run it
-    starts."""
+    """Register the retraining pipeline (validate -> train -> evaluate -> register -> gate ->
+    canary), triggered by every new version of the wine data, then ingest one and follow the
+    run it starts."""
     if not RETRAIN.is_file():
         return ["the retraining pipeline example is part of a source checkout: skipped here"]
     from shamal.pipelines import load_pipeline
 
     spec, root = load_pipeline(f"{RETRAIN}:retrain")
     body = spec.to_json() | {"team": QUICKSTART_TEAM}
+    # Each new version goes on the served deployment as its canary.
+    body["params"] = {**body["params"], "deployment": SERVED_AS}
     registered = client.register_pipeline(body, client.upload_snapshot(root, QUICKSTART_TEAM))
     before = {r["id"] for r in client.pipeline_runs("retrain", limit=1000)}
     found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
@@ -288,6 +290,23 @@ def retrain_on_new_data(client: ShamalClient, folder: Path) -> list[str]:
         "new version of wine)",
         f"ingested {found['uri']}: it started run [bold]{run['id'][:12]}[/], "
         f"{run['state']} ({states}); see it: shamal pipeline show {run['id']}",
+        *_canary_line(client, run),
+    ]
+
+
+def _canary_line(client: ShamalClient, run: dict[str, Any]) -> list[str]:
+    """Where the run's canary step put the new version (nothing when it did not run)."""
+    step = next((s for s in run["steps"] if s["key"] == "canary"), None)
+    output = (step or {}).get("output") or {}
+    if not output.get("canary"):
+        return []
+    routes = client.get_deployment(SERVED_AS)["routes"]
+    share = next((r["share"] for r in routes if r["role"] == "canary"), None)
+    at = "" if share is None else f" at {share:.0%} of traffic"
+    return [
+        f"{output['canary']} is now [bold]{SERVED_AS}[/]'s canary{at}: the rollout controller "
+        "moves it up as requests keep its SLO, or rolls it back (shamal deployments show "
+        f"{SERVED_AS})"
     ]
 
 
