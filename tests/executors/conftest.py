@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import textwrap
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -121,7 +122,16 @@ def ray_cluster() -> Iterator[None]:
     # Servers of other test files start Ray heads at the same time; the token they share is
     # made once, before any of them (as the Ray executor does before it starts a head).
     ensure_ray_token()
-    ray.init(**options)
+    # And this head keeps its session in a folder of its own: heads started together in the
+    # shared /tmp/ray raced over its session links and log rotation (a GCS that never wrote
+    # its port file, nor any log). The path stays short: Ray's sockets live under it.
+    options["_temp_dir"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # nosec B108
+    try:
+        ray.init(**options)
+    except RuntimeError:  # a GCS that never came up: one more head, in a fresh folder
+        ray.shutdown()
+        options["_temp_dir"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # nosec B108
+        ray.init(**options)
     yield
     ray.shutdown()
 
