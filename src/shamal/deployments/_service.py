@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -59,6 +59,7 @@ from shamal.security import (
 )
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 MAX_LIST = 1000
 MAX_EVENTS = 1000
@@ -664,6 +665,20 @@ class DeploymentService:
 
         return self._db.run(work)
 
+    def _platform_read(
+        self, read: Callable[[Session, str, int, int], _T], name: str, after: int, limit: int
+    ) -> _T:
+        """``read`` of the deployment named ``name`` past ``after``, without a caller's
+        access check (the platform's own readers, whose access was checked before)."""
+        _rules.check_deployment_name(name)
+        if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
+            raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find(s, name)
+            if found is None:
+                raise NotFound(f"Deployment {name!r} not found.")
+            return read(s, found[0].id, after, limit)
+
     def samples_after(self, name: str, after: int, *, limit: int = 1000) -> list[Sample]:
         """The platform's own read (a monitor's, whose access was checked when it was made):
         the oldest ``limit`` samples newer than the sample of id ``after``, oldest first, each
@@ -672,14 +687,7 @@ class DeploymentService:
         Raises:
             NotFound: no deployment of that name.
         """
-        _rules.check_deployment_name(name)
-        if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
-            raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
-        with self._db.unit_of_work(write=False) as s:
-            found = _store.find(s, name)
-            if found is None:
-                raise NotFound(f"Deployment {name!r} not found.")
-            return _store.samples_after(s, found[0].id, after, limit)
+        return self._platform_read(_store.samples_after, name, after, limit)
 
     def labelled_after(
         self, name: str, after: int, *, limit: int = 1000
@@ -691,14 +699,7 @@ class DeploymentService:
         Raises:
             NotFound: no deployment of that name.
         """
-        _rules.check_deployment_name(name)
-        if not 1 <= limit <= DEFAULT_KEEP_SAMPLES:
-            raise InvalidParameter(f"limit must be between 1 and {DEFAULT_KEEP_SAMPLES}")
-        with self._db.unit_of_work(write=False) as s:
-            found = _store.find(s, name)
-            if found is None:
-                raise NotFound(f"Deployment {name!r} not found.")
-            return _store.labelled_after(s, found[0].id, after, limit)
+        return self._platform_read(_store.labelled_after, name, after, limit)
 
     def samples(
         self, principal: Principal, name: str, *, limit: int = 100, before: int | None = None
