@@ -173,6 +173,7 @@ def send(
     amount_shift: float = 0.0,
     seed: int = 5,
     amounts: Sequence[object] | None = None,
+    version: str = "1",
 ) -> int:
     """Record ``samples`` sampled requests of ``per_sample`` rows each (the training
     distribution; with ``amount_shift``, ``amount`` moves by it and the model's scores rise
@@ -191,7 +192,7 @@ def send(
         batch.append(
             SampledRequest(
                 revision=revision,
-                version="1",
+                version=version,
                 shadow=False,
                 inputs={
                     "amount": excerpt(amount),

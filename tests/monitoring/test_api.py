@@ -27,7 +27,7 @@ def test_a_monitor_is_made_run_and_read_over_http_and_audited(
 ) -> None:
     made = api.post(BASE, json=_body(name="watch", window=500), headers=people.headers("mo"))
     assert made.status_code == 200, made.text
-    assert made.json()["reference"] == {"model": MODEL, "version": 1}
+    assert made.json()["reference"] == {"model": MODEL, "version": 1, "follows_primary": True}
     send(deployments, people, samples=5)
     ran = api.post(f"{BASE}/watch/run", headers=people.headers("mo"))
     assert ran.status_code == 200, ran.text

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from shamal.cli import app
 from shamal.cli._curves import BLOCKS
-from shamal.cli.monitor import column_rows, monitor_body, plot_series
+from shamal.cli.monitor import column_rows, describe_action, monitor_body, plot_series
 from tests.cli_checks import one_clean_error
 
 
@@ -111,3 +111,12 @@ def test_the_series_is_drawn_to_a_png(tmp_path: Path) -> None:
     assert column_rows(points[:1])[0]["statistic"] == "-"
     written = plot_series(points, tmp_path / "drift.png", "monitor m")
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_policy_actions_are_told_in_words() -> None:
+    started = {"action": "retrain", "pipeline": "retrain", "run": "ab12", "status": "started"}
+    assert describe_action(started) == "retrain retrain: started run ab12"
+    held = {"action": "retrain", "pipeline": "p", "status": "held", "reason": "a canary"}
+    assert describe_action(held) == "retrain p: held (a canary)"
+    failed = {"action": "rollback", "status": "failed", "error": "no canary"}
+    assert describe_action(failed) == "rollback: failed (no canary)"

@@ -101,10 +101,11 @@ def monitor_body(
 def _print_monitor(m: dict[str, Any]) -> None:
     state = "[yellow]paused[/]" if m["paused"] else "[green]active[/]"
     ref = m["reference"]
+    follows = " (follows the primary)" if ref.get("follows_primary") else ""
     console.print(
         f"[bold]{escape(m['name'])}[/] on deployment {escape(m['deployment'])} "
         f"(team {escape(m['team'] or '-')}) {state}: every {m['schedule_s']} s, reference "
-        f"{escape(ref['model'])}/{ref['version']}, on drift {escape(m['on_drift'])}, "
+        f"{escape(ref['model'])}/{ref['version']}{follows}, on drift {escape(m['on_drift'])}, "
         f"correction {m['correction']}, drift share {m['drift_share']:g}, window {m['window']}"
     )
     console.print(f"next run {m['next_run_at']}; last run {m['last_run_at'] or '-'}")
@@ -304,7 +305,19 @@ def _print_latest(result: dict[str, Any] | None) -> None:
             f"{escape(figures)}"
         )
     for action in result.get("actions", []):
-        console.print(f"action: {escape(json.dumps(action))}")
+        console.print(f"action: {escape(describe_action(action))}")
+
+
+def describe_action(action: dict[str, Any]) -> str:
+    """One drift policy action in words: ``retrain retrain-wine: started run 3f2a...``."""
+    what = str(action.get("action", "?"))
+    if action.get("pipeline"):
+        what += f" {action['pipeline']}"
+    status = str(action.get("status", ""))
+    if action.get("run"):
+        status += f" run {action['run']}"
+    why = action.get("reason") or action.get("error")
+    return f"{what}: {status}" + (f" ({why})" if why else "")
 
 
 @app.command("run")

@@ -172,13 +172,21 @@ class Monitor:
     updated_at: datetime
     retrain_params: Mapping[str, Any] = field(default_factory=dict)
     label_cursor: int = 0
+    #: The reference follows the deployment's primary (none was named at creation): a new
+    #: primary with a reference profile becomes the reference, and only the samples the
+    #: primary answered are judged.
+    follows: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "deployment": self.deployment,
             "team": self.team or None,
-            "reference": {"model": self.reference_model, "version": self.reference_version},
+            "reference": {
+                "model": self.reference_model,
+                "version": self.reference_version,
+                "follows_primary": self.follows,
+            },
             "columns": list(self.columns),
             "tests": dict(self.tests),
             "threshold": self.threshold,

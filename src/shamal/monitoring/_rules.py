@@ -205,7 +205,11 @@ def next_due(due: datetime, schedule_s: int, now: datetime) -> datetime:
 def spec_json(spec: MonitorSpec, reference: tuple[str, int]) -> dict[str, Any]:
     """What the monitor row keeps of a checked spec."""
     return {
-        "reference": {"model": reference[0], "version": reference[1]},
+        "reference": {
+            "model": reference[0],
+            "version": reference[1],
+            "follows": spec.reference is None,
+        },
         "columns": list(spec.columns),
         "tests": dict(spec.tests),
         "threshold": spec.threshold,

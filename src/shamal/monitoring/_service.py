@@ -213,6 +213,7 @@ class MonitorService:
             window=spec.window,
             on_drift=spec.on_drift,
             retrain_params=dict(spec.retrain_params),
+            follows=spec.reference is None,
             schedule_s=spec.schedule_s,
             paused=False,
             cursor=0,
@@ -430,30 +431,77 @@ class MonitorService:
         the team makes the run fail, recorded, rather than read what they no longer may)."""
         return self._security.principal_of(monitor.created_by)
 
-    def _samples(self, principal: Principal, monitor: Monitor) -> Iterator[Sampled]:
+    def _follow(
+        self, monitor_id: str, monitor: Monitor, principal: Principal
+    ) -> tuple[Monitor, str | None]:
+        """The monitor with its reference, and the version whose samples it judges (None:
+        every answering version). A monitor that follows the deployment's primary judges
+        the primary's samples; once the primary changes (a canary promoted, a redeploy) and
+        the new one has a reference profile, that profile becomes the reference, audited
+        with the monitor as actor. Until one is built, the primary's samples are judged
+        against the reference before. The monitor's creator must still read the deployment."""
+        deployment = self._deployments.get(principal, monitor.deployment)
+        primaries = deployment.split.primaries
+        if not monitor.follows or not primaries:
+            return monitor, None
+        model, version = primaries[0].model_name, primaries[0].version
+        if (model, version) == (monitor.reference_model, monitor.reference_version):
+            return monitor, primaries[0].version_key
+        try:
+            self._references.get(principal, model, version)
+        except NotFound:
+            logger.warning(
+                "monitor %r: %s/%d has no reference profile; judged against %s/%d",
+                monitor.name,
+                model,
+                version,
+                monitor.reference_model,
+                monitor.reference_version,
+            )
+            return monitor, primaries[0].version_key
+        now = self._clock()
+        ctx = AuditContext(
+            action="monitor.reference", actor=f"monitor:{monitor.name}", principal=principal
+        )
+
+        def work(s: Session) -> None:
+            if not _store.set_reference(s, monitor_id, self._owner, model, version, now):
+                raise Conflict(f"monitor {monitor.name!r} was taken over; this run stored nothing")
+            was = f"{monitor.reference_model}/{monitor.reference_version}"
+            self._audit.record(
+                s, ctx, _target(monitor.name), reference=f"{model}/{version}", previous=was
+            )
+
+        self._db.run(work)
+        followed = replace(monitor, reference_model=model, reference_version=version)
+        return followed, primaries[0].version_key
+
+    def _samples(self, monitor: Monitor, served_by: str | None) -> Iterator[Sampled]:
         """The deployment's samples after the cursor, oldest first, as far as the window
-        needs (shadows left out). The monitor's creator must still read the deployment."""
-        self._deployments.get(principal, monitor.deployment)
+        needs (shadows, and answers of versions other than ``served_by``, left out)."""
         after = monitor.cursor
         while True:
             page = self._deployments.samples_after(monitor.deployment, after, limit=_PAGE)
             for sample in page:
-                if not sample.shadow:
+                if not sample.shadow and served_by in (None, sample.version):
                     yield Sampled(sample.id, sample.inputs, sample.outputs)
             if len(page) < _PAGE:
                 return
             after = page[-1].id
 
-    def _labelled(self, monitor: Monitor) -> tuple[list[tuple[Sampled, Any]], int | None]:
+    def _labelled(
+        self, monitor: Monitor, served_by: str | None
+    ) -> tuple[list[tuple[Sampled, Any]], int | None]:
         """Samples whose labels came since the last run (one page, oldest label first; shadow
-        answers left out), and the label cursor after them (None: no new label)."""
+        answers, and those of versions other than ``served_by``, left out), and the label
+        cursor after them (None: no new label)."""
         page = self._deployments.labelled_after(
             monitor.deployment, monitor.label_cursor, limit=_PAGE
         )
         found = [
             (Sampled(sample.id, sample.inputs, sample.outputs), sample.label)
             for _, sample in page
-            if not sample.shadow
+            if not sample.shadow and served_by in (None, sample.version)
         ]
         return found, (page[-1][0] if page else None)
 
@@ -461,6 +509,7 @@ class MonitorService:
         self, monitor_id: str, monitor: Monitor, ctx: AuditContext | None
     ) -> RunOutcome:
         principal = self._principal(monitor)
+        monitor, served_by = self._follow(monitor_id, monitor, principal)
         reference = self._references.get(
             principal, monitor.reference_model, monitor.reference_version
         )
@@ -468,9 +517,9 @@ class MonitorService:
             principal, monitor.reference_model, monitor.reference_version
         )
         gathered = split_samples(
-            self._samples(principal, monitor), version.signature, max_rows=monitor.window
+            self._samples(monitor, served_by), version.signature, max_rows=monitor.window
         )
-        labelled, label_cursor = self._labelled(monitor)
+        labelled, label_cursor = self._labelled(monitor, served_by)
         now = self._clock()
         due = _rules.next_due(monitor.next_run_at, monitor.schedule_s, now)
         if gathered.samples == 0 and not labelled:
@@ -487,6 +536,10 @@ class MonitorService:
                 "correction": monitor.correction,
             }
             found = Evaluation(empty, (), drifted=False, share=0.0, drifted_columns=())
+        found.report["reference"] = {
+            "model": monitor.reference_model,
+            "version": monitor.reference_version,
+        }
         if labelled:
             scored, points = score(labelled_pairs(labelled), at=now, result_id=result_id)
             found.report["performance"] = scored
@@ -595,6 +648,17 @@ class MonitorService:
             principal = self._principal(monitor)
             if policy.action is DriftAction.RETRAIN:
                 assert policy.pipeline is not None
+                held = self._retrain_held(principal, monitor, result.id)
+                if held is not None:
+                    actions.append(
+                        {
+                            "action": "retrain",
+                            "pipeline": policy.pipeline,
+                            "status": "held",
+                            "reason": held,
+                        }
+                    )
+                    return actions
                 ctx = AuditContext(action="pipeline.run", actor=actor, principal=principal)
                 run = self._pipelines.start(
                     ctx,
@@ -622,6 +686,32 @@ class MonitorService:
                 {"action": policy.action.value, "status": "failed", "error": exc.message}
             )
         return actions
+
+    def _retrain_held(self, principal: Principal, monitor: Monitor, result_id: str) -> str | None:
+        """Why no retraining run may start now (None: one may). While the deployment has a
+        canary in rollout (the last retraining's version, being judged on live traffic) or
+        a run this monitor started is still running, drift found meanwhile is the same
+        drift: it is recorded, and the first run after those end acts on what it finds."""
+        canary = self._deployments.get(principal, monitor.deployment).split.canary
+        if canary is not None:
+            return (
+                f"deployment {monitor.deployment!r} has a canary in rollout "
+                f"({canary.model_name}/{canary.version}); retraining waits until it is "
+                "promoted or rolled back"
+            )
+        with self._db.unit_of_work(write=False) as s:
+            found = _store.find(s, monitor.name)
+            recent = [] if found is None else _store.results(s, found[0].id, monitor.name, 20)
+        for result in (r for r in recent if r.id != result_id):  # not the one acted on
+            run_id = next(
+                (a.get("run") for a in result.actions if a.get("action") == "retrain"), None
+            )
+            if isinstance(run_id, str):
+                run = self._pipelines.get_run(principal, run_id)
+                if run.state == "running":
+                    return f"retraining run {run_id} that this monitor started is still running"
+                return None  # the newest retraining ended
+        return None
 
 
 def _drift_event(monitor: Monitor, result: MonitorResult, found: Evaluation) -> NewEvent:

@@ -142,6 +142,7 @@ def _monitor(row: MonitorRow) -> Monitor:
         window=int(spec.get("window", 1000)),
         on_drift=parse_on_drift(spec.get("on_drift", "none")),
         retrain_params=dict(spec.get("retrain_params", {})),
+        follows=bool(spec["reference"].get("follows", False)),
         schedule_s=row.schedule_s,
         paused=row.paused,
         cursor=row.cursor,
@@ -221,6 +222,26 @@ def set_paused(
         .where(MonitorRow.id == monitor_id)
         .values(paused=paused, next_run_at=next_run_at, updated_at=now)
     )
+
+
+def set_reference(
+    s: Session, monitor_id: str, owner: str, model: str, version: int, now: datetime
+) -> bool:
+    """Point the monitor at another reference, under ``owner``'s lease (False: it is no
+    longer ``owner``'s, nothing changed)."""
+    row = s.scalar(
+        select(MonitorRow)
+        .where(MonitorRow.id == monitor_id, MonitorRow.lease_owner == owner)
+        .with_for_update()
+    )
+    if row is None:
+        return False
+    spec = dict(row.spec)
+    spec["reference"] = {**spec["reference"], "model": model, "version": version}
+    row.spec = spec  # a new dict: the JSON column sees the change
+    row.updated_at = now
+    s.flush()
+    return True
 
 
 def remove(s: Session, monitor_id: str) -> None:
