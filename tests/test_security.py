@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import stat
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,7 +13,13 @@ from sqlalchemy import select, text
 
 from shamal.config import Settings
 from shamal.db.models import ApiTokenRow
-from shamal.security import AuditLog, SecurityService
+from shamal.security import (
+    AuditContext,
+    AuditLog,
+    SecurityService,
+    job_of_token_name,
+    job_token_name,
+)
 from shamal.server import Platform
 
 
@@ -298,6 +305,43 @@ def test_job_tokens_act_as_their_user_without_admin_or_account_power(
     listed = {t["id"]: t for t in api.get("/api/v1/tokens", params={"all": True}).json()}
     assert listed[adas.token.id]["scope"] == "job"
     assert listed[adas.token.id]["revoked_at"] is not None
+
+
+def test_a_job_token_names_its_job_and_no_other_token_does(platform: Platform) -> None:
+    """The job a principal acts for comes from the stored name of a token of scope ``job``
+    (which only the scheduler issues), never from a name anyone may give their own token."""
+    job_id = uuid.uuid4().hex
+    name = job_token_name(job_id, 2)
+    assert name == f"job-{job_id[:12]}-2"
+    assert job_of_token_name(name) == job_id[:12]
+    for other in (
+        "job-abc-1",
+        f"job-{job_id[:12]}-",
+        f"job-{job_id[:13]}-1",
+        f"job-{job_id[:12].upper()}-1",
+        f"xjob-{job_id[:12]}-1",
+        f"job-{job_id[:12]}-1-x",
+    ):
+        assert job_of_token_name(other) is None, other
+    security = platform.security
+    issued = security.issue_job_token("admin", name, timedelta(hours=1))
+    principal = security.authenticate(issued.secret)
+    assert (principal.scope, principal.job) == ("job", job_id[:12])
+    assert security.cached_principal(issued.secret) == principal
+    # Another process (an empty cache) reads the same from the database.
+    elsewhere = SecurityService(platform.db, platform.audit)
+    assert elsewhere.authenticate(issued.secret).job == job_id[:12]
+    # The person's own token of the very same name acts for no job.
+    admin = security.authenticate(platform.admin_secret or "")
+    assert admin.job is None
+    own = security.create_token(AuditContext("token.create", "admin", admin), name, None)
+    mine = security.authenticate(own.secret)
+    assert (mine.scope, mine.job) == ("full", None)
+    assert elsewhere.authenticate(own.secret).job is None
+    # A job token whose name is not a job's (none the scheduler makes) names no job either.
+    odd = security.issue_job_token("admin", "job-abc-1", timedelta(hours=1))
+    assert security.authenticate(odd.secret).job is None
+    assert security.principal_of("admin").job is None
 
 
 def test_admin_cannot_lock_themselves_out(api: TestClient) -> None:

@@ -4,6 +4,8 @@ jobs. A change that fails leaves no event."""
 from __future__ import annotations
 
 import io
+import uuid
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -16,6 +18,7 @@ from shamal.events import Event, EventKind, EventService
 from shamal.jobs import JobState
 from shamal.registry import TEAM_TAG, RegistryService
 from shamal.scheduler.live import JobLifecycle
+from shamal.security import AuditContext, job_token_name
 from shamal.server import Platform
 from tests.events.conftest import People
 from tests.registry.conftest import ArtifactSources
@@ -67,6 +70,32 @@ def test_a_dataset_version_is_announced_and_so_is_its_validation(
     # Team red's readers see them; team blue's do not.
     assert len(events.list_events(people.principals["vi"]).events) == 3
     assert events.list_events(people.principals["bo"]).events == ()
+
+
+def test_a_version_a_job_wrote_names_the_job_in_its_events(
+    platform: Platform, events: EventService, people: People
+) -> None:
+    data = platform.datasets
+    data.create(people.ctx("mo"), "customers", "red")
+    data.set_suite(people.ctx("rita"), "customers", SUITE)
+    job_id = uuid.uuid4().hex
+    issued = platform.security.issue_job_token("mo", job_token_name(job_id, 1), timedelta(hours=1))
+    job = platform.security.authenticate(issued.secret)
+    version = data.ingest(AuditContext("test", job.name, job), "customers", [_csv()], "csv")
+    data.ingest(people.ctx("mo"), "customers", [_csv()], "csv")  # mo's own token: no job
+    created = _all(events, people, EventKind.DATASET_VERSION_CREATED)
+    assert created[0].payload == {
+        "dataset": "customers",
+        "version": 1,
+        "team": "red",
+        "job": job_id[:12],
+        "rows": 3,
+        "digest": version.digest,
+    }
+    assert created[0].actor == "mo"
+    validated = _all(events, people, EventKind.DATASET_VERSION_VALIDATED)
+    assert [e.payload.get("job") for e in validated] == [job_id[:12], None]
+    assert "job" not in created[1].payload
 
 
 def test_a_dataset_write_that_fails_leaves_no_event(

@@ -1,17 +1,21 @@
 """Triggers: an event starts a run once (at-least-once delivery starts nothing twice), a
-schedule's tick starts one run however many servers look, and never overlaps its last."""
+schedule's tick starts one run however many servers look, and never overlaps its last; a
+pipeline's own runs' writes never start it again, but do start the others."""
 
 from __future__ import annotations
 
+import io
 import threading
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import pytest
 
 from shamal.errors import InvalidParameter
 from shamal.events import EventKind, NewEvent, emit
 from shamal.pipelines import PipelineSpec, PipelineTriggers
-from shamal.security import AuditContext, Principal, Role
+from shamal.security import AuditContext, Principal, Role, job_token_name
 from shamal.server import Platform
 from tests.clock import ManualClock
 
@@ -153,3 +157,60 @@ def test_a_tick_whose_run_was_never_recorded_fires_again(
     assert _runs(platform) == []  # nothing recorded, and the tick did not move either
     assert server.fire_schedules() == 1
     assert _runs(platform) == ["schedule */5 * * * * at 2026-11-27T10:05:00+00:00"]
+
+
+def _write_as_step(platform: Platform, run_id: str, dataset: str) -> str:
+    """Write a version of ``dataset`` the way the run's step does: with its job's token.
+    Returns the job id's prefix."""
+    (step,) = platform.pipelines.get_run(_admin(platform), run_id).steps
+    assert step.job_id is not None
+    issued = platform.security.issue_job_token(
+        "admin", job_token_name(step.job_id, 1), timedelta(hours=1)
+    )
+    job = platform.security.authenticate(issued.secret)
+    sink = io.BytesIO()
+    pacsv.write_csv(pa.table({"x": [1, 2]}), sink)
+    ctx = AuditContext(action="datasets.write", actor=job.name, principal=job)
+    platform.datasets.ingest(ctx, dataset, [sink.getvalue()], "csv")
+    return step.job_id[:12]
+
+
+def test_a_pipelines_own_writes_never_start_it_but_start_the_others(platform: Platform) -> None:
+    on_wine = [{"on": "dataset_version_created where dataset = 'wine'"}]
+    _register(platform, on_wine, name="ingest")
+    _register(platform, on_wine, name="train")
+    platform.datasets.create(_ctx(platform), "wine", "ml")
+    triggers = PipelineTriggers(
+        platform.db,
+        platform.security,
+        platform.pipelines,
+        platform.events,
+        lambda: datetime.now(UTC),
+    )
+    first = platform.pipelines.start(_ctx(platform), "ingest")
+    assert first is not None
+    job = _write_as_step(platform, first.id, "wine")
+    (event,) = platform.events.list_events(
+        _admin(platform), kinds=(EventKind.DATASET_VERSION_CREATED,), limit=10
+    ).events
+    assert event.payload["job"] == job
+    assert triggers.consume_events() >= 1
+    started = platform.pipelines.list_runs(_admin(platform), pipeline="train")
+    assert [r.trigger for r in started] == [f"event dataset_version_created #{event.id}"]
+    assert len(platform.pipelines.list_runs(_admin(platform), pipeline="ingest")) == 1
+    # The run that event started writes too: it starts ingest, never train again.
+    _write_as_step(platform, started[0].id, "wine")
+    assert triggers.consume_events() >= 1
+    assert len(platform.pipelines.list_runs(_admin(platform), pipeline="train")) == 1
+    again = platform.pipelines.list_runs(_admin(platform), pipeline="ingest")
+    assert [r.trigger.startswith("event dataset_version_created #") for r in again] == [
+        True,
+        False,
+    ]
+    # A write by someone's own token (no job) starts both.
+    sink = io.BytesIO()
+    pacsv.write_csv(pa.table({"x": [3]}), sink)
+    platform.datasets.ingest(_ctx(platform), "wine", [sink.getvalue()], "csv")
+    assert triggers.consume_events() >= 1
+    assert len(platform.pipelines.list_runs(_admin(platform), pipeline="train")) == 2
+    assert len(platform.pipelines.list_runs(_admin(platform), pipeline="ingest")) == 3

@@ -114,16 +114,20 @@ class Ingested:
 
 
 def _emit_version(
-    s: Session, actor: str, team: str | None, version: DataVersion, report: Report | None
+    s: Session, ctx: AuditContext, team: str | None, version: DataVersion, report: Report | None
 ) -> None:
     """The events of a new version, in its transaction: created, and validated when a suite
-    judged it."""
-    about = {"dataset": version.dataset, "version": version.version, "team": team}
+    judged it. Written with a job's token, both name the job (``job``: its id's prefix, as
+    the token's name says), so a pipeline is never started by its own runs' writes."""
+    about: dict[str, Any] = {"dataset": version.dataset, "version": version.version, "team": team}
+    job = ctx.principal.job if ctx.principal is not None else None
+    if job is not None:
+        about["job"] = job
     created = {**about, "rows": version.row_count, "digest": version.digest}
-    emit(s, NewEvent(EventKind.DATASET_VERSION_CREATED, version.uri, team, actor, created))
+    emit(s, NewEvent(EventKind.DATASET_VERSION_CREATED, version.uri, team, ctx.actor, created))
     if report is not None:
         judged = {**about, "passed": report.ok}
-        emit(s, NewEvent(EventKind.DATASET_VERSION_VALIDATED, version.uri, team, actor, judged))
+        emit(s, NewEvent(EventKind.DATASET_VERSION_VALIDATED, version.uri, team, ctx.actor, judged))
 
 
 def _then(first: BatchHook | None, second: BatchHook | None) -> BatchHook | None:
@@ -441,7 +445,7 @@ class DatasetService:
             mode=mode.value,
             status=status.value,
         )
-        _emit_version(s, ctx.actor, _store.get(s, ref.id).team or None, version, report)
+        _emit_version(s, ctx, _store.get(s, ref.id).team or None, version, report)
         return version
 
     def _store_part(

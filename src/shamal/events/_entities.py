@@ -31,6 +31,9 @@ class EventKind(enum.StrEnum):
 
     - ``dataset_version_created``: ``dataset``, ``version``, ``team``, ``rows``, ``digest``
     - ``dataset_version_validated``: ``dataset``, ``version``, ``team``, ``passed``
+
+      Both also carry ``job`` (the first 12 characters of the job's id) when a job wrote
+      the version with its own token.
     - ``model_version_registered``: ``name``, ``version``, ``run_id``, ``source``
     - ``model_alias_moved``: ``name``, ``alias``, ``version`` (None: deleted), ``previous``
     - ``job_finished``: ``job_id``, ``name``, ``team``, ``state``, ``exit_code``, ``reason``

@@ -25,6 +25,8 @@ from shamal.db.models import (
 from shamal.errors import NotFound
 from shamal.pipelines._entities import PipelineInfo, PipelineRun, StepRun
 
+_HEX = frozenset("0123456789abcdef")
+
 #: Teams a caller may see: None = all (platform admins), else these team names.
 Visibility = frozenset[str] | None
 
@@ -279,6 +281,28 @@ def running_scheduled(s: Session, pipeline: str) -> str | None:
         PipelineRunRow.trigger_key.like("schedule:%"),
     )
     return s.scalars(query.limit(1)).first()
+
+
+def pipelines_of_job(s: Session, job_prefix: str) -> set[str]:
+    """The pipelines one of whose runs has a step whose job id starts with ``job_prefix``
+    (lower-case hex digits, as a job token's name carries them; anything else matches none).
+
+    The range on ``job_id`` lets its index answer (every job id is hex, and ``g`` sorts
+    after each hex digit in any collation); the prefix test keeps the answer exact.
+    """
+    if not job_prefix or any(c not in _HEX for c in job_prefix):
+        return set()
+    query = (
+        select(PipelineRunRow.pipeline)
+        .join(PipelineStepRow, PipelineStepRow.run_id == PipelineRunRow.id)
+        .where(
+            PipelineStepRow.job_id >= job_prefix,
+            PipelineStepRow.job_id < job_prefix + "g",
+            PipelineStepRow.job_id.startswith(job_prefix, autoescape=True),
+        )
+        .distinct()
+    )
+    return set(s.scalars(query))
 
 
 def steps(s: Session, run_id: str) -> list[StepRun]:

@@ -6,6 +6,14 @@ trigger starts carries a key unique per pipeline (``schedule:<n>:<tick>``,
 event handed out again (at-least-once delivery) starts nothing new. A scheduled run never
 overlaps the last one: while it runs, the next tick is skipped (and logged). Runs act as the
 user who registered the pipeline's newest version.
+
+No loops: a pipeline is never started by an event that it caused. Its own ticks and runs
+name it in their payload (``pipeline``); an event a step's job caused (a dataset version it
+wrote with its job token) carries ``job``, the job id's prefix that the platform reads from
+the token's stored name, never from the caller, and the pipelines store says which
+pipeline's run that job is a step of. Other pipelines subscribed to the same event still
+start: pipeline A writing data may start pipeline B, which is what events are for (a cycle
+A -> B -> A is the definitions' business, not stopped here).
 """
 
 from __future__ import annotations
@@ -191,11 +199,12 @@ class PipelineTriggers:
 
     def on_events(self, events: Sequence[Event]) -> None:
         """Start a run for each event a pipeline's ``on`` filter matches (once per event:
-        a batch handed out again starts nothing new)."""
+        a batch handed out again starts nothing new), unless the pipeline caused it."""
         subscriptions = self._subscriptions()
+        causes: dict[str, set[str]] = {}
         for event in events:
             for sub in subscriptions:
-                if self._wants(sub, event):
+                if self._wants(sub, event) and not self._caused(sub, event, causes):
                     self._start_for(sub, event)
 
     def _subscriptions(self) -> list[_Subscription]:
@@ -214,6 +223,26 @@ class PipelineTriggers:
         if event.team is not None and event.team != sub.pipeline.team:
             return False  # one team's events never start another team's pipeline
         return sub.filter.matches(event)
+
+    def _caused(self, sub: _Subscription, event: Event, causes: dict[str, set[str]]) -> bool:
+        """Whether one of ``sub``'s pipeline's runs caused ``event``: its payload names a
+        job (``job``) that is a step of such a run. ``causes`` keeps each job's pipelines
+        for the batch."""
+        job = event.payload.get("job")
+        if not isinstance(job, str):
+            return False
+        if job not in causes:
+            with self._db.unit_of_work(write=False) as s:
+                causes[job] = _store.pipelines_of_job(s, job)
+        if sub.pipeline.name not in causes[job]:
+            return False
+        logger.info(
+            "event %d does not start pipeline %s: its own run's job %s caused it",
+            event.id,
+            sub.pipeline.name,
+            job,
+        )
+        return True
 
     def _start_for(self, sub: _Subscription, event: Event) -> None:
         try:

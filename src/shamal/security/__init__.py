@@ -29,6 +29,7 @@ from shamal.security._pseudonyms import (
     check_purpose,
 )
 from shamal.security._service import NAME_PATTERN, SecurityService, TeamDetail, check_name
+from shamal.security._tokens import job_of_token_name, job_token_name
 from shamal.security._watch import AuditWatch, WitnessFile
 
 __all__ = [
@@ -57,5 +58,7 @@ __all__ = [
     "WitnessFile",
     "check_name",
     "check_purpose",
+    "job_of_token_name",
+    "job_token_name",
     "load_or_create_key",
 ]

@@ -120,6 +120,9 @@ class Principal:
     roles: Mapping[str, Role]
     team_ids: Mapping[str, str] = field(default_factory=dict)  # team name -> team id
     scope: TokenScope = "full"  # the token's
+    #: For a job's token (scope ``job``): the prefix of the id of the job it was issued to
+    #: (its first 12 characters), read from the token's stored name, never from the caller.
+    job: str | None = None
 
     @property
     def name(self) -> str:

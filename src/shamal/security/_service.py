@@ -30,7 +30,13 @@ from shamal.security._entities import (
     TokenScope,
     User,
 )
-from shamal.security._tokens import display_prefix, hash_secret, looks_like_token, new_secret
+from shamal.security._tokens import (
+    display_prefix,
+    hash_secret,
+    job_of_token_name,
+    looks_like_token,
+    new_secret,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +122,13 @@ class SecurityService:
         if token.last_used_at is None or now - token.last_used_at > _TOUCH_INTERVAL:
             self._db.run(lambda s: _store.touch_token(s, token.id, now))
         principal = Principal(
-            user=user, token_id=token.id, roles=roles, team_ids=team_ids, scope=token.scope
+            user=user,
+            token_id=token.id,
+            roles=roles,
+            team_ids=team_ids,
+            scope=token.scope,
+            # Only the scheduler issues job tokens, so only their names say which job.
+            job=job_of_token_name(token.name) if token.scope == "job" else None,
         )
         until = now + PRINCIPAL_CACHE_TTL
         if token.expires_at is not None:

@@ -21,7 +21,7 @@ from shamal.scheduler.core import DEFAULT_POLICY, Cluster, get_policy
 from shamal.scheduler.live._cluster import effective_settings
 from shamal.scheduler.live._lifecycle import JobLifecycle
 from shamal.scheduler.live._loop import SchedulerLoop, SchedulerParts
-from shamal.security import AuditLog, SecurityService
+from shamal.security import AuditLog, SecurityService, job_token_name
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class JobCredentials:
 
     @staticmethod
     def token_name(job: Job) -> str:
-        return f"job-{job.id[:12]}-{job.attempt}"
+        return job_token_name(job.id, job.attempt)
 
     def env(self, job: Job) -> dict[str, str]:
         limit = timedelta(seconds=job.time_limit_s) if job.time_limit_s else JOB_TOKEN_MAX
