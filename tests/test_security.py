@@ -344,6 +344,23 @@ def test_a_job_token_names_its_job_and_no_other_token_does(platform: Platform) -
     assert security.principal_of("admin").job is None
 
 
+def test_what_a_job_changes_is_audited_with_the_job(platform: Platform) -> None:
+    """The actor is the person a job acts for; the entry names the job that acted, and an
+    entry made with the person's own token names none."""
+    security = platform.security
+    job_id = uuid.uuid4().hex
+    issued = security.issue_job_token("admin", job_token_name(job_id, 1), timedelta(hours=1))
+    as_job = AuditContext("team.create", "admin", security.authenticate(issued.secret))
+    with platform.db.unit_of_work() as s:
+        by_job = platform.audit.record(s, as_job, "team:x", note="made")
+    assert (by_job.actor, dict(by_job.detail)) == ("admin", {"note": "made", "job": job_id[:12]})
+    admin = security.authenticate(platform.admin_secret or "")
+    refused = AuditContext("team.create", "admin", admin, target="team:y")
+    platform.audit.record_outcome(refused, "denied")
+    (entry,) = [e for e in platform.audit.entries(limit=10) if e.target == "team:y"]
+    assert "job" not in entry.detail
+
+
 def test_admin_cannot_lock_themselves_out(api: TestClient) -> None:
     r = api.post("/api/v1/users/admin/disable")
     assert (r.status_code, r.json()["error_code"]) == (409, "INVALID_STATE")

@@ -48,7 +48,7 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     assert not any("@" in token for token in tokens)
     # The model trained on the point-in-time join of the labels with the feature view over
     # the wine data: the training set's version names both, and the run read it.
-    training = api.dataset_version("wine-training")
+    training = api.dataset_version("wine-training/1")  # 2: the retraining's
     assert training["row_count"] == 178
     (used,) = training["source"]["feature_views"]
     assert (used["view"], used["dataset"]) == (
@@ -63,20 +63,87 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     assert read.dataset.digest == training["digest"]
 
 
-def _assert_the_pipeline_retrained(text: str) -> None:
-    """A new version of the wine data started the retraining pipeline by itself, and each of
-    its steps ran as a job (the gate decides whether @champion moves)."""
-    retrained = re.search(
-        r"ingested data:/wine/2: it started run (\w+), succeeded \(validate succeeded, "
-        r"train succeeded, evaluate succeeded, register succeeded, gate succeeded, "
-        r"canary succeeded\)",
+#: Who acts without a person: the monitor, the pipeline engine, the scheduler, the controller.
+PLATFORM_ACTORS = ("monitor", "pipeline", "scheduler", "rollout-controller")
+
+
+def _assert_the_loop_closed(api: ShamalClient, text: str) -> None:
+    """Calm traffic, then shifted traffic: the monitor found drift and started the retraining
+    pipeline, which took in the lab's export, validated it, built the training set from the
+    feature store, trained, evaluated, registered v2 with its reference and put it on as a
+    canary; the rollout controller promoted it on live traffic, and the monitor went on
+    against v2's reference. Every step is in lineage and the audit log, and from the lab's
+    drop to the promotion nothing was done by a person."""
+    assert re.search(r"callers ask wine by sample id: \d+ rows judged, no drift", text), text
+    found = re.search(
+        r"drift detected: \d+ rows judged, drift \((\d+) of (\d+) columns.*; it started "
+        r"retraining run (\w+)",
         text,
     )
-    assert retrained is not None, text
-    # The new version went on the served deployment as its canary.
-    assert re.search(r"models:/quickstart-wine/\d+ is now wine's canary at 10% of traffic", text), (
-        text
-    )
+    assert found is not None, text
+    assert int(found[1]) > int(found[2]) / 2  # the share that makes the data drifted
+    assert (
+        f"retraining run {found[3]} succeeded: ingest succeeded, validate succeeded, features "
+        "succeeded, train succeeded, evaluate succeeded, register succeeded, gate succeeded, "
+        "canary succeeded"
+    ) in text
+    assert "models:/quickstart-wine/2 went on wine as its canary at 25% of traffic" in text
+    assert "the rollout controller promoted quickstart-wine/2 on live traffic" in text
+    assert re.search(
+        r"the monitor now judges v2's answers against its own reference: \d+ rows judged, "
+        r"no drift",
+        text,
+    ), text
+    assert re.search(r"callers sent \d+ requests \(0 failed\)", text), text
+    deployment = api.get_deployment("wine")
+    assert deployment["state"]["phase"] == "promoted"
+    assert [(r["role"], r["version"]) for r in deployment["routes"]] == [("primary", 2)]
+    reference = api.monitor("wine-drift")["reference"]
+    assert (reference["model"], reference["version"]) == ("quickstart-wine", 2)
+    (run,) = [r for r in api.pipeline_runs("retrain") if r["id"].startswith(found[3])]
+    run = api.pipeline_run(run["id"])
+    assert "drift found by monitor wine-drift" in run["trigger"]
+    assert run["params"]["landing"] == "quickstart/landing/wine-harvest.csv"
+    steps = {s["key"]: s for s in run["steps"]}
+    # The harvest became wine/2 (validated, pseudonymized), and the training set was joined
+    # from it through the feature view.
+    assert steps["ingest"]["output"]["data"] == "wine/2"
+    harvest = api.dataset_version("wine/2")
+    assert (harvest["row_count"], harvest["status"]) == (356, "valid")
+    assert [(t["column"], t["action"]) for t in harvest["transformations"]] == [("taster", "hmac")]
+    training = api.dataset_version(steps["features"]["output"]["training"])
+    (used,) = training["source"]["feature_views"]
+    assert used["dataset"] == "data:/wine/2"
+    graph = api.lineage("deployments:/wine", direction="up", depth=10)
+    reached = {n["id"] for n in graph["nodes"]}
+    trained = f"runs:/{steps['train']['output']['run_id']}"
+    assert {"models:/quickstart-wine/2", trained, training["uri"], "data:/wine/2"} <= reached
+    _assert_nobody_acted(api, {s["key"]: (s["job_id"] or "")[:12] for s in run["steps"]})
+
+
+def _assert_nobody_acted(api: ShamalClient, jobs: dict[str, str]) -> None:
+    """From the lab's drop of its export on, every audited change was made by the platform
+    itself or by a job (the entry names it), and the loop's own steps are all there."""
+    entries = api.audit_entries(limit=1000)
+    drop = next(e for e in entries if e["target"].endswith("artifact:landing/wine-harvest.csv"))
+    after = [e for e in entries if e["seq"] > drop["seq"]]
+    by_people = [
+        (e["actor"], e["action"], e["target"])
+        for e in after
+        if e["actor"].split(":")[0] not in PLATFORM_ACTORS and "job" not in e["detail"]
+    ]
+    assert by_people == []
+    done = {(e["actor"], e["action"], e["detail"].get("job")) for e in after}
+    assert {
+        ("monitor:wine-drift", "pipeline.run", None),
+        ("admin", "dataset.ingest", jobs["ingest"]),
+        ("admin", "features.historical", jobs["features"]),
+        ("admin", "model_version.create", jobs["register"]),
+        ("admin", "monitor.reference.build", jobs["register"]),
+        ("admin", "deployment.canary", jobs["canary"]),
+        ("rollout-controller", "deployment.rollout.promote", None),
+        ("monitor:wine-drift", "monitor.reference", None),
+    } <= done
 
 
 def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
@@ -119,7 +186,7 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
         _assert_the_job_trained(api, text)
-        _assert_the_pipeline_retrained(text)
+        _assert_the_loop_closed(api, text)
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
         champion = client.get_model_version("quickstart-wine", "1")
@@ -140,14 +207,21 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         # The pipeline registered version 2 and pointed @candidate at it.
         candidate = client.get_model_version_by_alias("quickstart-wine", "candidate")
         assert int(candidate.version) == 2
-        # A second `make run` finds what the first made and carries on.
-        second = io.StringIO()
-        try:
-            run_quickstart(api, Console(file=second, width=2000))
-        finally:
-            stop_model_servers()
-        assert "registered quickstart-wine version 3 as @champion" in second.getvalue()
-        assert "ingested data:/wine/4: it started run" in second.getvalue()
-        # Each ingestion writes a new version of the same rows (overwrite), not twice the rows.
-        latest = api.dataset_version("wine")
-        assert (latest["uri"], latest["row_count"]) == ("data:/wine/4", 178)
+        _assert_a_second_run_carries_on(api)
+
+
+def _assert_a_second_run_carries_on(api: ShamalClient) -> None:
+    """A second `make run` finds what the first made and carries on."""
+    second = io.StringIO()
+    try:
+        run_quickstart(api, Console(file=second, width=2000))
+    finally:
+        stop_model_servers()
+    again = second.getvalue()
+    assert "registered quickstart-wine version 3 as @champion" in again
+    # The loop closes again: version 3 serves, drifts, and version 4 takes over.
+    assert "the rollout controller promoted quickstart-wine/4 on live traffic" in again
+    # Each ingestion overwrites: the lab's data again, then the harvest again, never both.
+    assert api.dataset_version("wine/3")["row_count"] == 178
+    latest = api.dataset_version("wine")
+    assert (latest["uri"], latest["row_count"]) == ("data:/wine/4", 356)

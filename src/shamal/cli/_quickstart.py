@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from shamal.client import ShamalClient
 from shamal.errors import AlreadyExists, ServiceUnavailable
 
 QUICKSTART_TEAM = "quickstart"
+#: The registered model the quickstart trains, serves and retrains.
+MODEL = "quickstart-wine"
 
 
 def wait_until_up(client: ShamalClient, deadline_s: float = 60.0) -> None:
@@ -100,12 +103,12 @@ def wine_csv(folder: Path) -> Path:
         for index, (row, label) in enumerate(zip(wine.data, wine.target, strict=True)):
             when = (start + timedelta(hours=index)).isoformat()
             writer.writerow(
-                [index, when, *(repr(float(v)) for v in row), int(label), _taster(index)]
+                [index, when, *(repr(float(v)) for v in row), int(label), taster(index)]
             )
     return path
 
 
-def _taster(index: int) -> str:
+def taster(index: int) -> str:
     return f"taster{index % 7}@winery.example"
 
 
@@ -202,6 +205,7 @@ def track_a_model(url: str, token: str) -> list[str]:
     # Imported here: the server process loads mlflow and scikit-learn only for the quickstart.
     import mlflow
     import numpy as np
+    from mlflow.models import infer_signature
     from sklearn.linear_model import SGDClassifier
     from sklearn.metrics import accuracy_score, log_loss
     from sklearn.model_selection import train_test_split
@@ -220,9 +224,8 @@ def track_a_model(url: str, token: str) -> list[str]:
         # (and through it, the feature view and the wine data it was joined from).
         read = shamal_data.version(TRAINING_SET, client=api)
         table = shamal_data.load(f"{TRAINING_SET}/{read['version']}", client=api)
-        features = wine_measurements()
-        x = np.column_stack([table[c].to_numpy() for c in features])
-        y = table["target"].to_numpy()
+        frame = table.to_pandas()
+        x, y = frame[wine_measurements()], frame["target"].to_numpy()
         x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.3, random_state=0)
         scaler = StandardScaler().fit(x_train)
         classifier = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
@@ -247,82 +250,42 @@ def track_a_model(url: str, token: str) -> list[str]:
         info = mlflow.sklearn.log_model(
             pipeline,
             name="model",
-            input_example=x_test[:2],
+            # Named columns: the drift monitor names the served tensor's columns by them.
+            signature=infer_signature(x_test, pipeline.predict(x_test)),
             serialization_format="skops",  # never pickle; the requirements name skops
             pip_requirements=requirements,
         )
     version = mlflow.register_model(info.model_uri, "quickstart-wine")
     mlflow.MlflowClient().set_registered_model_alias("quickstart-wine", "champion", version.version)
     accuracy = mlflow.get_run(run.info.run_id).data.metrics["test_accuracy"]
+    with ShamalClient(url, token) as api:
+        profiled = _reference(api, int(version.version), read["uri"], pipeline.predict(x))
     return [
         *built,
         f"tracked run [bold]{run.info.run_id[:12]}[/] ({read['uri']}, 20 epochs, "
         f"test accuracy {accuracy:.3f}) with the stock mlflow client",
         f"registered [bold]quickstart-wine[/] version {version.version} as [bold]@champion[/]",
+        profiled,
     ]
+
+
+def _reference(api: ShamalClient, version: int, training: str, answers: Any) -> str:
+    """The version's reference profile: sketches of the training set it read (the server
+    streams it) and of the model's answers on it (sketched here, only sketches sent): what
+    the drift monitor compares its served traffic with."""
+    from shamal.monitoring import upload_predictions  # numpy, scipy: quickstart only
+
+    api.build_reference(
+        MODEL, version, training.removeprefix("data:/"), label="target", columns=wine_measurements()
+    )
+    profile = upload_predictions(MODEL, version, {"label": answers}, client=api)
+    return (
+        f"built its reference profile for drift monitoring: {len(profile['columns'])} columns "
+        f"sketched from {training} and the model's answers on it (no rows kept)"
+    )
 
 
 EXAMPLE_JOB = Path(__file__).resolve().parents[3] / "examples" / "pytorch"
-RETRAIN = Path(__file__).resolve().parents[3] / "examples" / "retrain" / "pipeline.py"
-
-
-def retrain_on_new_data(client: ShamalClient, folder: Path) -> list[str]:
-    """Register the retraining pipeline (validate -> train -> evaluate -> register -> gate ->
-    canary), triggered by every new version of the wine data, then ingest one and follow the
-    run it starts."""
-    if not RETRAIN.is_file():
-        return ["the retraining pipeline example is part of a source checkout: skipped here"]
-    from shamal.pipelines import load_pipeline
-
-    spec, root = load_pipeline(f"{RETRAIN}:retrain")
-    body = spec.to_json() | {"team": QUICKSTART_TEAM}
-    # Each new version goes on the served deployment as its canary.
-    body["params"] = {**body["params"], "deployment": SERVED_AS}
-    registered = client.register_pipeline(body, client.upload_snapshot(root, QUICKSTART_TEAM))
-    before = {r["id"] for r in client.pipeline_runs("retrain", limit=1000)}
-    found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
-    run = _follow_triggered_run(client, before)
-    if run is None:
-        return [f"registered pipeline [bold]retrain[/]; no run started within {RUN_WAIT_S} s"]
-    states = ", ".join(f"{s['key']} {s['state']}" for s in run["steps"] if s.get("fan_out") is None)
-    return [
-        f"registered pipeline [bold]retrain[/] v{registered['pipeline']['version']} (on every "
-        "new version of wine)",
-        f"ingested {found['uri']}: it started run [bold]{run['id'][:12]}[/], "
-        f"{run['state']} ({states}); see it: shamal pipeline show {run['id']}",
-        *_canary_line(client, run),
-    ]
-
-
-def _canary_line(client: ShamalClient, run: dict[str, Any]) -> list[str]:
-    """Where the run's canary step put the new version (nothing when it did not run)."""
-    step = next((s for s in run["steps"] if s["key"] == "canary"), None)
-    output = (step or {}).get("output") or {}
-    if not output.get("canary"):
-        return []
-    routes = client.get_deployment(SERVED_AS)["routes"]
-    share = next((r["share"] for r in routes if r["role"] == "canary"), None)
-    at = "" if share is None else f" at {share:.0%} of traffic"
-    return [
-        f"{output['canary']} is now [bold]{SERVED_AS}[/]'s canary{at}: the rollout controller "
-        "moves it up as requests keep its SLO, or rolls it back (shamal deployments show "
-        f"{SERVED_AS})"
-    ]
-
-
-RUN_WAIT_S = 300.0
-
-
-def _follow_triggered_run(client: ShamalClient, before: set[str]) -> dict[str, Any] | None:
-    """The run a new dataset version started, once it ended (None: none started in time)."""
-    end = time.monotonic() + RUN_WAIT_S
-    while time.monotonic() < end:
-        started = [r for r in client.pipeline_runs("retrain", limit=1000) if r["id"] not in before]
-        if started and started[0]["state"] != "running":
-            found: dict[str, Any] = client.pipeline_run(started[0]["id"])
-            return found
-        time.sleep(0.5)  # polling the server, with a deadline
-    return None
 
 
 def submit_a_training_job(client: ShamalClient) -> list[str]:
@@ -347,6 +310,16 @@ def submit_a_training_job(client: ShamalClient) -> list[str]:
 
 
 SERVED_AS = "wine"
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Where the quickstart's `shamal serve` answers, and its callers' token."""
+
+    http_port: int
+    caller: str
+
+
 #: The `shamal serve` children this process started; stopped at exit, or by the caller.
 MODEL_SERVERS: list[subprocess.Popen[bytes]] = []
 
@@ -414,7 +387,7 @@ def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def serve_the_champion(client: ShamalClient) -> list[str]:
+def serve_the_champion(client: ShamalClient) -> tuple[list[str], Served]:
     """Serve `quickstart-wine@champion` over OIP and ask it twice: tritonclient and curl."""
     import numpy as np
     from sklearn.datasets import load_wine
@@ -426,6 +399,11 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
         {
             "primary": [{"model": "models:/quickstart-wine@champion"}],
             "feature_service": FEATURE_SERVICE,
+            # Every request is kept for the drift monitor (a busy service keeps 1-5%), and a
+            # canary moves up after short healthy steps: the quickstart's loop takes minutes.
+            "sample_rate": 1.0,
+            "rollout": {"steps": [25, 50], "interval_s": 5},
+            "slo": {"max_error_rate": 0.01, "max_p99_ms": 1000, "min_requests": 20},
         },
     )
     # What the deployment's callers hold: a token that may call its models and nothing else.
@@ -484,7 +462,7 @@ def serve_the_champion(client: ShamalClient) -> list[str]:
     else:
         answer = httpx.post(url, content=body, headers=_bearer(caller), timeout=30).text
     steps.append(f"curl: {shown}\n    -> {answer}")
-    return steps
+    return steps, Served(http_port, caller)
 
 
 def run_quickstart(client: ShamalClient, console: Console) -> None:
@@ -510,11 +488,20 @@ def run_quickstart(client: ShamalClient, console: Console) -> None:
     steps.extend(define_features(client))
     steps.extend(track_a_model(client.url, client.token or ""))
     steps.extend(submit_a_training_job(client))
-    steps.extend(serve_the_champion(client))
-    with tempfile.TemporaryDirectory(prefix="shamal-quickstart-") as folder:
-        steps.extend(retrain_on_new_data(client, Path(folder)))
-    report = client.verify_audit()
-    steps.append(
-        f"audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"
-    )
+    served, where = serve_the_champion(client)
+    steps.extend(served)
     console.print(Panel("\n".join(f"- {s}" for s in steps), title="quickstart", title_align="left"))
+    from shamal.cli._quickstart_loop import close_the_loop
+
+    console.print(
+        "[bold]the loop, unattended[/]: callers keep asking; a monitor watches for drift "
+        "(this takes a few minutes)"
+    )
+    with tempfile.TemporaryDirectory(prefix="shamal-quickstart-") as folder:
+        tree = close_the_loop(client, where, Path(folder), say=lambda s: console.print(f"- {s}"))
+    if tree is not None:
+        console.print(Panel(tree, title="the new champion's lineage", title_align="left"))
+    report = client.verify_audit()
+    console.print(
+        f"- audit chain verified: {report['entries_checked']} entries, intact={report['ok']}"
+    )

@@ -72,7 +72,7 @@ def _grow(
         _grow(branch.add(shown), other, nodes, links, seen)
 
 
-def print_lineage(graph: Mapping[str, Any]) -> None:
+def lineage_tree(graph: Mapping[str, Any]) -> Tree:
     """The graph as a tree: the start, then what it came from, then what was made of it."""
     nodes = {n["id"]: n for n in graph["nodes"]}
     up: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
@@ -86,7 +86,12 @@ def print_lineage(graph: Mapping[str, Any]) -> None:
         _grow(tree.add("[bold]upstream[/] (where it came from)"), start, nodes, up, {start})
     if graph["direction"] in ("down", "both"):
         _grow(tree.add("[bold]downstream[/] (what was made of it)"), start, nodes, down, {start})
-    console.print(tree)
+    return tree
+
+
+def print_lineage(graph: Mapping[str, Any]) -> None:
+    """The graph as a tree, and a word when a bound cut it short."""
+    console.print(lineage_tree(graph))
     if graph["truncated"]:
         console.print(
             "[yellow]cut short by a bound (nodes, or neighbours of one node): "

@@ -46,6 +46,14 @@ class AuditContext:
         return self.principal
 
 
+def _name_the_job(ctx: AuditContext) -> None:
+    """An entry made with a job's token names the job (its id's first 12 characters): the
+    actor is the person the job acts for, the job is what acted."""
+    job = ctx.principal.job if ctx.principal is not None else None
+    if job is not None:
+        ctx.detail.setdefault("job", job)
+
+
 def _owner_only(path: Path) -> None:
     """Whoever reads the key can re-sign the chain: only its owner may (0600, in a 0700
     folder); looser modes are taken back, with a warning."""
@@ -129,6 +137,7 @@ class AuditLog:
         """Record the success of ``ctx`` inside the service's own transaction."""
         ctx.target = target
         ctx.detail.update(detail)
+        _name_the_job(ctx)
         entry = self.append(
             session,
             actor=ctx.actor,
@@ -142,6 +151,7 @@ class AuditLog:
 
     def record_outcome(self, ctx: AuditContext, outcome: str) -> None:
         """Record what a service did not: a rejection or failure, in a transaction of its own."""
+        _name_the_job(ctx)
 
         def work(session: Session) -> None:
             self.append(
