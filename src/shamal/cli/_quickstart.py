@@ -466,10 +466,11 @@ def serve_the_champion(client: ShamalClient) -> tuple[list[str], Served]:
 
 
 def run_quickstart(client: ShamalClient, console: Console) -> None:
-    """The quickstart, each step printed as it is done: a team, an artifact stored and
-    read back, a tracked scikit-learn run registered as ``quickstart-wine@champion``, a
-    training job on the scheduler, the champion served over REST and gRPC, and the audit
-    chain verified."""
+    """The quickstart: a team, an artifact stored and read back, the wine data ingested and
+    its features defined, a tracked scikit-learn run registered as
+    ``quickstart-wine@champion``, a training job on the scheduler, the champion served over
+    REST and gRPC (one panel); then the loop, each step printed as it happens (drift,
+    retraining, canary, promotion, the new champion's lineage), and the audit chain verified."""
     steps: list[str] = []
     try:
         client.create_team(QUICKSTART_TEAM, "made by the quickstart")
