@@ -12,7 +12,16 @@ STAMP  := $(VENV)/.installed
 CONSTRAINTS ?= constraints.txt
 PIN := $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
 
+# The web UI's browser tests drive Debian's Chromium through its chromedriver: installed
+# here when missing and we are root (CI, on a clean clone); elsewhere those tests skip.
+BROWSER_PACKAGES := chromium chromium-driver
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromedriver >/dev/null && command -v apt-get >/dev/null; then \
+		echo "installing $(BROWSER_PACKAGES) for the browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; }; \
+	fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of PyTorch first, by exact version: a range alone would pull CUDA builds.

@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 
 from shamal.config import Settings
+from shamal.security import Principal
 from shamal.security.api import audit_action_of, audit_exemption_of, require_principal
 from shamal.server import PUBLIC_ROUTES, Platform, create_app, make_listener
+from shamal.webui import PUBLIC_ROUTES as UI_PUBLIC_ROUTES
+from shamal.webui import UIRoute, csrf_protected, session_principal
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -34,13 +37,31 @@ def api_routes(app: FastAPI) -> list[Any]:
     return [rc for rc in iter_route_contexts(app.routes) if isinstance(rc.original_route, APIRoute)]
 
 
+def _ui_route_problems(rc: Any) -> list[str]:
+    """A web UI page needs the session (the cookie re-authenticated); a form post the
+    session's CSRF token. The sign-in form checks its own (and audits every try)."""
+    if rc.path in UI_PUBLIC_ROUTES:
+        return []
+    calls = list(_calls(rc.dependant))
+    problems = []
+    if session_principal not in calls:
+        problems.append(f"{sorted(rc.methods)} {rc.path}: no session dependency")
+    if rc.methods & MUTATING and csrf_protected not in calls:
+        problems.append(f"{sorted(rc.methods)} {rc.path}: no CSRF check")
+    return problems
+
+
 def route_inventory_problems(app: FastAPI) -> list[str]:
-    """Every API route needs the auth dependency; every mutating one the audit dependency."""
+    """Every API route needs the auth dependency; every mutating one the audit dependency.
+    The web UI's routes need its session instead, and its forms the CSRF check."""
     problems = []
     for rc in iter_route_contexts(app.routes):
         if not isinstance(rc.original_route, APIRoute):
             if rc.path not in DOC_ROUTES:
                 problems.append(f"{rc.path}: a non-API route outside the allow-list")
+            continue
+        if isinstance(rc.original_route, UIRoute):
+            problems.extend(_ui_route_problems(rc))
             continue
         if rc.path in PUBLIC_ROUTES:
             continue
@@ -62,8 +83,9 @@ def test_every_route_but_the_probes_needs_a_token_and_changes_are_audited(
     routes = api_routes(app)
     assert len(routes) > 10
     assert route_inventory_problems(app) == []
-    public = {r.path for r in routes if require_principal not in list(_calls(r.dependant))}
-    assert public == set(PUBLIC_ROUTES)
+    guards = {require_principal, session_principal}
+    public = {r.path for r in routes if not guards & set(_calls(r.dependant))}
+    assert public == set(PUBLIC_ROUTES) | set(UI_PUBLIC_ROUTES)
 
 
 def test_the_inventory_flags_an_unguarded_route(platform: Platform) -> None:
@@ -76,6 +98,25 @@ def test_the_inventory_flags_an_unguarded_route(platform: Platform) -> None:
     problems = route_inventory_problems(app)
     assert any("/api/v1/forgotten: no auth dependency" in p for p in problems)
     assert any("/api/v1/forgotten: not audited" in p for p in problems)
+
+
+def test_the_inventory_flags_an_unguarded_ui_page_and_form(platform: Platform) -> None:
+    app = create_app(platform.settings, platform)
+    router = APIRouter(route_class=UIRoute)
+
+    @router.get("/ui/open")
+    def open_page() -> dict[str, str]:
+        return {}
+
+    @router.post("/ui/unchecked")
+    def unchecked(_: Annotated[Principal, Depends(session_principal)]) -> dict[str, str]:
+        return {}
+
+    app.include_router(router)
+    problems = route_inventory_problems(app)
+    assert "['GET'] /ui/open: no session dependency" in problems
+    assert "['POST'] /ui/unchecked: no CSRF check" in problems
+    assert not any("/ui/unchecked: no session" in p for p in problems)
 
 
 def test_probes_answer_without_a_token(api: TestClient) -> None:
@@ -230,13 +271,16 @@ def test_forwarded_headers_and_header_tricks_do_not_authenticate(api: TestClient
     assert "sneaky" not in [t["name"] for t in api.get("/api/v1/teams").json()]
 
 
-def test_the_address_the_mlflow_client_links_to_explains_where_to_look(api: TestClient) -> None:
-    # "View run at <server>/#/experiments/1/runs/<id>": the browser asks for "/" only.
-    answer = api.get("/", headers={"Authorization": ""})
-    assert answer.status_code == 200
-    assert answer.headers["content-type"].startswith("text/html")
-    assert "shamal runs show &lt;run id&gt;" in answer.text
-    assert 'href="/docs"' in answer.text
+def test_the_address_the_mlflow_client_links_to_opens_the_web_ui(api: TestClient) -> None:
+    # "View run at <server>/#/experiments/1/runs/<id>": the browser asks for "/" only, and
+    # keeps the fragment across the redirect; the sign-in form carries it on.
+    answer = api.get("/", headers={"Authorization": ""}, follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/ui/sign-in"
+    form = api.get("/ui/sign-in", headers={"Authorization": ""})
+    assert form.status_code == 200
+    assert form.headers["content-type"].startswith("text/html")
+    assert 'src="/ui/static/sign-in.js"' in form.text
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 import shamal
@@ -35,6 +35,7 @@ from shamal.server._platform import Platform, start_platform
 from shamal.server._strict import RejectLoneSurrogates, reject_unknown_query
 from shamal.tracking import api as tracking_api
 from shamal.tune import api as tune_api
+from shamal.webui import ui_router
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ logger = logging.getLogger(__name__)
 #: other route to the auth dependency.
 PUBLIC_ROUTES = frozenset(
     {
-        "/",
         "/health",
         "/ready",
         "/version",
@@ -163,35 +163,12 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(promotion_router)
     app.include_router(events_api.router)
     app.include_router(monitoring_api.router)
+    # The web UI (its own sign-in: a sealed session cookie, not a bearer header).
+    app.include_router(ui_router(settings.keys_dir))
     return app
 
 
-#: What a browser gets at ``/``: the stock MLflow client prints "View run at
-#: <server>/#/experiments/1/runs/<id>", and Shamal has no browser UI. Static: nothing of the
-#: request is echoed (the part after ``#`` never reaches a server anyway).
-LANDING_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Shamal</title>
-<style>body{font-family:system-ui,sans-serif;max-width:46rem;margin:3rem auto;padding:0 1rem;
-line-height:1.5}code{background:#f3f3f3;padding:0 .25rem}</style></head>
-<body><h1>Shamal</h1>
-<p>This server speaks the MLflow REST API and Shamal's own <code>/api/v1</code>; it has no
-browser interface. If an MLflow client sent you here with a link such as
-<code>/#/experiments/1/runs/&lt;run id&gt;</code>, look at that run from a terminal:</p>
-<pre><code>shamal runs show &lt;run id&gt;          # params, metrics with their curves, tags
-shamal runs plot &lt;run id&gt; -o run.png   # metric histories as a chart
-shamal experiments show &lt;experiment id or name&gt;
-shamal models list</code></pre>
-<p>Set <code>SHAMAL_URL</code> to this server's address and <code>SHAMAL_TOKEN</code> to
-your token first. The API reference is at <a href="/docs">/docs</a>.</p>
-</body></html>
-"""
-
-
 def _add_probes(app: FastAPI) -> None:
-    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
-    def landing() -> HTMLResponse:
-        return HTMLResponse(LANDING_PAGE)
-
     @app.get("/health", tags=["probes"], summary="Liveness: the process answers")
     def health() -> dict[str, str]:
         return {"status": "ok"}

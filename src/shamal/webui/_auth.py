@@ -1,0 +1,155 @@
+"""Signing in and out, the home page the MLflow client's links land on, static files."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from typing import Annotated
+
+from fastapi import Form, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import RedirectResponse, Response
+
+from shamal.errors import NotFound, Unauthenticated
+from shamal.security import AuditContext, AuditLog
+from shamal.webui._render import page, redirect, static_file
+from shamal.webui._seal import SESSION_MAX_AGE_S, new_nonce
+from shamal.webui._session import (
+    SESSION_COOKIE,
+    SIGN_IN_COOKIE,
+    CsrfChecked,
+    may_sign_in,
+    principal_of_token,
+    safe_return_path,
+    session_seal,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The fragments the stock MLflow client prints ("View run at", "View experiment at").
+_MLFLOW_FRAGMENT = re.compile(r"^#/experiments/([0-9]{1,18})(?:/runs/([0-9a-f]{32}))?/?$")
+_SIGN_IN_PATH = "/ui/sign-in"
+
+
+def mlflow_fragment_path(fragment: str) -> str | None:
+    """The UI page of an MLflow UI fragment (``#/experiments/1/runs/<id>``), or None."""
+    found = _MLFLOW_FRAGMENT.match(fragment or "")
+    if found is None:
+        return None
+    experiment, run = found.groups()
+    if run:
+        return f"/ui/experiments/{experiment}/runs/{run}"
+    return f"/ui/experiments/{experiment}"
+
+
+def _set_cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+    """HttpOnly, SameSite=Strict, Path=/; Secure when the page came over https. A
+    ``max_age`` of 0 clears the cookie."""
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def sign_out_response(request: Request, return_to: str = "") -> RedirectResponse:
+    """To the sign-in form, the session cookie cleared."""
+    target = _SIGN_IN_PATH
+    if return_to and safe_return_path(return_to) == return_to:
+        target += f"?next={return_to}"
+    response = redirect(target)
+    _set_cookie(response, request, SESSION_COOKIE, "", 0)
+    return response
+
+
+def sign_in_page(
+    request: Request,
+    next_path: Annotated[str | None, Query(alias="next", max_length=320)] = None,
+) -> Response:
+    """The sign-in form: a token field, and the fragment of an MLflow link kept by script."""
+    return sign_in_form(request, next_path)
+
+
+def sign_in_form(
+    request: Request, next_path: str | None, error: str = "", status_code: int = 200
+) -> Response:
+    nonce = new_nonce()
+    context = {
+        "title": "Sign in",
+        "principal": None,
+        "csrf": session_seal(request).csrf_token(nonce),
+        "next": safe_return_path(next_path) if next_path else "",
+        "error": error,
+    }
+    response = page("sign_in.html", context, status_code)
+    _set_cookie(response, request, SIGN_IN_COOKIE, nonce, 3600)
+    return response
+
+
+async def sign_in(
+    request: Request,
+    token: Annotated[str, Form(max_length=512)] = "",
+    csrf: Annotated[str, Form(max_length=128)] = "",
+    next_path: Annotated[str, Form(alias="next", max_length=320)] = "",
+    fragment: Annotated[str, Form(max_length=320)] = "",
+) -> Response:
+    """Check the token with the security service and open a session with it.
+
+    A wrong form token answers 403; a token that does not authenticate, the form again
+    with a 401. Both outcomes are audited (``ui.sign_in``).
+    """
+    seal = session_seal(request)
+    if not seal.csrf_valid(request.cookies.get(SIGN_IN_COOKIE, ""), csrf):
+        return refused_page(request)
+    principal = None
+    with contextlib.suppress(Unauthenticated):
+        principal = await principal_of_token(request, token.strip())
+    audit: AuditLog = request.app.state.audit
+    if principal is None or not may_sign_in(principal):
+        ctx = AuditContext(action="ui.sign_in", actor="anonymous", target="ui")
+        await run_in_threadpool(audit.record_outcome, ctx, "unauthenticated")
+        message = (
+            "That token was not accepted: it is unknown, expired or revoked, "
+            "or not a personal token."
+        )
+        return sign_in_form(request, next_path or None, message, 401)
+    ctx = AuditContext(action="ui.sign_in", actor=principal.name, principal=principal, target="ui")
+    await run_in_threadpool(audit.record_outcome, ctx, "ok")
+    target = mlflow_fragment_path(fragment) or safe_return_path(next_path)
+    response = redirect(target)
+    _set_cookie(response, request, SESSION_COOKIE, seal.seal(token.strip()), SESSION_MAX_AGE_S)
+    _set_cookie(response, request, SIGN_IN_COOKIE, "", 0)
+    return response
+
+
+async def sign_out(request: Request, principal: CsrfChecked) -> Response:
+    """Forget the session in this browser (the token itself stays valid: revoke it with
+    ``shamal tokens revoke`` to end every session made with it)."""
+    logger.info("%s signed out of the web UI", principal.name)
+    return sign_out_response(request)
+
+
+def refused_page(request: Request) -> Response:
+    """403: a form posted without its synchronizer token (or a stale one)."""
+    context = {
+        "title": "Form refused",
+        "principal": getattr(request.state, "principal", None),
+        "csrf": "",
+        "message": (
+            "This form was refused: it did not carry the security token of your session, "
+            "so it may not have come from this site. Go back, reload the page and try again."
+        ),
+    }
+    return page("error.html", context, 403)
+
+
+def static(name: str) -> Response:
+    found = static_file(name)
+    if found is None:
+        raise NotFound("no such file")
+    return found
