@@ -13,6 +13,8 @@ import base64
 import hashlib
 import hmac
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -32,13 +34,19 @@ class SessionSeal:
     Thread-safe: it holds only its keys.
     """
 
-    def __init__(self, key: bytes, max_age_s: int = SESSION_MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        max_age_s: int = SESSION_MAX_AGE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if len(key) < 32:
             raise ValueError("the session key must hold at least 32 bytes")
         digest = hashlib.sha256(b"shamal.webui.seal\x00" + key).digest()
         self._fernet = Fernet(base64.urlsafe_b64encode(digest))
         self._mac_key = hashlib.sha256(_CSRF_PURPOSE + key).digest()
         self._max_age_s = max_age_s
+        self._clock = clock
 
     @classmethod
     def from_keys_dir(cls, keys_dir: Path) -> SessionSeal:
@@ -48,7 +56,8 @@ class SessionSeal:
 
     def seal(self, token: str) -> str:
         """The cookie value for ``token``: a new one on every call (random IV)."""
-        return self._fernet.encrypt(token.encode("utf-8")).decode("ascii")
+        sealed = self._fernet.encrypt_at_time(token.encode("utf-8"), int(self._clock()))
+        return sealed.decode("ascii")
 
     def open(self, cookie: str) -> str | None:
         """The token sealed in ``cookie``; None when it was not made by this key, was
@@ -56,7 +65,10 @@ class SessionSeal:
         if not cookie or len(cookie) > 4096:
             return None
         try:
-            return self._fernet.decrypt(cookie.encode("ascii"), ttl=self._max_age_s).decode()
+            opened = self._fernet.decrypt_at_time(
+                cookie.encode("ascii"), ttl=self._max_age_s, current_time=int(self._clock())
+            )
+            return opened.decode("utf-8")
         except (InvalidToken, UnicodeError):
             return None
 
