@@ -40,7 +40,9 @@ from shamal.webui import ui_router
 logger = logging.getLogger(__name__)
 
 #: Routes that answer without a token. The route-inventory test holds every
-#: other route to the auth dependency.
+#: other route to the auth dependency, but the web UI's: those need its session cookie
+#: (``shamal.webui.session_principal``) and their forms its CSRF check, but the sign-in form
+#: and the static files (``shamal.webui.PUBLIC_ROUTES``).
 PUBLIC_ROUTES = frozenset(
     {
         "/health",

@@ -7,6 +7,7 @@ so what a person sees is exactly what their token may read through the API.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -32,6 +33,7 @@ MAX_COMPARED = 8
 
 ExperimentId = Annotated[str, Path(pattern=r"^[0-9]{1,18}$")]
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 Chosen = Annotated[list[str] | None, Query(max_length=MAX_CHOSEN)]
 _BASE_COLUMNS = (
     ("Run", "attributes.run_name"),
@@ -242,6 +244,31 @@ async def run_page(
     return page("run.html", context)
 
 
+def _compared_ids(run: list[str] | None) -> list[str]:
+    """The distinct run ids a comparison asked for, at most :data:`MAX_COMPARED`.
+
+    Raises:
+        InvalidParameter: an id that is not 32 hex characters, or fewer than two runs.
+    """
+    run_ids = _unique(run)[:MAX_COMPARED]
+    if not all(_RUN_ID.match(r) for r in run_ids):
+        raise InvalidParameter("compare runs by their 32-character ids")
+    if len(run_ids) < 2:
+        raise InvalidParameter("choose at least two runs to compare")
+    return run_ids
+
+
+ParamRow = tuple[str, list[str | None]]
+
+
+def _param_rows(runs: list[Run]) -> tuple[list[ParamRow], list[ParamRow]]:
+    """(the params whose values differ between the runs, those the same in all), by key."""
+    keys = sorted({k for r in runs for k in r.params})
+    rows = [(k, [r.params.get(k) for r in runs]) for k in keys]
+    differing = [row for row in rows if len(set(row[1])) > 1]
+    return differing, [row for row in rows if len(set(row[1])) <= 1]
+
+
 async def compare_page(
     request: Request,
     principal: SessionPrincipal,
@@ -249,19 +276,10 @@ async def compare_page(
 ) -> Response:
     """Runs side by side: their params (the rows that differ first) and their metrics'
     curves overlaid."""
-    run_ids = _unique(run)[:MAX_COMPARED]
-    for run_id in run_ids:
-        if len(run_id) != 32 or any(c not in "0123456789abcdef" for c in run_id):
-            raise InvalidParameter("compare runs by their 32-character ids")
-    if len(run_ids) < 2:
-        raise InvalidParameter("choose at least two runs to compare")
+    run_ids = _compared_ids(run)
     tracking = _tracking(request)
     runs = await run_in_threadpool(lambda: [tracking.get_run(principal, r) for r in run_ids])
-    keys = sorted({k for r in runs for k in r.params})
-    rows = [(k, [r.params.get(k) for r in runs]) for k in keys]
-    differing = [row for row in rows if len(set(row[1])) > 1]
-    same = [row for row in rows if len(set(row[1])) <= 1]
-    metric_keys = sorted({m.key for r in runs for m in r.metrics})
+    differing, same = _param_rows(runs)
     context = _context(
         request,
         principal,
@@ -269,7 +287,7 @@ async def compare_page(
         runs=runs,
         differing=differing,
         same=same,
-        metric_keys=metric_keys,
+        metric_keys=sorted({m.key for r in runs for m in r.metrics}),
         run_ids=" ".join(run_ids),
     )
     return page("compare.html", context)

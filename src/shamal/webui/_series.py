@@ -20,6 +20,7 @@ from shamal.webui._session import SessionPrincipal
 #: Points a chart asks for by default, and at most: a few per pixel of a wide screen.
 DEFAULT_POINTS = 2000
 MAX_POINTS = 20_000
+_NAN = float("nan")
 
 
 def _read_all(
@@ -44,9 +45,9 @@ def curve(
     at most ``points``; ``total`` counts the points in that range before cutting."""
     count = len(rows)
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=count)
-    values = np.fromiter((r[2] for r in rows), dtype=np.float64, count=count)
-    nan = np.fromiter((bool(r[3]) for r in rows), dtype=np.bool_, count=count)
-    keep = ~nan & np.isfinite(values)
+    # A stored NaN is 0.0 with its flag set: one pass reads both, as NaN.
+    values = np.fromiter((_NAN if r[3] else r[2] for r in rows), dtype=np.float64, count=count)
+    keep = np.isfinite(values)
     if first is not None:
         keep &= steps >= first
     if last is not None:
