@@ -169,17 +169,22 @@ def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
     assert printed[-1].startswith("weights sha256 ")  # the job's own last line
 
 
+def _quickstart(api: ShamalClient) -> str:
+    """What `make run` prints, its model servers stopped after."""
+    out = io.StringIO()
+    try:
+        run_quickstart(api, Console(file=out, width=2000))
+    finally:
+        stop_model_servers()
+    return out.getvalue()
+
+
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHAMAL_HOME", str(tmp_path / "home"))
     with LiveServer(tmp_path / "home") as server, ShamalClient(server.url, server.token) as api:
-        out = io.StringIO()
-        try:
-            run_quickstart(api, Console(file=out, width=2000))
-        finally:
-            stop_model_servers()
-        text = out.getvalue()
+        text = _quickstart(api)
         assert "registered quickstart-wine version 1 as @champion" in text
         # The champion is served over OIP and answered both tritonclient and curl.
         # ... tritonclient sent the sample's id only: its features were read online.
@@ -225,12 +230,7 @@ def test_quickstart_tracks_registers_and_is_repeatable(
 
 def _assert_a_second_run_carries_on(api: ShamalClient) -> None:
     """A second `make run` finds what the first made and carries on."""
-    second = io.StringIO()
-    try:
-        run_quickstart(api, Console(file=second, width=2000))
-    finally:
-        stop_model_servers()
-    again = second.getvalue()
+    again = _quickstart(api)
     assert re.search(r"registered quickstart-wine version \d+ as @champion", again), again
     # Two new versions of the data (the quickstart's, then one more), each starting a run.
     assert "ingested data:/wine/5: it started run" in again
