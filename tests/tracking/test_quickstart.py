@@ -179,6 +179,9 @@ def _quickstart(api: ShamalClient) -> str:
     return out.getvalue()
 
 
+# Two whole quickstarts, each with its closed loop (about 2.5 minutes each on a quiet machine):
+# more than the suite's 300 s per test.
+@pytest.mark.timeout(1200)
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
