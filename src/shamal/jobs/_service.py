@@ -271,6 +271,15 @@ class JobService:
             )
         return chosen.name, chosen.value
 
+    def check_executor(self, name: str | None) -> None:
+        """Refuse a job naming an executor the scheduler does not run (``None``, the
+        default, always passes).
+
+        Raises:
+            InvalidParameter: saying which executors run and how to enable another.
+        """
+        check_executor(name, self._settings.executor_names)
+
     def submit(self, ctx: AuditContext, spec: JobSpec) -> Job:
         """Queue a job.
 
@@ -291,7 +300,7 @@ class JobService:
         env = _rules.check_env(spec.env)
         _rules.check_resources(spec)
         pool = _rules.check_pool(spec.pool, set(self._pools))
-        check_executor(spec.executor, self._settings.executor_names)
+        self.check_executor(spec.executor)
         team, team_id = self._team(principal, spec.team)
         priority, value = self._priority(principal, team, spec.priority)
         if spec.snapshot is not None:
