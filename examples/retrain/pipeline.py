@@ -5,13 +5,13 @@ the deployment as a canary that the rollout controller promotes or rolls back.
 
     shamal pipeline run examples/retrain/pipeline.py:retrain --team quickstart --wait
 
-Registered by the quickstart (`make run`), whose drift monitor starts it by itself
-(`--on-drift retrain:retrain`), passing ``landing``: the lab's export in the team's artifact
-store, taken in as a new version of `wine` first. To retrain on every new version of `wine` as
-well, declare it ``@pipeline(on="dataset_version_created where dataset = 'wine'")``: a version
-its own ingest step writes never starts it again. Each step is a job of its own; the steps pass small values (dataset
-versions, the tracking run, the model version) and the stock mlflow client logs the training
-run into the step's nested run.
+Registered by the quickstart (`make run`). Two things start it by themselves: a new version of
+the `wine` dataset (the `on` trigger below; a version its own ingest step writes never starts it
+again), and the quickstart's drift monitor (`--on-drift retrain:retrain`), which passes
+``landing`` (the lab's export in the team's artifact store, taken in as a new version of `wine`
+first) and ``deployment`` (where the new version goes as a canary). Each step is a job of its
+own; the steps pass small values (dataset versions, the tracking run, the model version) and
+the stock mlflow client logs the training run into the step's nested run.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def canary(registered: dict[str, Any], deployment: str, percent: int) -> dict[st
     return {"version": version, "canary": uri, "revision": changed["revision"]}
 
 
-@pipeline
+@pipeline(on="dataset_version_created where dataset = 'wine'")
 def retrain(
     landing: str = "",
     mode: str = "append",

@@ -249,8 +249,20 @@ class SchedulerSettings(BaseModel):
         description='options of the policy, e.g. {"min_run_s": 600} (see `shamal scheduler '
         "policies`)",
     )
-    executor: Literal["local", "ray"] = "local"
-    ray_address: str | None = None
+    executor: Literal["local", "ray"] = Field(
+        default="local",
+        description="the executor that runs jobs which name none (and every job started "
+        "before jobs could name one)",
+    )
+    executors: tuple[Literal["local", "ray"], ...] = Field(
+        default=(),
+        description='executors this scheduler also runs, for jobs that name one, e.g. ["ray"] '
+        "beside the default local one",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="the Ray cluster the ray executor uses (default: a local Ray head it starts)",
+    )
     api_url: str | None = Field(
         default=None,
         description="the URL jobs reach the API at (default: the server's own address; "
@@ -323,6 +335,11 @@ class SchedulerSettings(BaseModel):
     priority_classes: tuple[PriorityClassSettings, ...] = _DEFAULT_CLASSES
     default_priority: str = "normal"
     cluster_file: Path | None = None
+
+    @property
+    def executor_names(self) -> tuple[str, ...]:
+        """Every executor this scheduler runs: the default first, then the others, once."""
+        return tuple(dict.fromkeys((self.executor, *self.executors)))
 
 
 class Settings(BaseSettings):

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from shamal.clock import utc_now
 from shamal.errors import Conflict
-from shamal.jobs import JobState, snapshot
+from shamal.jobs import JobSpec, JobState, snapshot
 from shamal.jobs._entities import Job
 from shamal.jobs._service import JobService
 from shamal.scheduler.live import JobLifecycle, effective_settings
@@ -78,6 +78,12 @@ def test_submit_list_show_events_and_cancel(api: TestClient, platform: Platform)
         ({"priority": "urgent"}, "no priority class"),
         ({"command": ["a\x00b"]}, "command"),
         ({"time_limit_s": -1}, ""),
+        (
+            {"executor": "ray"},
+            """runs jobs on the executor(s) 'local' (default 'local'), not 'ray'""",
+        ),
+        ({"executor": "ray"}, """SHAMAL_SCHEDULER__EXECUTORS='["ray"]'"""),
+        ({"executor": "slurm"}, ""),
     ],
 )
 def test_invalid_submissions_are_refused_and_store_nothing(
@@ -338,3 +344,22 @@ def test_a_snapshot_may_be_larger_than_a_request_but_not_than_an_upload(
     refused = tight.put(f"/api/v1/snapshots/{digest}", content=data)
     assert (refused.status_code, refused.json()["error_code"]) == (413, "REQUEST_TOO_LARGE")
     assert tight.get(f"/api/v1/snapshots/{digest}").status_code == 404
+
+
+def test_a_job_names_its_executor_among_those_the_server_runs(
+    api: TestClient, platform: Platform
+) -> None:
+    default = api.post("/api/v1/jobs", json=JOB).json()
+    local = api.post("/api/v1/jobs", json={**JOB, "executor": "local"}).json()
+    assert (default["executor"], local["executor"]) == (None, "local")
+    assert api.get(f"/api/v1/jobs/{local['id']}").json()["executor"] == "local"
+    # A server that runs Ray beside the default takes a job naming it, and stores the name.
+    both = platform.settings.scheduler.model_copy(update={"executors": ("ray",)})
+    jobs = JobService(
+        platform.db, platform.audit, platform.security, platform.artifacts, both, platform.cluster
+    )
+    admin = platform.security.authenticate(platform.admin_secret or "")
+    ctx = AuditContext(action="job.submit", actor=admin.name, principal=admin)
+    on_ray = jobs.submit(ctx, JobSpec(command=("true",), cpus=0.5, memory_mib=64, executor="ray"))
+    assert platform.jobs.get(admin, on_ray.id).executor == "ray"
+    assert api.get(f"/api/v1/jobs/{on_ray.id}").json()["executor"] == "ray"

@@ -102,6 +102,7 @@ def test_garbage_durations_are_refused_with_examples(text: str) -> None:
         (["--env", "1BAD=x"], "is not an environment variable name"),
         (["--env", "NOVALUE"], "--env takes KEY=VALUE"),
         (["--workdir", "/nonexistent"], "--workdir /nonexistent is not a folder"),
+        (["--executor", "slurm"], "--executor: Input should be 'local' or 'ray'"),
     ],
 )
 def test_submit_refuses_bad_options_with_a_clear_message(

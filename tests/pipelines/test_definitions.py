@@ -81,6 +81,7 @@ def test_yaml_reads_references_orders_steps_and_round_trips() -> None:
         ),
         ({"steps": [{"name": "a", "command": ["x"], "env": {"K": 1}}]}, "env must map"),
         ({"steps": [{"name": "a", "command": ["x"], "surprise": 1}]}, "unknown keys"),
+        ({"steps": [{"name": "a", "command": ["x"], "executor": "slurm"}]}, "local or ray"),
         ({"triggers": [{"on": "x", "schedule": "* * * * *"}]}, "exactly one of 'on'"),
     ],
 )
@@ -197,3 +198,43 @@ def step_fn_impl(x: int) -> int:
 
 
 step_fn = step(step_fn_impl)
+
+
+def test_a_step_names_its_executor_and_only_then_does_its_json_carry_it(tmp_path: Path) -> None:
+    text = {
+        "name": "p",
+        "steps": [
+            {"name": "prep", "command": ["x"]},
+            {"name": "train", "command": ["y"], "after": ["prep"], "executor": "ray"},
+        ],
+    }
+    spec = PipelineSpec.from_json(text, yaml_refs=True)
+    assert [s.executor for s in spec.steps] == [None, "ray"]
+    stored = spec.to_json()
+    assert "executor" not in stored["steps"][0]  # a step naming none keeps its old digest
+    assert stored["steps"][1]["executor"] == "ray"
+    assert PipelineSpec.from_json(stored) == spec
+    # Naming the default changes the definition (and its digest), never the step's cache key.
+    local = PipelineSpec.from_json(text | {"steps": [text["steps"][0] | {"executor": "local"}]})
+    assert local.digest != PipelineSpec.from_json(text | {"steps": [text["steps"][0]]}).digest
+    (tmp_path / "flow.py").write_text(
+        textwrap.dedent(
+            """
+            from shamal.pipelines import pipeline, step
+
+            @step(executor="ray", cpus=0.5)
+            def train() -> int:
+                return 1
+
+            @step
+            def check(n: int) -> bool:
+                return n > 0
+
+            @pipeline
+            def flow() -> None:
+                check.options(executor="local")(train())
+            """
+        )
+    )
+    traced, _ = load_pipeline(f"{tmp_path / 'flow.py'}:flow")
+    assert [(s.name, s.executor) for s in traced.steps] == [("train", "ray"), ("check", "local")]

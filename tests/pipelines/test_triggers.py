@@ -61,15 +61,19 @@ def _runs(platform: Platform) -> list[str]:
     return [r.trigger for r in platform.pipelines.list_runs(_admin(platform), limit=1000)]
 
 
-def test_an_event_starts_a_run_once_and_only_for_its_team(platform: Platform) -> None:
-    _register(platform, [{"on": "dataset_version_created where dataset = 'wine'"}])
-    triggers = PipelineTriggers(
+def _triggers(platform: Platform) -> PipelineTriggers:
+    return PipelineTriggers(
         platform.db,
         platform.security,
         platform.pipelines,
         platform.events,
         lambda: datetime.now(UTC),
     )
+
+
+def test_an_event_starts_a_run_once_and_only_for_its_team(platform: Platform) -> None:
+    _register(platform, [{"on": "dataset_version_created where dataset = 'wine'"}])
+    triggers = _triggers(platform)
     _emit(platform, "ml", "wine")
     _emit(platform, "ml", "other")  # the filter leaves it out
     _emit(platform, "risk", "wine")  # another team's data never starts ml's pipeline
@@ -180,13 +184,7 @@ def test_a_pipelines_own_writes_never_start_it_but_start_the_others(platform: Pl
     _register(platform, on_wine, name="ingest")
     _register(platform, on_wine, name="train")
     platform.datasets.create(_ctx(platform), "wine", "ml")
-    triggers = PipelineTriggers(
-        platform.db,
-        platform.security,
-        platform.pipelines,
-        platform.events,
-        lambda: datetime.now(UTC),
-    )
+    triggers = _triggers(platform)
     first = platform.pipelines.start(_ctx(platform), "ingest")
     assert first is not None
     job = _write_as_step(platform, first.id, "wine")

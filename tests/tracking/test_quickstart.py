@@ -63,6 +63,18 @@ def _assert_trained_from_the_dataset(api: ShamalClient, run: Any, text: str) -> 
     assert read.dataset.digest == training["digest"]
 
 
+def _assert_the_pipeline_retrained(text: str) -> None:
+    """A new version of the wine data started the retraining pipeline by itself, and each of
+    its steps ran as a job (no deployment named: its canary step had nothing to do)."""
+    retrained = re.search(
+        r"ingested data:/wine/2: it started run (\w+), succeeded \(ingest succeeded, "
+        r"validate succeeded, features succeeded, train succeeded, evaluate succeeded, "
+        r"register succeeded, gate succeeded, canary succeeded\)",
+        text,
+    )
+    assert retrained is not None, text
+
+
 #: Who acts without a person: the monitor, the pipeline engine, the scheduler, the controller.
 PLATFORM_ACTORS = ("monitor", "pipeline", "scheduler", "rollout-controller")
 
@@ -70,9 +82,9 @@ PLATFORM_ACTORS = ("monitor", "pipeline", "scheduler", "rollout-controller")
 def _assert_the_loop_closed(api: ShamalClient, text: str) -> None:
     """Calm traffic, then shifted traffic: the monitor found drift and started the retraining
     pipeline, which took in the lab's export, validated it, built the training set from the
-    feature store, trained, evaluated, registered v2 with its reference and put it on as a
+    feature store, trained, evaluated, registered v3 with its reference and put it on as a
     canary; the rollout controller promoted it on live traffic, and the monitor went on
-    against v2's reference. Every step is in lineage and the audit log, and from the lab's
+    against v3's reference. Every step is in lineage and the audit log, and from the lab's
     drop to the promotion nothing was done by a person."""
     assert re.search(r"callers ask wine by sample id: \d+ rows judged, no drift", text), text
     found = re.search(
@@ -87,37 +99,37 @@ def _assert_the_loop_closed(api: ShamalClient, text: str) -> None:
         "succeeded, train succeeded, evaluate succeeded, register succeeded, gate succeeded, "
         "canary succeeded"
     ) in text
-    assert "models:/quickstart-wine/2 went on wine as its canary at 25% of traffic" in text
-    assert "the rollout controller promoted quickstart-wine/2 on live traffic" in text
+    assert "models:/quickstart-wine/3 went on wine as its canary at 25% of traffic" in text
+    assert "the rollout controller promoted quickstart-wine/3 on live traffic" in text
     assert re.search(
-        r"the monitor now judges v2's answers against its own reference: \d+ rows judged, "
+        r"the monitor now judges v3's answers against its own reference: \d+ rows judged, "
         r"no drift",
         text,
     ), text
     assert re.search(r"callers sent \d+ requests \(0 failed\)", text), text
     deployment = api.get_deployment("wine")
     assert deployment["state"]["phase"] == "promoted"
-    assert [(r["role"], r["version"]) for r in deployment["routes"]] == [("primary", 2)]
+    assert [(r["role"], r["version"]) for r in deployment["routes"]] == [("primary", 3)]
     reference = api.monitor("wine-drift")["reference"]
-    assert (reference["model"], reference["version"]) == ("quickstart-wine", 2)
+    assert (reference["model"], reference["version"]) == ("quickstart-wine", 3)
     (run,) = [r for r in api.pipeline_runs("retrain") if r["id"].startswith(found[3])]
     run = api.pipeline_run(run["id"])
     assert "drift found by monitor wine-drift" in run["trigger"]
     assert run["params"]["landing"] == "quickstart/landing/wine-harvest.csv"
     steps = {s["key"]: s for s in run["steps"]}
-    # The harvest became wine/2 (validated, pseudonymized), and the training set was joined
+    # The harvest became wine/3 (validated, pseudonymized), and the training set was joined
     # from it through the feature view.
-    assert steps["ingest"]["output"]["data"] == "wine/2"
-    harvest = api.dataset_version("wine/2")
+    assert steps["ingest"]["output"]["data"] == "wine/3"
+    harvest = api.dataset_version("wine/3")
     assert (harvest["row_count"], harvest["status"]) == (356, "valid")
     assert [(t["column"], t["action"]) for t in harvest["transformations"]] == [("taster", "hmac")]
     training = api.dataset_version(steps["features"]["output"]["training"])
     (used,) = training["source"]["feature_views"]
-    assert used["dataset"] == "data:/wine/2"
+    assert used["dataset"] == "data:/wine/3"
     graph = api.lineage("deployments:/wine", direction="up", depth=10)
     reached = {n["id"] for n in graph["nodes"]}
     trained = f"runs:/{steps['train']['output']['run_id']}"
-    assert {"models:/quickstart-wine/2", trained, training["uri"], "data:/wine/2"} <= reached
+    assert {"models:/quickstart-wine/3", trained, training["uri"], "data:/wine/3"} <= reached
     _assert_nobody_acted(api, {s["key"]: (s["job_id"] or "")[:12] for s in run["steps"]})
 
 
@@ -157,17 +169,25 @@ def _assert_the_job_trained(api: ShamalClient, text: str) -> None:
     assert printed[-1].startswith("weights sha256 ")  # the job's own last line
 
 
+def _quickstart(api: ShamalClient) -> str:
+    """What `make run` prints, its model servers stopped after."""
+    out = io.StringIO()
+    try:
+        run_quickstart(api, Console(file=out, width=2000))
+    finally:
+        stop_model_servers()
+    return out.getvalue()
+
+
+# Two whole quickstarts, each with its closed loop (about 2.5 minutes each on a quiet machine):
+# more than the suite's 300 s per test.
+@pytest.mark.timeout(1200)
 def test_quickstart_tracks_registers_and_is_repeatable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHAMAL_HOME", str(tmp_path / "home"))
     with LiveServer(tmp_path / "home") as server, ShamalClient(server.url, server.token) as api:
-        out = io.StringIO()
-        try:
-            run_quickstart(api, Console(file=out, width=2000))
-        finally:
-            stop_model_servers()
-        text = out.getvalue()
+        text = _quickstart(api)
         assert "registered quickstart-wine version 1 as @champion" in text
         # The champion is served over OIP and answered both tritonclient and curl.
         # ... tritonclient sent the sample's id only: its features were read online.
@@ -186,6 +206,7 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         assert answer["outputs"][0]["data"] == [0]
         assert "audit chain verified" in text
         _assert_the_job_trained(api, text)
+        _assert_the_pipeline_retrained(text)
         _assert_the_loop_closed(api, text)
         monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
         client = MlflowClient(server.url)
@@ -204,24 +225,24 @@ def test_quickstart_tracks_registers_and_is_repeatable(
         # The model is an artifact: MLflow 3 keeps it under the logged model's location.
         listed = mlflow.artifacts.list_artifacts(artifact_uri=logged.artifact_location)
         assert {"MLmodel", "requirements.txt"} <= {f.path.rsplit("/", 1)[-1] for f in listed}
-        # The pipeline registered version 2 and pointed @candidate at it.
+        # The drift's retraining registered version 3 and pointed @candidate at it.
         candidate = client.get_model_version_by_alias("quickstart-wine", "candidate")
-        assert int(candidate.version) == 2
+        assert int(candidate.version) == 3
         _assert_a_second_run_carries_on(api)
 
 
 def _assert_a_second_run_carries_on(api: ShamalClient) -> None:
     """A second `make run` finds what the first made and carries on."""
-    second = io.StringIO()
-    try:
-        run_quickstart(api, Console(file=second, width=2000))
-    finally:
-        stop_model_servers()
-    again = second.getvalue()
-    assert "registered quickstart-wine version 3 as @champion" in again
-    # The loop closes again: version 3 serves, drifts, and version 4 takes over.
-    assert "the rollout controller promoted quickstart-wine/4 on live traffic" in again
+    again = _quickstart(api)
+    assert re.search(r"registered quickstart-wine version \d+ as @champion", again), again
+    # Two new versions of the data (the quickstart's, then one more), each starting a run.
+    assert "ingested data:/wine/5: it started run" in again
+    # The loop closes again: the newest version, retrained on drift, takes over.
+    promoted = re.search(r"the rollout controller promoted quickstart-wine/(\d+) on live", again)
+    assert promoted is not None, again
+    newest = MlflowClient(api.url).search_model_versions("name = 'quickstart-wine'")
+    assert int(promoted[1]) == max(int(v.version) for v in newest) > 3
     # Each ingestion overwrites: the lab's data again, then the harvest again, never both.
-    assert api.dataset_version("wine/3")["row_count"] == 178
+    assert api.dataset_version("wine/5")["row_count"] == 178
     latest = api.dataset_version("wine")
-    assert (latest["uri"], latest["row_count"]) == ("data:/wine/4", 356)
+    assert (latest["uri"], latest["row_count"]) == ("data:/wine/6", 356)

@@ -32,8 +32,10 @@ from shamal.cli._quickstart import (
     MODEL,
     QUICKSTART_TEAM,
     SERVED_AS,
+    TRAINING_DATA,
     Served,
     taster,
+    wine_csv,
     wine_measurements,
 )
 from shamal.cli.monitor import describe_action
@@ -134,18 +136,35 @@ def harvest(folder: Path) -> tuple[Path, list[list[float]]]:
     return path, [[float(v) for v in row] for row in data]
 
 
-def _register_retraining(client: ShamalClient) -> str:
-    """The retraining pipeline, registered for the team with the served deployment as the
-    place its new versions go as canaries."""
+def retrain_on_new_data(client: ShamalClient, folder: Path, say: Callable[[str], None]) -> None:
+    """Register the retraining pipeline, which every new version of the wine data starts by
+    itself, then ingest one and follow the run it starts (it registers a candidate and the
+    gate decides @champion; deploying is the drift monitor's call, below)."""
     from shamal.pipelines import load_pipeline
 
     spec, root = load_pipeline(f"{RETRAIN}:retrain")
     body = spec.to_json() | {"team": QUICKSTART_TEAM}
-    body["params"] = {**body["params"], "deployment": SERVED_AS, "canary_percent": CANARY_PERCENT}
     registered = client.register_pipeline(body, client.upload_snapshot(root, QUICKSTART_TEAM))
-    return (
-        f"registered pipeline [bold]retrain[/] v{registered['pipeline']['version']}: ingest, "
-        "validate, features, train, evaluate, register, gate, canary"
+    say(
+        f"registered pipeline [bold]retrain[/] v{registered['pipeline']['version']} (ingest, "
+        "validate, features, train, evaluate, register, gate, canary), started by every new "
+        "version of wine"
+    )
+    before = {r["id"] for r in client.pipeline_runs("retrain", limit=1000)}
+    found = client.ingest_file(TRAINING_DATA, wine_csv(folder), mode="overwrite")
+
+    def started() -> dict[str, Any] | None:
+        runs = [r for r in client.pipeline_runs("retrain", limit=1000) if r["id"] not in before]
+        if runs and runs[0]["state"] != "running":
+            run: dict[str, Any] = client.pipeline_run(runs[0]["id"])
+            return run
+        return None
+
+    run = _wait(f"a run started by {found['uri']}", WAIT_RUN_S, started)
+    states = ", ".join(f"{s['key']} {s['state']}" for s in run["steps"] if s.get("fan_out") is None)
+    say(
+        f"ingested {found['uri']}: it started run [bold]{run['id'][:12]}[/], {run['state']} "
+        f"({states}); see it: shamal pipeline show {run['id']}"
     )
 
 
@@ -157,7 +176,12 @@ def _watch(client: ShamalClient) -> str:
         "name": MONITOR,
         "schedule_s": SCHEDULE_S,
         "on_drift": "retrain:retrain",
-        "retrain_params": {"landing": f"{QUICKSTART_TEAM}/{LANDING}", "mode": "overwrite"},
+        "retrain_params": {
+            "landing": f"{QUICKSTART_TEAM}/{LANDING}",
+            "mode": "overwrite",
+            "deployment": SERVED_AS,
+            "canary_percent": CANARY_PERCENT,
+        },
     }
     with contextlib.suppress(AlreadyExists):
         client.create_monitor(spec)
@@ -242,7 +266,11 @@ def close_the_loop(
     if not RETRAIN.is_file():
         say("the retraining pipeline example is part of a source checkout: skipped here")
         return None
-    say(_register_retraining(client))
+    try:
+        retrain_on_new_data(client, folder, say)
+    except TimeoutError as exc:
+        say(f"[yellow]{exc}[/]: see `shamal pipeline list`")
+        return None
     say(_watch(client))
     seen = {r["id"] for r in client.monitor_results(MONITOR, limit=20)}
     before = _primary(client.get_deployment(SERVED_AS))

@@ -95,6 +95,7 @@ _FLAGS = {
     "retries": "--retries",
     "env": "--env",
     "datasets": "--dataset",
+    "executor": "--executor",
 }
 """The flag of each field of the API's JobIn, for errors in the user's words."""
 _UNITS = {"memory_mib": " (MiB)", "time_limit_s": " (seconds; 30d at most)"}
@@ -212,6 +213,13 @@ def submit(
             "only in pools of regions their residency policies allow.",
         ),
     ] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="local or ray: what runs it (default: the server's); the server must run it.",
+        ),
+    ] = None,
     as_json: bool = JsonOption,
 ) -> None:
     """Queue COMMAND as a job with a snapshot of the working folder.
@@ -238,6 +246,7 @@ def submit(
         "retries": retries,
         "env": variables,
         "datasets": list(dataset or []),
+        "executor": executor,
     }
     _check_request(command, options)
     if not no_snapshot and not workdir.is_dir():
@@ -354,6 +363,7 @@ def _job_details(job: dict[str, Any]) -> dict[str, Any]:
         "resources": job["resources"],
         "priority": job["priority"],
         "pool": job["pool"] or "any",
+        "executor": job.get("executor") or "the server's default",
         "datasets": ", ".join(job.get("datasets") or []) or "-",
         "regions": "any" if job.get("regions") is None else ", ".join(job["regions"]),
         "attempt": f"{job['attempt']} (retries used {job['retries_used']} of "

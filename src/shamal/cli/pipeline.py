@@ -272,20 +272,26 @@ def _print_run(api: ShamalClient, run: dict[str, Any]) -> None:
         f"v{run['version']}: [{style}]{run['state']}[/]{took} [dim]({escape(run['trigger'])})[/]"
     )
     for step in spec.steps:
-        tree.add(_step_line(step.name, step.upstream, steps))
+        tree.add(_step_line(step.name, step.upstream, steps, step.executor))
     console.print(tree)
     if run["reason"]:
         console.print(f"[red]{escape(run['reason'])}[/]")
 
 
-def _step_line(name: str, upstream: Sequence[str], steps: dict[str, dict[str, Any]]) -> str:
+def _step_line(
+    name: str,
+    upstream: Sequence[str],
+    steps: dict[str, dict[str, Any]],
+    executor: str | None = None,
+) -> str:
     found = steps.get(name)
     state = found["state"] if found else "pending"
     mark, style = STATE_LOOK.get(state, ("?", "white"))
     items = [s for k, s in steps.items() if k.startswith(f"{name}[")]
     width = f" ×{len(items)}" if items else ""
     after = f" [dim]← {escape(', '.join(upstream))}[/]" if upstream else ""
-    line = f"[{style}]{mark} {escape(name)}{width}[/] [{style}]{state}[/]{after}"
+    where = f" [dim](on {executor})[/]" if executor else ""
+    line = f"[{style}]{mark} {escape(name)}{width}[/] [{style}]{state}[/]{where}{after}"
     if found and found.get("reason"):
         line += f"\n  [dim]{escape(found['reason'][:300])}[/]"
     if found and found.get("cache_note"):

@@ -1,6 +1,7 @@
 """Executors: what runs a placed job (local processes, a Ray cluster).
 
-Pick one by name with :func:`get_executor`; each implements the :class:`Executor`
+Pick one by name with :func:`get_executor`; run several behind one with
+:class:`ExecutorSet` (each job on the one it names). Each implements the :class:`Executor`
 contract documented in :mod:`shamal.executors._protocol`. Implementations are imported
 only when asked for, so the platform works without ``ray`` installed.
 """
@@ -33,6 +34,7 @@ from shamal.executors._protocol import (
     LaunchSpec,
 )
 from shamal.executors._ray_token import ensure_ray_token
+from shamal.executors._routing import ExecutorSet, check_executor
 
 __all__ = [
     "DISK_LIMIT",
@@ -48,10 +50,12 @@ __all__ = [
     "ExitReason",
     "ExitStatus",
     "Executor",
+    "ExecutorSet",
     "Handle",
     "LaunchFailed",
     "LaunchSpec",
     "detect_local_gpus",
+    "check_executor",
     "ensure_ray_token",
     "get_executor",
 ]

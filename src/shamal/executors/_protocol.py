@@ -191,6 +191,9 @@ class LaunchSpec:
             its own devices).
         tenant: whose code it is (the job's team, ``""`` for none): an executor with a
             sandbox runs it as that tenant's OS user.
+        executor: the executor the job asked for (``local``, ``ray``), ``None`` for the
+            server's default: an :class:`~shamal.executors.ExecutorSet` launches it there;
+            a single executor ignores it.
     """
 
     job_id: str
@@ -204,6 +207,7 @@ class LaunchSpec:
     grace_s: float = 30.0
     device_ids: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     tenant: str = ""
+    executor: str | None = None
 
     def __post_init__(self) -> None:
         if not self.job_id or "/" in self.job_id or "\0" in self.job_id:

@@ -90,6 +90,8 @@ class JobSpec:
     #: The datasets the job reads (``customers``, ``customers@prod``): their residency
     #: policies decide the regions it may run in.
     datasets: tuple[str, ...] = ()
+    #: The executor that runs it (``local``, ``ray``); None: the server's default.
+    executor: str | None = None
     #: The job's id, chosen by the caller (32 lower-case hex digits) so that a submission
     #: retried after a crash finds the job it made instead of making a second one.
     id: str | None = None
@@ -139,6 +141,8 @@ class Job:
     #: (None: anywhere).
     datasets: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None
+    #: The executor it asked for (``local``, ``ray``); None: the server's default.
+    executor: str | None = None
 
     @property
     def resources_text(self) -> str:

@@ -4,7 +4,7 @@ that the CLI checks a job as the server will before it uploads anything."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -87,6 +87,11 @@ class JobIn(Model):
         "in pools of regions their residency policies allow",
         examples=[["customers@prod"]],
     )
+    executor: Literal["local", "ray"] | None = Field(
+        default=None,
+        description="the executor that runs it: local processes or the Ray cluster (null: "
+        "the server's default); one the server does not run is refused",
+    )
 
     # Checked here rather than by a schema pattern so that a refusal says what to write,
     # not which regular expression failed (the schema still documents the patterns).
@@ -121,4 +126,5 @@ class JobIn(Model):
             env=dict(self.env),
             snapshot=self.snapshot,
             datasets=tuple(self.datasets),
+            executor=self.executor,
         )

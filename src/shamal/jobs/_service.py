@@ -32,6 +32,7 @@ from shamal.config import SchedulerSettings
 from shamal.db import Database
 from shamal.errors import AlreadyExists, Conflict, InvalidParameter, NotFound, PermissionDenied
 from shamal.events import EventKind, NewEvent, emit
+from shamal.executors import check_executor
 from shamal.jobs import _cost, _rules, _store, snapshot
 from shamal.jobs._convert import placement_from_json, record_of, request_of
 from shamal.jobs._entities import (
@@ -270,13 +271,23 @@ class JobService:
             )
         return chosen.name, chosen.value
 
+    def check_executor(self, name: str | None) -> None:
+        """Refuse a job naming an executor the scheduler does not run (``None``, the
+        default, always passes).
+
+        Raises:
+            InvalidParameter: saying which executors run and how to enable another.
+        """
+        check_executor(name, self._settings.executor_names)
+
     def submit(self, ctx: AuditContext, spec: JobSpec) -> Job:
         """Queue a job.
 
         Raises:
-            InvalidParameter: a malformed request, an unknown pool, class or snapshot, or
-                a job that no node (set of nodes, for a gang) of its pool could ever hold
-                or that needs more than its team's quota plus borrow limit.
+            InvalidParameter: a malformed request, an unknown pool, class or snapshot, an
+                executor this server does not run, or a job that no node (set of nodes,
+                for a gang) of its pool could ever hold or that needs more than its team's
+                quota plus borrow limit.
             NotFound / PermissionDenied: the team is not the caller's, or the role is low;
                 the snapshot is not one the job's team uploaded (NotFound).
         """
@@ -289,6 +300,7 @@ class JobService:
         env = _rules.check_env(spec.env)
         _rules.check_resources(spec)
         pool = _rules.check_pool(spec.pool, set(self._pools))
+        self.check_executor(spec.executor)
         team, team_id = self._team(principal, spec.team)
         priority, value = self._priority(principal, team, spec.priority)
         if spec.snapshot is not None:
@@ -335,6 +347,7 @@ class JobService:
             predicted_s=None,
             datasets=tuple(spec.datasets),
             regions=regions,
+            executor=spec.executor,
         )
         self._check_capacity(job, pool, team)
 

@@ -74,6 +74,7 @@ def _job(row: JobRow) -> Job:
         predicted_s=row.predicted_s,
         datasets=tuple(row.datasets or ()),
         regions=None if row.regions is None else tuple(row.regions),
+        executor=row.executor,
     )
 
 
@@ -124,6 +125,7 @@ def insert_job(s: Session, job: Job, team_id: str | None, actor: str) -> Job:
         predicted_s=job.predicted_s,
         datasets=list(job.datasets) or None,
         regions=None if job.regions is None else list(job.regions),
+        executor=job.executor,
     )
     s.add(row)
     s.flush()  # the event row refers to it; no ORM relationship orders the inserts

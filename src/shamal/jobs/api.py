@@ -84,6 +84,10 @@ class JobOut(_Model):
         description="the regions the residency policies of its datasets leave it to run in "
         "(null: anywhere)",
     )
+    executor: str | None = Field(
+        default=None,
+        description="the executor it asked for (local, ray); null: the server's default",
+    )
     waiting: str | None = Field(
         default=None,
         description="for a queued job: what it waits for (quota, resources or the "
@@ -128,6 +132,7 @@ class JobOut(_Model):
             attained_s=job.attained_s,
             predicted_s=job.predicted_s,
             datasets=list(job.datasets),
+            executor=job.executor,
             regions=None if job.regions is None else list(job.regions),
             waiting=waiting,
         )

@@ -364,6 +364,7 @@ class RunAdvancer:
             env=env,
             snapshot=info.snapshot,
             datasets=_datasets_read(record.args, step),
+            executor=step.executor,
             id=record.job_id,
         )
         try:

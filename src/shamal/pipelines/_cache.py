@@ -4,8 +4,9 @@ miss can say which part changed.
 The key covers the step's code (the pipeline version's code snapshot and the function or
 command it runs), every argument as the step receives it (dataset references resolved to
 version numbers, upstream outputs by value), and its environment (its own variables, the
-platform's Python and Shamal versions). Resources, retries and time limits are not part of
-it: they change how a step runs, never what it computes.
+platform's Python and Shamal versions). Resources, retries, time limits and the executor
+(local or Ray) are not part of it: they change how and where a step runs, never what it
+computes, so a result made on one executor is reused on the other.
 """
 
 from __future__ import annotations

@@ -267,13 +267,14 @@ def _trigger_fields(what: str, data: Mapping[str, Any]) -> tuple[Mapping[str, An
 @dataclass(frozen=True, slots=True)
 class StepSpec:
     """One step: a Python function (``file.py:name`` in the pipeline's code folder) or a
-    command, run as a job with its own resources, team, time limit and retries.
+    command, run as a job with its own resources, team, time limit, retries and executor.
 
     ``map``: the argument whose list value fans the step out, one job per element (the
     step's output is then the list of their outputs, in order). ``when``: a rule over the
     outputs of earlier steps and the parameters; false skips the step and what depends on
     it. ``after``: steps it waits for without taking their output. ``cache``: False never
-    reuses an earlier result.
+    reuses an earlier result. ``executor``: what runs its job (``local``, ``ray``; None: the
+    server's default), which the server must run.
     """
 
     name: str
@@ -292,6 +293,7 @@ class StepSpec:
     pool: str | None = None
     cache: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
+    executor: Literal["local", "ray"] | None = None
 
     @property
     def upstream(self) -> tuple[str, ...]:
@@ -300,7 +302,7 @@ class StepSpec:
         return tuple(dict.fromkeys([*named, *self.after, *_when_steps(self.when)]))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "name": self.name,
             "function": self.function,
             "command": list(self.command) if self.command is not None else None,
@@ -318,6 +320,11 @@ class StepSpec:
             "cache": self.cache,
             "env": dict(sorted(self.env.items())),
         }
+        # Only when set: a pipeline that names no executor keeps the digest it had before
+        # steps could name one (and so its version on a second registration).
+        if self.executor is not None:
+            data["executor"] = self.executor
+        return data
 
 
 _STEP_KEYS = frozenset(StepSpec.__dataclass_fields__)
@@ -363,6 +370,7 @@ def step_from_json(data: object, *, yaml_refs: bool = False) -> StepSpec:
         pool=_text(what, "pool", data.get("pool"), 64),
         cache=_flag(what, "cache", data.get("cache", True)),
         env=_env(what, data.get("env")),
+        executor=_executor(what, data.get("executor")),
     )
 
 
@@ -372,6 +380,16 @@ def _arg(what: str, value: object, yaml_refs: bool) -> Ref:
             return parse_reference(what, value)
         return Ref("value", value=check_value(what, value))
     return Ref.from_json(what, value)
+
+
+def _executor(what: str, value: object) -> Literal["local", "ray"] | None:
+    if value is None:
+        return None
+    if value == "local":
+        return "local"
+    if value == "ray":
+        return "ray"
+    raise InvalidParameter(f"{what}: executor is local or ray (or left out: the server's)")
 
 
 def _function(what: str, value: object) -> str | None:

@@ -161,7 +161,7 @@ class Step(Generic[R]):
     def options(self, **overrides: Any) -> Step[R]:
         """The same step with other settings (``name``, ``cpus``, ``memory_mib``, ``gpus``,
         ``time_limit_s``, ``retries``, ``team``, ``pool``, ``cache``, ``env``, ``when``,
-        ``after``)."""
+        ``after``, ``executor``: ``"local"`` or ``"ray"``)."""
         name = overrides.pop("name", self.name)
         return Step(self.fn, name=name, **{**self._options, **overrides})
 

@@ -104,7 +104,8 @@ class PipelineService:
         version; the same definition and code again changes nothing.
 
         Raises:
-            InvalidParameter: an invalid pipeline, rule or trigger, or an unknown snapshot.
+            InvalidParameter: an invalid pipeline, rule or trigger, a step naming an
+                executor the server does not run, or an unknown snapshot.
             NotFound / PermissionDenied: a team the caller is not a member of; a pipeline
                 of that name owned by another team.
         """
@@ -116,6 +117,7 @@ class PipelineService:
                 self._security.authorize_team(principal, step.team, Role.MEMBER)
             if step.when is not None:
                 self._check_rule(step.name, step.when)
+        self._check_executors(spec)
         for trigger in spec.triggers:
             if self._check_trigger is not None:
                 self._check_trigger(trigger.to_json())
@@ -149,6 +151,15 @@ class PipelineService:
             return info, created
 
         return self._db.run(work)
+
+    def _check_executors(self, spec: PipelineSpec) -> None:
+        """A step naming an executor the server does not run is refused now, not when its
+        job is submitted halfway through a run."""
+        for step in spec.steps:
+            try:
+                self._jobs.check_executor(step.executor)
+            except InvalidParameter as exc:
+                raise InvalidParameter(f"step {step.name!r}: {exc.message}") from None
 
     def _check_rule(self, step: str, rule: str) -> None:
         try:

@@ -66,6 +66,8 @@ class JobRow(Base):
     #: policies leave it to run in (None: anywhere).
     datasets: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     regions: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    #: The executor the job asked for (None: the scheduler's default).
+    executor: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class JobEventRow(Base):

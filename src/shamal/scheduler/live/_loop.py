@@ -98,6 +98,8 @@ class SchedulerParts:
     jobs: JobService
     artifacts: ArtifactService
     executor: Executor
+    """What runs the jobs: the server builds an :class:`~shamal.executors.ExecutorSet`,
+    which launches each job on the executor it names."""
     cluster: Cluster
     settings: SchedulerSettings
     jobs_dir: Path
@@ -197,15 +199,16 @@ class SchedulerLoop:
 
     def _rest(self, stop: threading.Event) -> None:
         """Wait for the next tick: ``tick_s``, or less when a job was submitted in this
-        process (:attr:`wake`) or, on the local executor, when a running job has ended
-        (its files say so: a cheap look every ``END_POLL_S``). A job's successor, such as
-        a pipeline's next step, then starts within milliseconds instead of a tick."""
+        process (:attr:`wake`) or, for jobs on the local executor, when one has ended (its
+        files say so: a cheap look every ``END_POLL_S``; jobs on other executors wait for the
+        tick). A job's successor, such as a pipeline's next step, then starts within
+        milliseconds instead of a tick."""
         deadline = time.monotonic() + self._settings.tick_s
         while not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            fast = self._executor.name == "local" and bool(self.tracked)
+            fast = any(t.handle.executor == "local" for t in self.tracked.values())
             if self.wake.wait(min(left, END_POLL_S) if fast else left):
                 self.wake.clear()
                 return
@@ -214,6 +217,8 @@ class SchedulerLoop:
 
     def _any_ended(self) -> bool:
         for tracked in list(self.tracked.values()):
+            if tracked.handle.executor != "local":
+                continue  # a remote poll (Ray) is no cheap look
             try:
                 if self._executor.poll(tracked.handle) is not None:
                     return True
@@ -462,6 +467,7 @@ class SchedulerLoop:
                 log_path=log_path,
                 grace_s=self._settings.grace_s,
                 tenant=job.team,
+                executor=job.executor,
             )
             handle = self._executor.launch(spec)
         except Exception as exc:

@@ -12,10 +12,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shamal.artifacts import ArtifactService
-from shamal.config import LocalArtifactSettings, Settings
+from shamal.config import LocalArtifactSettings, SchedulerSettings, Settings
 from shamal.db import Database
 from shamal.errors import InvalidParameter
-from shamal.executors import Sandbox, describe, get_executor, network_of, self_test
+from shamal.executors import (
+    Executor,
+    ExecutorSet,
+    Sandbox,
+    describe,
+    get_executor,
+    network_of,
+    self_test,
+)
 from shamal.jobs import Job, JobService
 from shamal.scheduler.core import DEFAULT_POLICY, Cluster, get_policy
 from shamal.scheduler.live._cluster import effective_settings
@@ -54,17 +62,13 @@ def build_loop(
             neither, jobs get no platform credentials.
     """
     settings = effective_settings(platform.settings.scheduler)
-    options: dict[str, Any] = {}
-    if settings.executor == "ray":
-        options["address"] = settings.ray_address
     sandbox = job_sandbox(platform.settings)
-    options["sandbox"] = sandbox
     logger.info("%s", describe(sandbox))
     parts = SchedulerParts(
         lifecycle=JobLifecycle(platform.db, platform.audit, name or scheduler_name(platform)),
         jobs=platform.jobs,
         artifacts=platform.artifacts,
-        executor=get_executor(settings.executor, **options),
+        executor=job_executors(settings, sandbox),
         cluster=platform.cluster,
         settings=settings,
         jobs_dir=platform.settings.jobs_dir,
@@ -81,6 +85,27 @@ def build_loop(
         raise InvalidParameter(str(exc)) from None
     credentials = JobCredentials(platform, url) if url else None
     return SchedulerLoop(parts, policy, credentials=credentials)
+
+
+def job_executors(settings: SchedulerSettings, sandbox: Sandbox | None) -> ExecutorSet:
+    """Every executor the scheduler runs (``executor`` first, then ``executors``), each
+    confining jobs in ``sandbox`` exactly as it would alone; a job runs on the one it names.
+    """
+    built: list[Executor] = []
+    try:
+        for name in settings.executor_names:
+            options: dict[str, Any] = {"sandbox": sandbox}
+            if name == "ray":
+                options["address"] = settings.ray_address
+            built.append(get_executor(name, **options))
+        logger.info(
+            "jobs run on %s (default %s)", ", ".join(settings.executor_names), built[0].name
+        )
+        return ExecutorSet(*built)
+    except Exception:
+        for executor in built:
+            executor.close()
+        raise
 
 
 def job_folders(settings: Settings) -> Path:
