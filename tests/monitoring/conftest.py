@@ -151,13 +151,19 @@ def other_server(
     )
 
 
-@pytest.fixture
-def reference(references: ReferenceService, people: People) -> None:
-    """``fraud/1``'s reference: built from ``txns/1`` plus the uploaded score sketch."""
-    references.build(people.ctx("mo"), MODEL, 1, "txns/1", label="is_fraud")
+def build_reference(references: ReferenceService, people: People, version: int) -> None:
+    """``fraud/VERSION``'s reference: built from ``txns/1`` plus the uploaded score sketch."""
+    references.build(people.ctx("mo"), MODEL, version, "txns/1", label="is_fraud")
     builder = SketchBuilder({"score": "numeric"})
     builder.update({"score": scores()})
-    references.upload(people.ctx("mo"), MODEL, 1, {"score": builder.result()["score"].to_json()})
+    sketch = builder.result()["score"].to_json()
+    references.upload(people.ctx("mo"), MODEL, version, {"score": sketch})
+
+
+@pytest.fixture
+def reference(references: ReferenceService, people: People) -> None:
+    """``fraud/1``'s reference."""
+    build_reference(references, people, 1)
 
 
 def excerpt(values: Sequence[object], datatype: str = "FP64") -> dict[str, object]:

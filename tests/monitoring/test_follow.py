@@ -9,10 +9,9 @@ import pytest
 from shamal.deployments._entities import WeightedUri
 from shamal.deployments._service import DeploymentService
 from shamal.monitoring import MonitorService, MonitorSpec, ReferenceService, parse_on_drift
-from shamal.monitoring.core import SketchBuilder
 from shamal.pipelines import PipelineSpec
 from shamal.server import Platform
-from tests.monitoring.conftest import DEPLOYMENT, MODEL, People, scores, send
+from tests.monitoring.conftest import DEPLOYMENT, MODEL, People, build_reference, send
 
 HOUR = 3600
 RETRAIN = "retrain-fraud"
@@ -21,10 +20,7 @@ RETRAIN = "retrain-fraud"
 @pytest.fixture
 def second_reference(references: ReferenceService, people: People) -> None:
     """``fraud/2``'s reference, like version 1's (the same training set and scores)."""
-    references.build(people.ctx("mo"), MODEL, 2, "txns/1", label="is_fraud")
-    builder = SketchBuilder({"score": "numeric"})
-    builder.update({"score": scores()})
-    references.upload(people.ctx("mo"), MODEL, 2, {"score": builder.result()["score"].to_json()})
+    build_reference(references, people, 2)
 
 
 def _retraining_monitor(monitors: MonitorService, platform: Platform, people: People) -> str:

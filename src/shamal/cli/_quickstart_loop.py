@@ -195,7 +195,11 @@ def _watch(client: ShamalClient) -> str:
 
 
 def _wait(what: str, deadline_s: float, probe: Callable[[], Any]) -> Any:
-    """``probe()`` once it answers something, polling the server (None: the deadline passed)."""
+    """``probe()``'s first answer other than None, polling the server.
+
+    Raises:
+        TimeoutError: none came within ``deadline_s``, naming ``what`` was awaited.
+    """
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         found = probe()
