@@ -19,8 +19,9 @@ from shamal.artifacts import PrincipalSlots
 from shamal.errors import InvalidParameter
 from shamal.security import Principal
 from shamal.tracking import Experiment, Run, TrackingService
+from shamal.webui._common import Route, context, service_of
 from shamal.webui._render import page, redirect
-from shamal.webui._session import SessionPrincipal, csrf_of
+from shamal.webui._session import SessionPrincipal
 
 RUNS_PER_PAGE = 50
 EXPERIMENTS_PER_PAGE = 100
@@ -45,17 +46,11 @@ _BASE_COLUMNS = (
 
 
 def _tracking(request: Request) -> TrackingService:
-    service: TrackingService = request.app.state.tracking
-    return service
+    return service_of(request, "tracking", TrackingService)
 
 
 def _slots(request: Request) -> PrincipalSlots:
-    slots: PrincipalSlots = request.app.state.search_slots
-    return slots
-
-
-def _context(request: Request, principal: Principal, title: str, **values: Any) -> dict[str, Any]:
-    return {"title": title, "principal": principal, "csrf": csrf_of(request), **values}
+    return service_of(request, "search_slots", PrincipalSlots)
 
 
 # ---------------------------------------------------------------------------- experiments
@@ -76,7 +71,7 @@ async def experiments_page(
             )
 
     found = await run_in_threadpool(search)
-    context = _context(
+    values = context(
         request,
         principal,
         "Experiments",
@@ -84,7 +79,7 @@ async def experiments_page(
         next_page_token=found.next_page_token,
         follow_hash=follow_hash,
     )
-    return page("experiments.html", context)
+    return page("experiments.html", values)
 
 
 async def home(request: Request, principal: SessionPrincipal) -> Response:
@@ -188,7 +183,7 @@ async def runs_table(
         experiment = await run_in_threadpool(tracking.experiment, principal, experiment_id)
         error = exc.message
     offered_params, offered_metrics = _offered(runs)
-    context = _context(
+    values = context(
         request,
         principal,
         experiment.name,
@@ -206,7 +201,7 @@ async def runs_table(
         page_token=page_token or "",
         error=error,
     )
-    return page("runs.html", context, 400 if error else 200)
+    return page("runs.html", values, 400 if error else 200)
 
 
 # ---------------------------------------------------------------------------- a run
@@ -230,7 +225,7 @@ async def run_page(
     run, experiment = await run_in_threadpool(read)
     if run.info.experiment_id != experiment_id:
         return redirect(f"/ui/experiments/{run.info.experiment_id}/runs/{run_id}")
-    context = _context(
+    values = context(
         request,
         principal,
         run.info.run_name or run_id,
@@ -241,7 +236,7 @@ async def run_page(
         tags=sorted(run.tags.items()),
         finite=_finite,
     )
-    return page("run.html", context)
+    return page("run.html", values)
 
 
 def _compared_ids(run: list[str] | None) -> list[str]:
@@ -280,7 +275,7 @@ async def compare_page(
     tracking = _tracking(request)
     runs = await run_in_threadpool(lambda: [tracking.get_run(principal, r) for r in run_ids])
     differing, same = _param_rows(runs)
-    context = _context(
+    values = context(
         request,
         principal,
         "Compare runs",
@@ -290,4 +285,12 @@ async def compare_page(
         metric_keys=sorted({m.key for r in runs for m in r.metrics}),
         run_ids=" ".join(run_ids),
     )
-    return page("compare.html", context)
+    return page("compare.html", values)
+
+
+ROUTES = [
+    Route("/ui/experiments", experiments),
+    Route("/ui/experiments/{experiment_id}", runs_table),
+    Route("/ui/experiments/{experiment_id}/runs/{run_id}", run_page),
+    Route("/ui/compare", compare_page),
+]

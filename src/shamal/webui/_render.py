@@ -89,6 +89,17 @@ def page(
     )
 
 
+def fragment(template: str, context: dict[str, Any], *, final: bool = False) -> HTMLResponse:
+    """A part of a page, for ``live.js`` to put in place (``data-live``): ``template``
+    rendered without the page around it. ``final`` tells the script to stop following (the
+    job finished, the rollout ended)."""
+    body = _ENV.get_template(template).render(**context)
+    headers = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
+    if final:
+        headers["X-Shamal-Final"] = "1"
+    return HTMLResponse(body, headers=headers)
+
+
 def redirect(path: str) -> RedirectResponse:
     """A 303 to ``path``, one of the UI's own (never a path taken from user data)."""
     return RedirectResponse(path, status_code=303, headers=SECURITY_HEADERS)

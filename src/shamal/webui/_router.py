@@ -20,6 +20,9 @@ from shamal.webui._session import CsrfRefused, SignedOut
 
 logger = logging.getLogger(__name__)
 
+#: The modules of pages, each with its ``ROUTES``.
+PAGE_MODULES = (_pages,)
+
 #: Pages anyone may open: the sign-in form and the static files it needs.
 PUBLIC_ROUTES = frozenset({"/ui/sign-in", "/ui/static/{name}"})
 API_PREFIX = "/ui/api/"
@@ -89,13 +92,10 @@ def ui_router(keys_dir: Path) -> APIRouter:
     router.add_api_route("/ui/sign-in", _auth.sign_in, methods=["POST"])
     router.add_api_route("/ui/sign-out", _auth.sign_out, methods=["POST"])
     router.add_api_route("/ui/static/{name}", _auth.static, methods=get)
-    router.add_api_route("/ui/experiments", _pages.experiments, methods=get)
-    router.add_api_route("/ui/experiments/{experiment_id}", _pages.runs_table, methods=get)
-    router.add_api_route(
-        "/ui/experiments/{experiment_id}/runs/{run_id}", _pages.run_page, methods=get
-    )
-    router.add_api_route("/ui/compare", _pages.compare_page, methods=get)
     router.add_api_route(
         "/ui/api/runs/{run_id}/metrics/{key:path}", _series.metric_series, methods=get
     )
+    for module in PAGE_MODULES:
+        for route in module.ROUTES:
+            router.add_api_route(route.path, route.endpoint, methods=list(route.methods))
     return router
