@@ -281,6 +281,16 @@ def test_feature_views_and_services_applied_through_the_api(
     assert "Not materialized yet." in view.text
     assert "keys customer_id" in view.text
 
+    done = api.post(
+        "/api/v1/features/materializations",
+        json={"views": ["customer_stats"], "end": "2026-02-01T00:00:00Z"},
+        headers=people.headers("mo"),
+    )
+    assert done.status_code == 200, done.text
+    materialized = browser.get("/ui/features/views/customer_stats").text
+    assert '<span class="badge ok">succeeded</span>' in materialized
+    assert "Not materialized yet." not in materialized
+
     service = browser.get("/ui/features/services/fraud_model")
     assert service.status_code == 200
     rows = re.findall(r"<td>(\w+)</td>\s*<td><code>(\w+)</code></td>", service.text)

@@ -9,6 +9,7 @@ names is shown redacted: its kind only, never its name or id.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -113,23 +114,27 @@ def _model_href(attributes: Any) -> str:
     return ""
 
 
+def _deployment_href(node: Node) -> str:
+    name = node.id.removeprefix("deployments:/")
+    return f"/ui/deployments/{name}" if _DEPLOYMENT.match(name) else ""
+
+
+#: Each kind's page; a kind left out (a run's input that is not a dataset) has none.
+_PAGES: dict[NodeKind, Callable[[Node], str]] = {
+    NodeKind.DATASET_VERSION: lambda n: _data_href(n.attributes) or _lineage_href(n.id),
+    NodeKind.RUN: _run_href,
+    NodeKind.MODEL_VERSION: lambda n: _model_href(n.attributes) or _lineage_href(n.id),
+    NodeKind.DEPLOYMENT: _deployment_href,
+    NodeKind.SOURCE: lambda n: _lineage_href(n.id),
+    NodeKind.LOGGED_MODEL: lambda n: _lineage_href(n.id),
+}
+
+
 def href_of(node: Node) -> str:
     """The UI page of ``node``: its own page where the UI has one, else the lineage page
     around it; empty for a redacted node or one lineage cannot start from."""
-    if node.redacted:
-        return ""
-    if node.kind is NodeKind.DATASET_VERSION:
-        return _data_href(node.attributes) or _lineage_href(node.id)
-    if node.kind is NodeKind.RUN:
-        return _run_href(node)
-    if node.kind is NodeKind.MODEL_VERSION:
-        return _model_href(node.attributes) or _lineage_href(node.id)
-    if node.kind is NodeKind.DEPLOYMENT:
-        name = node.id.removeprefix("deployments:/")
-        return f"/ui/deployments/{name}" if _DEPLOYMENT.match(name) else ""
-    if node.kind in (NodeKind.SOURCE, NodeKind.LOGGED_MODEL):
-        return _lineage_href(node.id)
-    return ""
+    found = _PAGES.get(node.kind)
+    return "" if node.redacted or found is None else found(node)
 
 
 @dataclass(frozen=True)
@@ -150,14 +155,29 @@ class NodeRow:
 def _label(node: Node) -> str:
     if node.redacted:
         return f"hidden {_KIND_TITLE[node.kind]}"
+    if node.kind is NodeKind.DATASET_VERSION:
+        name, number = node.attributes.get("dataset"), _version(node.attributes.get("version"))
+        if isinstance(name, str) and number:
+            return f"{name} v{number}"
     return node.label or node.id
+
+
+def _fact(key: str, value: Any) -> str:
+    """An attribute as the tables show it: a digest cut to 12 characters (its title in the
+    version's page holds it whole)."""
+    text = str(value)
+    return text.removeprefix("sha256:")[:12] if "digest" in key and len(text) > 12 else text
 
 
 def _facts(node: Node) -> list[tuple[str, str]]:
     if node.redacted:
         return []
     shown = [(k, node.attributes.get(k)) for k in _SHOWN]
-    return [(k, str(v)) for k, v in shown if isinstance(v, str | int | float) and v != ""]
+    return [
+        (k, _fact(k, v))
+        for k, v in shown
+        if isinstance(v, str | int | float) and v not in ("", "None")
+    ]
 
 
 def _rows(graph: Lineage) -> list[NodeRow]:
@@ -187,12 +207,17 @@ def _edge_rows(graph: Lineage, labels: dict[str, str]) -> list[tuple[str, str, s
     rows = []
     for edge in graph.edges:
         facts = [
-            f"{k}={v}"
+            f"{k}={_fact(k, v)}"
             for k, v in sorted(edge.attributes.items())
             if isinstance(v, str | int | float | bool) and v != ""
         ]
         rows.append(
-            (labels.get(edge.source, ""), labels.get(edge.target, ""), edge.relation, ", ".join(facts))
+            (
+                labels.get(edge.source, ""),
+                labels.get(edge.target, ""),
+                edge.relation,
+                ", ".join(facts),
+            )
         )
     return rows
 
