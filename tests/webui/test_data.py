@@ -178,10 +178,16 @@ def test_the_list_filters_by_name_and_pages(
 ) -> None:
     for i in range(56):
         _dataset(api, people, f"bulk-{i:02d}")
+    regions = {"regions": ["ae-dubai", "ae-abudhabi"]}
+    put = api.put(
+        "/api/v1/datasets/bulk-03/residency", json=regions, headers=people.headers("rita")
+    )
+    assert put.status_code == 200, put.text
     sign_in(browser, people.secrets["vi"])
     first = browser.get("/ui/datasets")
     names = re.findall(r'class="dataset-link" href="/ui/datasets/([^"]*)"', first.text)
     assert names == [f"bulk-{i:02d}" for i in range(50)]
+    assert "<td>ae-abudhabi, ae-dubai</td>" in first.text  # bulk-03's residency
     following = re.search(r'rel="next" href="([^"]*)"', first.text)
     assert following is not None
     second = browser.get(following.group(1).replace("&amp;", "&"))
@@ -298,3 +304,29 @@ def test_feature_views_and_services_applied_through_the_api(
     for answer in (listing, view, service):
         assert "<img" not in answer.text
         assert ESCAPED in answer.text
+
+
+def test_a_version_shows_its_transformations_tags_and_no_personal_value(
+    api: TestClient, browser: TestClient, people: People
+) -> None:
+    _dataset(api, people, "contacts")
+    policy = {"version": 1, "columns": {"email": {"action": "hmac", "purpose": "crm"}}}
+    put = api.put("/api/v1/datasets/contacts/privacy", json=policy, headers=people.headers("rita"))
+    assert put.status_code == 200, put.text
+    emails = ["amal.secret@example.ae", "badr@example.ae", "amal.secret@example.ae"]
+    _upload(api, people, "contacts", pa.table({"id": [1, 2, 3], "email": emails}))
+    tag = api.put(
+        "/api/v1/datasets/contacts/versions/1/tags/reviewed",
+        json={"value": "yes"},
+        headers=people.headers("mo"),
+    )
+    assert tag.status_code == 204, tag.text
+    sign_in(browser, people.secrets["vi"])
+    page = browser.get("/ui/datasets/contacts/versions/1")
+    assert page.status_code == 200
+    assert "<td>email</td><td>hmac</td>" in page.text
+    assert "purpose" in page.text
+    assert '<th scope="row">email <span class="badge">personal</span></th>' in page.text
+    assert "amal.secret" not in page.text
+    assert "Tag reviewed" in page.text
+    assert '<span class="tag">reviewed=yes</span>' in browser.get("/ui/datasets/contacts").text
