@@ -135,3 +135,26 @@ def test_each_kind_links_to_its_page_with_names_encoded() -> None:
     assert href_of(hidden) == ""
     odd = Node("input:/x/0", NodeKind.INPUT, HOSTILE)
     assert href_of(odd) == ""
+
+
+def test_hostile_names_in_the_graph_render_as_text(
+    api: TestClient, browser: TestClient, platform: Platform, people: People
+) -> None:
+    ctx, principal = people.ctx("mo"), people.principals["mo"]
+    platform.datasets.create(ctx, "plain", "red")
+    version = platform.datasets.ingest(ctx, "plain", [b"id\n1\n2\n"], "csv")
+    tracking = platform.tracking
+    experiment = tracking.create_experiment(ctx, HOSTILE, {"shamal.team": "red"}).experiment_id
+    run = tracking.create_run(ctx, experiment, HOSTILE, None, {}).info.run_id
+    used = Dataset(HOSTILE, version.digest, "shamal", json.dumps({"uri": version.uri}))
+    other = Dataset(HOSTILE, "d" * 8, "javascript:alert(1)", json.dumps({"uri": "javascript:x"}))
+    tracking.log_inputs(principal, run, [DatasetInput(used), DatasetInput(other)], [])
+    sign_in(browser, people.secrets["vi"])
+    for uri, direction in ((version.uri, "down"), (f"runs:/{run}", "up")):
+        answer = browser.get("/ui/lineage", params={"uri": uri, "direction": direction})
+        assert answer.status_code == 200, answer.text
+        assert "<img" not in answer.text
+        assert 'href="javascript' not in answer.text
+        assert "&lt;img src=x onerror=&#34;window.__xss=1&#34;&gt;" in answer.text
+    inputs = browser.get("/ui/lineage", params={"uri": f"runs:/{run}", "direction": "up"}).text
+    assert "run input" in inputs  # the input that is no dataset of ours: listed, not linked
