@@ -211,6 +211,11 @@ def test_the_raw_route_serves_only_images_inertly_and_downloads_are_attachments(
     assert download.headers["x-content-type-options"] == "nosniff"
     missing = browser.get(f"/ui/runs/{run}/artifact-download", params={"path": "nope.txt"})
     assert missing.status_code == 404
+    # Each download gives its slot back once sent: more than the limit, one after another.
+    limit = int(api.app.state.settings.max_downloads_per_principal)  # type: ignore[attr-defined]
+    for _ in range(limit + 2):
+        again = browser.get(f"/ui/runs/{run}/artifact-download", params={"path": "notes.txt"})
+        assert again.status_code == 200
 
 
 def test_hostile_names_render_inert_and_dot_dot_is_refused(

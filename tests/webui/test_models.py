@@ -240,6 +240,14 @@ def test_hostile_model_names_and_text_render_inert(
     assert moved.headers["location"] == f"/ui/models/{encoded}"
     assert _aliases(api, HOSTILE) == {"champion": "1", "stable": "1"}
 
+    odd = "50% of #1? yes & no"
+    _model(api, odd)
+    listing = browser.get("/ui/models", params={"search": "50%"}).text
+    link = re.search(r'class="model-link" href="([^"]*)"', listing)
+    assert link is not None
+    assert link.group(1) == "/ui/models/50%25%20of%20%231%3F%20yes%20%26%20no"
+    assert "<h1>50% of #1? yes &amp; no</h1>" in browser.get(link.group(1)).text
+
 
 def test_a_member_moves_and_removes_aliases_a_viewer_is_refused(
     api: TestClient, browser: TestClient, platform: Platform

@@ -14,13 +14,12 @@ import csv
 import io
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
@@ -359,15 +358,28 @@ async def artifact_raw(
     return Response(body, media_type=media_type, headers=headers)
 
 
-async def artifact_download(
-    request: Request, principal: SessionPrincipal, run_id: RunId, path: ArtifactPath
-) -> Response:
-    """A file's bytes as an attachment (``application/octet-stream``), holding one of the
-    account's download slots until the last byte is sent, as the API's downloads do."""
-    tracking = _tracking(request)
+async def download_slot(request: Request, principal: SessionPrincipal) -> AsyncIterator[None]:
+    """Hold one of the account's download slots until the answer is sent in full (a
+    dependency with ``scope="request"``, as the API's downloads hold theirs).
+
+    Raises:
+        TooManyRequests: the account streams as many downloads as it may already.
+    """
     slots = service_of(request, "download_slots", PrincipalSlots)
-    stack = ExitStack()
-    stack.enter_context(slots.hold(f"user:{principal.user.id}"))
+    with slots.hold(f"user:{principal.user.id}"):
+        yield
+
+
+async def artifact_download(
+    request: Request,
+    principal: SessionPrincipal,
+    run_id: RunId,
+    path: ArtifactPath,
+    _slot: Annotated[None, Depends(download_slot, scope="request")],
+) -> Response:
+    """A file's bytes as an attachment (``application/octet-stream``), streamed while one of
+    the account's download slots is held."""
+    tracking = _tracking(request)
 
     def open_file() -> tuple[ArtifactFile, Iterator[bytes]]:
         proxy = _proxy_path(tracking, principal, run_id, path)
@@ -375,18 +387,9 @@ async def artifact_download(
         _granted(request, principal, proxy, found)
         return found, chunks
 
-    try:
-        found, chunks = await run_in_threadpool(open_file)
-    except BaseException:
-        stack.close()
-        raise
-
-    def stream() -> Iterator[bytes]:
-        with stack:
-            yield from chunks
-
+    found, chunks = await run_in_threadpool(open_file)
     headers = {**download_headers(found), "Content-Security-Policy": RAW_POLICY}
-    return StreamingResponse(stream(), media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
 
 ROUTES = [
