@@ -55,6 +55,7 @@ FILES: dict[str, bytes] = {
     "long.log": b"0123456789abcde\n" * 8192,  # 128 KiB
     "data/table.csv": b"step,loss\n" + b"".join(b"%d,%d\n" % (i, i * 2) for i in range(150)),
     "data/table.tsv": b"a\tb\n1\t2\n",
+    "data/broken.jsonl": b"{not json\n",
     "data/rows.jsonl": b'{"x": 1, "y": "one"}\n{"x": 2, "z": [1, 2]}\n7\n',
     "data/frame.parquet": _parquet(),
     "plots/loss.png": PNG,
@@ -127,12 +128,14 @@ def test_the_listing_shows_folders_files_sizes_and_breadcrumbs(
 
     data = browser.get(f"{base}/artifacts", params={"path": "data"})
     assert _names(data.text, "file") == [
+        "broken.jsonl",
         "frame.parquet",
         "rows.jsonl",
         "table.csv",
         "table.tsv",
     ]
     assert f'<a href="{base}/artifacts?path=data">data</a>' in data.text  # the breadcrumb
+    assert f'<a href="/ui/experiments/{experiment}">arts</a>' in data.text
     assert f'href="{base}/artifacts/preview?path=data%2Ftable.csv"' in data.text
     empty = browser.get(f"{base}/artifacts", params={"path": "nothing"})
     assert "This folder is empty." in empty.text
@@ -176,6 +179,7 @@ def test_each_kind_of_preview(api: TestClient, browser: TestClient, admin_token:
     for column in ("x", "y", "z", "value"):
         assert f'<th scope="col">{column}</th>' in jsonl
     assert '<td class="value">[1, 2]</td>' in jsonl
+    assert '<pre class="text artifact-text">{not json\n</pre>' in show("data/broken.jsonl")
     parquet = show("data/frame.parquet")
     assert '<th scope="col">epoch</th><th scope="col">split</th>' in parquet
     assert "First 100 rows" in parquet

@@ -163,11 +163,13 @@ async def artifacts_page(
     if info.experiment_id != experiment_id:
         where = f"/ui/experiments/{info.experiment_id}/runs/{run_id}/artifacts"
         return redirect(where + ("?" + _encoded_path(clean) if clean else ""))
+    experiment = await run_in_threadpool(tracking.experiment, principal, info.experiment_id)
     values = context(
         request,
         principal,
         f"Artifacts of {info.run_name or run_id}",
         info=info,
+        experiment=experiment,
         base=f"/ui/experiments/{info.experiment_id}/runs/{run_id}",
         path=clean,
         crumbs=crumbs(clean),
@@ -209,7 +211,7 @@ def _delimited(data: bytes, delimiter: str, truncated: bool) -> tuple[list[str],
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     lines = [row for _, row in zip(range(TABLE_ROWS + 1), reader, strict=False)]
     if not lines:
-        return [], []
+        raise ValueError("no whole line in the head of the file")
     return lines[0], lines[1:]
 
 
@@ -225,6 +227,8 @@ def _json_lines(data: bytes, truncated: bool) -> tuple[list[str], list[list[str]
             continue
         parsed = json.loads(line)
         records.append(parsed if isinstance(parsed, dict) else {"value": parsed})
+    if not records:
+        raise ValueError("no whole line in the head of the file")
     columns = list(dict.fromkeys(str(k) for r in records for k in r))
     return columns, [[_cell(r.get(c, "")) for c in columns] for r in records]
 
@@ -312,11 +316,13 @@ async def preview_page(
         where = f"/ui/experiments/{info.experiment_id}/runs/{run_id}/artifacts/preview"
         return redirect(f"{where}?{_encoded_path(clean)}")
     folder = clean.rsplit("/", 1)[0] if "/" in clean else ""
+    experiment = await run_in_threadpool(tracking.experiment, principal, info.experiment_id)
     values = context(
         request,
         principal,
         clean.rsplit("/", 1)[-1],
         info=info,
+        experiment=experiment,
         base=f"/ui/experiments/{info.experiment_id}/runs/{run_id}",
         path=clean,
         folder=folder,
