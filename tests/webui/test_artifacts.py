@@ -16,6 +16,8 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 
+from shamal.config import Settings
+from shamal.server import create_app, start_platform
 from tests.webui.conftest import sign_in
 
 MLFLOW = "/api/2.0/mlflow"
@@ -273,3 +275,37 @@ def test_another_team_cannot_reach_a_run_s_artifacts(api: TestClient, browser: T
     assert browser.get(base).status_code == 200
     shown = browser.get(f"{base}/preview", params={"path": "notes.txt"})
     assert "hello" in shown.text
+
+
+def test_reads_are_audited_where_the_operator_turned_it_on(settings: Settings) -> None:
+    platform = start_platform(settings.model_copy(update={"audit_reads": True}))
+    try:
+        app = create_app(platform.settings, platform)
+        with (
+            TestClient(app, raise_server_exceptions=False) as api,
+            TestClient(app, raise_server_exceptions=False, follow_redirects=False) as browser,
+        ):
+            api.headers["Authorization"] = f"Bearer {platform.admin_secret}"
+            experiment, run = _run(api, "audited")
+            root = _ok(api.get(f"{MLFLOW}/runs/get", params={"run_id": run}))["run"]["info"][
+                "artifact_uri"
+            ].removeprefix("mlflow-artifacts:/")
+            assert platform.admin_secret is not None
+            sign_in(browser, platform.admin_secret)
+            preview = f"/ui/experiments/{experiment}/runs/{run}/artifacts/preview"
+            assert browser.get(preview, params={"path": "notes.txt"}).status_code == 200
+            raw = browser.get(f"/ui/runs/{run}/artifact-raw", params={"path": "plots/loss.png"})
+            assert raw.status_code == 200
+            got = browser.get(f"/ui/runs/{run}/artifact-download", params={"path": "weights.bin"})
+            assert got.status_code == 200
+            assert browser.get(preview, params={"path": "nope.txt"}).status_code == 404
+        entries = reversed(platform.audit.entries(limit=10, action="artifact.read"))
+        reads = [(e.actor, e.target, e.outcome) for e in entries]
+        assert reads == [
+            ("admin", f"mlflow-artifacts:{root}/notes.txt", "ok"),
+            ("admin", f"mlflow-artifacts:{root}/plots/loss.png", "ok"),
+            ("admin", f"mlflow-artifacts:{root}/weights.bin", "ok"),
+            ("admin", preview, "resource_does_not_exist"),
+        ]
+    finally:
+        platform.close()

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from shamal.artifacts import ArtifactFile, PrincipalSlots, download_headers, safe_relpath
-from shamal.errors import InvalidParameter, NotFound
+from shamal.errors import InvalidParameter, NotFound, ShamalError
 from shamal.security import AuditContext, AuditLog, Principal
 from shamal.security.api import ReadAudit
 from shamal.tracking import TrackingService
@@ -115,12 +115,32 @@ def _head(chunks: Iterator[bytes], limit: int) -> tuple[bytes, bool]:
     return bytes(data), False
 
 
-def _granted(request: Request, principal: Principal, path: str, found: ArtifactFile) -> None:
-    """Record the read as the artifact download route does, where reads are audited."""
+def open_file(
+    request: Request, principal: Principal, run_id: str, path: str
+) -> tuple[ArtifactFile, Iterator[bytes]]:
+    """(file info, its chunks) of the run's artifact ``path``, read as the MLflow artifact
+    download route reads it; where reads are audited (``audit_reads``), the read is
+    recorded as that route records it: granted, or refused with the error's code.
+
+    Raises:
+        InvalidParameter: a path the artifact store refuses (``..``, absolute, ...).
+        NotFound: no such run or file, or one the principal may not read.
+    """
     enabled = bool(getattr(request.app.state.settings, "audit_reads", False))
     audit = service_of(request, "audit", AuditLog) if enabled else None
     ctx = AuditContext(action="artifact.read", actor=principal.name, principal=principal)
-    ReadAudit(audit, ctx).granted(f"mlflow-artifacts:{path}", digest=found.digest, size=found.size)
+    tracking = _tracking(request)
+    try:
+        proxy = _proxy_path(tracking, principal, run_id, path)
+        found, chunks = tracking.files.download(principal, proxy)
+    except ShamalError as exc:
+        if audit is not None:
+            ctx.target = request.url.path
+            audit.record_outcome(ctx, exc.code.lower())
+        raise
+    reads = ReadAudit(audit, ctx)
+    reads.granted(f"mlflow-artifacts:{proxy}", digest=found.digest, size=found.size)
+    return found, chunks
 
 
 # ---------------------------------------------------------------------------- a folder
@@ -306,9 +326,7 @@ async def preview_page(
 
     def read() -> tuple[Any, Preview, str]:
         info = tracking.run_info(principal, run_id)
-        proxy = _proxy_path(tracking, principal, run_id, path)
-        found, chunks = tracking.files.download(principal, proxy)
-        _granted(request, principal, proxy, found)
+        found, chunks = open_file(request, principal, run_id, path)
         return info, preview_of(found, chunks), safe_relpath(path)
 
     info, preview, clean = await run_in_threadpool(read)
@@ -343,15 +361,12 @@ async def artifact_raw(
     media_type = IMAGE_TYPES.get(_suffix(path))
     if media_type is None:
         raise InvalidParameter("Only PNG, JPEG, GIF and WebP images are shown inline.")
-    tracking = _tracking(request)
 
     def read() -> bytes:
-        proxy = _proxy_path(tracking, principal, run_id, path)
-        found, chunks = tracking.files.download(principal, proxy)
+        found, chunks = open_file(request, principal, run_id, path)
         if found.size > IMAGE_BYTES:
             _head(chunks, 0)
             raise InvalidParameter("This image is too large to show; download it.")
-        _granted(request, principal, proxy, found)
         return _head(chunks, IMAGE_BYTES)[0]
 
     body = await run_in_threadpool(read)
@@ -385,15 +400,7 @@ async def artifact_download(
 ) -> Response:
     """A file's bytes as an attachment (``application/octet-stream``), streamed while one of
     the account's download slots is held."""
-    tracking = _tracking(request)
-
-    def open_file() -> tuple[ArtifactFile, Iterator[bytes]]:
-        proxy = _proxy_path(tracking, principal, run_id, path)
-        found, chunks = tracking.files.download(principal, proxy)
-        _granted(request, principal, proxy, found)
-        return found, chunks
-
-    found, chunks = await run_in_threadpool(open_file)
+    found, chunks = await run_in_threadpool(open_file, request, principal, run_id, path)
     headers = {**download_headers(found), "Content-Security-Policy": RAW_POLICY}
     return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
