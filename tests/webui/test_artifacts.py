@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from shamal.config import Settings
 from shamal.server import create_app, start_platform
+from shamal.webui._artifact_preview import TABLE_BYTES, TEXT_BYTES, human_size, preview_of
 from tests.webui.conftest import sign_in
 
 MLFLOW = "/api/2.0/mlflow"
@@ -309,3 +310,36 @@ def test_reads_are_audited_where_the_operator_turned_it_on(settings: Settings) -
         ]
     finally:
         platform.close()
+
+
+def test_a_preview_reads_only_a_bounded_head_and_closes_the_stream() -> None:
+    consumed: list[int] = []
+    closed: list[bool] = []
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            for i in range(1000):
+                consumed.append(i)
+                yield b"x" * 1024
+        finally:
+            closed.append(True)
+
+    shown = preview_of("big.txt", 1000 * 1024, chunks())
+    assert (shown.kind, shown.truncated, len(shown.text)) == ("text", True, TEXT_BYTES)
+    assert len(consumed) == TEXT_BYTES // 1024 + 1
+    assert closed == [True]
+    for name in ("a.gif", "b.WEBP", "c.jpeg", "d.jpg"):
+        assert preview_of(name, 10, iter([b"GIF89a"])).kind == "image"
+    assert preview_of("huge.png", 10**9, iter([b"\x89PNG\x00"])).kind == "binary"
+    assert preview_of("x.svg", 5, iter([b"<svg>"])).kind == "text"
+    # A head that stops inside a line drops that line.
+    cut = preview_of("t.csv", 10**7, iter([b"a,b\n" + b"1,2\n" * 50 + b"3,", b"9" * TABLE_BYTES]))
+    assert (cut.columns, cut.rows) == (["a", "b"], [["1", "2"]] * 50)
+    assert preview_of("no.parquet", 4, iter([b"PAR1"])).kind == "text"
+    assert [human_size(n) for n in (None, 0, 1023, 1536, 5 * 1024**3)] == [
+        "",
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "5.0 GiB",
+    ]

@@ -10,12 +10,9 @@ HTML artifact is shown as text, never rendered. Everything else downloads as an 
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -28,33 +25,24 @@ from shamal.errors import InvalidParameter, NotFound, ShamalError
 from shamal.security import AuditContext, AuditLog, Principal
 from shamal.security.api import ReadAudit
 from shamal.tracking import TrackingService
+from shamal.webui._artifact_preview import (
+    IMAGE_BYTES,
+    IMAGE_TYPES,
+    TEXT_BYTES,
+    Preview,
+    head,
+    human_size,
+    preview_of,
+    suffix,
+)
 from shamal.webui._common import Route, context, service_of
 from shamal.webui._render import page, redirect
 from shamal.webui._session import SessionPrincipal
 
 logger = logging.getLogger(__name__)
 
-#: What a text preview shows: the file's first 64 KiB.
-TEXT_BYTES = 64 * 1024
-#: What a CSV, TSV or JSON-lines preview reads to find its first rows.
-TABLE_BYTES = 1024 * 1024
-#: Parquet is read whole (its footer is at the end): only files up to this size.
-PARQUET_BYTES = 16 * 1024 * 1024
-#: Images larger than this are offered for download, not shown.
-IMAGE_BYTES = 16 * 1024 * 1024
-TABLE_ROWS = 100
 #: The entries of a folder the page lists.
 LISTED = 1000
-#: Only these are ever served inline; SVG (which can hold script) is not among them.
-IMAGE_TYPES = {
-    "png": "image/png",
-    "jpg": "image/jpeg",
-    "jpeg": "image/jpeg",
-    "gif": "image/gif",
-    "webp": "image/webp",
-}
-_DELIMITED = {"csv": ",", "tsv": "\t"}
-_JSON_LINES = frozenset({"jsonl", "ndjson"})
 #: The raw route's answer may be shown as an image and nothing else.
 RAW_POLICY = "default-src 'none'; sandbox"
 _ARTIFACTS_URI = "mlflow-artifacts:/"
@@ -66,23 +54,6 @@ RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
 
 def _tracking(request: Request) -> TrackingService:
     return service_of(request, "tracking", TrackingService)
-
-
-def _suffix(path: str) -> str:
-    name = path.rsplit("/", 1)[-1]
-    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
-
-
-def human_size(size: int | None) -> str:
-    """``size`` bytes as people read it (``1.5 MiB``); empty for a folder."""
-    if size is None:
-        return ""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # pragma: no cover - the loop always answers
 
 
 def _proxy_path(tracking: TrackingService, principal: Principal, run_id: str, path: str) -> str:
@@ -97,22 +68,6 @@ def _proxy_path(tracking: TrackingService, principal: Principal, run_id: str, pa
     if not info.artifact_uri.startswith(_ARTIFACTS_URI):
         raise NotFound("Artifact not found.")
     return f"{info.artifact_uri.removeprefix(_ARTIFACTS_URI).rstrip('/')}/{clean}"
-
-
-def _head(chunks: Iterator[bytes], limit: int) -> tuple[bytes, bool]:
-    """The first ``limit`` bytes of ``chunks`` and whether there were more; the stream is
-    closed either way."""
-    data = bytearray()
-    try:
-        for chunk in chunks:
-            data += chunk
-            if len(data) > limit:
-                return bytes(data[:limit]), True
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-    return bytes(data), False
 
 
 def open_file(
@@ -205,114 +160,6 @@ def _encoded_path(path: str) -> str:
 
 
 # ---------------------------------------------------------------------------- a preview
-@dataclass
-class Preview:
-    """What the preview page shows of one file: ``kind`` is ``image``, ``table``, ``text``
-    or ``binary`` (size and a download link only)."""
-
-    kind: str
-    size: int
-    text: str = ""
-    truncated: bool = False
-    columns: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=str, sort_keys=True)
-
-
-def _delimited(data: bytes, delimiter: str, truncated: bool) -> tuple[list[str], list[list[str]]]:
-    text = data.decode("utf-8", errors="replace")
-    if truncated:  # the last line may be cut
-        text = text.rsplit("\n", 1)[0]
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    lines = [row for _, row in zip(range(TABLE_ROWS + 1), reader, strict=False)]
-    if not lines:
-        raise ValueError("no whole line in the head of the file")
-    return lines[0], lines[1:]
-
-
-def _json_lines(data: bytes, truncated: bool) -> tuple[list[str], list[list[str]]]:
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    if truncated:
-        lines = lines[:-1]
-    records: list[dict[str, object]] = []
-    for line in lines:
-        if len(records) == TABLE_ROWS:
-            break
-        if not line.strip():
-            continue
-        parsed = json.loads(line)
-        records.append(parsed if isinstance(parsed, dict) else {"value": parsed})
-    if not records:
-        raise ValueError("no whole line in the head of the file")
-    columns = list(dict.fromkeys(str(k) for r in records for k in r))
-    return columns, [[_cell(r.get(c, "")) for c in columns] for r in records]
-
-
-def _parquet(data: bytes) -> tuple[list[str], list[list[str]]]:
-    import pyarrow.parquet as pq  # optional: only a Parquet preview needs it
-
-    table = pq.read_table(io.BytesIO(data)).slice(0, TABLE_ROWS)
-    columns = [str(c) for c in table.column_names]
-    return columns, [[_cell(r.get(c)) for c in columns] for r in table.to_pylist()]
-
-
-def _table(data: bytes, suffix: str, truncated: bool) -> tuple[list[str], list[list[str]]]:
-    """(columns, the first rows) of a table file.
-
-    Raises:
-        ValueError: it does not parse as its kind (the page then shows it as text).
-    """
-    if suffix in _DELIMITED:
-        try:
-            return _delimited(data, _DELIMITED[suffix], truncated)
-        except csv.Error as exc:
-            raise ValueError(str(exc)) from exc
-    if suffix in _JSON_LINES:
-        try:
-            return _json_lines(data, truncated)
-        except RecursionError as exc:
-            raise ValueError("nested too deeply") from exc
-    try:
-        return _parquet(data)
-    except Exception as exc:  # pyarrow's own errors are many; any means "not readable"
-        raise ValueError("not a Parquet file this server can read") from exc
-
-
-def _table_bytes(suffix: str, size: int) -> int | None:
-    """How much of a table file to read; None when it is not a table or too large."""
-    if suffix in _DELIMITED or suffix in _JSON_LINES:
-        return TABLE_BYTES
-    if suffix == "parquet" and size <= PARQUET_BYTES:
-        return PARQUET_BYTES
-    return None
-
-
-def preview_of(found: ArtifactFile, chunks: Iterator[bytes]) -> Preview:
-    """What to show of the file ``found`` whose bytes are ``chunks`` (read only as far as
-    the kind needs; the stream is closed)."""
-    suffix = _suffix(found.path)
-    if suffix in IMAGE_TYPES and found.size <= IMAGE_BYTES:
-        _head(chunks, 0)
-        return Preview("image", found.size)
-    limit = _table_bytes(suffix, found.size)
-    data, truncated = _head(chunks, limit if limit is not None else TEXT_BYTES)
-    if limit is not None:
-        try:
-            columns, rows = _table(data, suffix, truncated)
-            return Preview("table", found.size, columns=columns, rows=rows)
-        except ValueError:
-            logger.debug("%s does not parse as a table; shown as text", found.path)
-        data, truncated = data[:TEXT_BYTES], truncated or len(data) > TEXT_BYTES
-    if b"\x00" in data[:8192]:
-        return Preview("binary", found.size)
-    return Preview("text", found.size, data.decode("utf-8", errors="replace"), truncated)
-
-
 async def preview_page(
     request: Request,
     principal: SessionPrincipal,
@@ -327,7 +174,7 @@ async def preview_page(
     def read() -> tuple[Any, Preview, str]:
         info = tracking.run_info(principal, run_id)
         found, chunks = open_file(request, principal, run_id, path)
-        return info, preview_of(found, chunks), safe_relpath(path)
+        return info, preview_of(found.path, found.size, chunks), safe_relpath(path)
 
     info, preview, clean = await run_in_threadpool(read)
     if info.experiment_id != experiment_id:
@@ -358,16 +205,16 @@ async def artifact_raw(
 ) -> Response:
     """An image artifact's bytes, typed by its name (PNG, JPEG, GIF, WebP only), never
     sniffed and sandboxed; any other file answers 400."""
-    media_type = IMAGE_TYPES.get(_suffix(path))
+    media_type = IMAGE_TYPES.get(suffix(path))
     if media_type is None:
         raise InvalidParameter("Only PNG, JPEG, GIF and WebP images are shown inline.")
 
     def read() -> bytes:
         found, chunks = open_file(request, principal, run_id, path)
         if found.size > IMAGE_BYTES:
-            _head(chunks, 0)
+            head(chunks, 0)
             raise InvalidParameter("This image is too large to show; download it.")
-        return _head(chunks, IMAGE_BYTES)[0]
+        return head(chunks, IMAGE_BYTES)[0]
 
     body = await run_in_threadpool(read)
     headers = {
