@@ -304,6 +304,10 @@ def test_a_member_moves_and_removes_aliases_a_viewer_is_refused(
         "/ui/models/ranker/aliases", data={"csrf": token, "alias": "x", "version": "99"}
     )
     assert missing.status_code == 404
+    for bad in ({"alias": "x", "version": "two"}, {"alias": "", "version": "1"}, {"alias": "x"}):
+        answer = browser.post("/ui/models/ranker/aliases", data={"csrf": token, **bad})
+        assert answer.status_code == 400, bad
+    assert _aliases(api, "ranker") == {"champion": "2"}
     removed = browser.post(
         "/ui/models/ranker/aliases/delete", data={"csrf": token, "alias": "champion"}
     )

@@ -224,13 +224,12 @@ async def set_alias(
 ) -> Response:
     """Point ``alias`` at ``version`` (creating or moving it), as ``POST
     registered-models/alias`` does: a member or more of the model's team, audited."""
-    number = parse_version(version)
     registry = _registry(request)
     await _audited(
         request,
         principal,
         "registered_model.alias.set",
-        lambda ctx: registry.set_registered_model_alias(ctx, name, alias, number),
+        lambda ctx: registry.set_registered_model_alias(ctx, name, alias, parse_version(version)),
     )
     return redirect(model_path(name))
 
