@@ -76,6 +76,38 @@ def test_an_admin_reads_pages_of_entries_filtered_and_the_chain_intact(
     assert "No entries match." in by_actor
 
 
+def test_the_servers_last_check_is_shown_and_an_object_search_stops_and_reads_on(
+    api: TestClient,
+    browser: TestClient,
+    admin_token: str,
+    platform: Platform,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fill(api)
+    checked = platform.audit_watch.check()
+    sign_in(browser, admin_token)
+    html = browser.get("/ui/audit").text
+    assert "The server's last check" in html
+    assert f"</span> {checked.entries_checked} entries verified" in html
+    # A page reads at most MAX_SCANNED entries looking for an object, then says so.
+    monkeypatch.setattr(_audit, "MAX_SCANNED", 10)
+    monkeypatch.setattr(_audit, "_BATCH", 5)
+    first = browser.get("/ui/audit", params={"object": "team:t0"}).text
+    assert "Read 10 entries looking for this object" in first
+    found = re.findall(r'<td class="value">(team:[^<]*)</td>', first)
+    assert found == ["team:t07/user:ann"]  # of the newest 10 entries, only the membership
+    pages = 0
+    path: str | None = "/ui/audit?object=team%3At0"
+    targets: list[str] = []
+    while path is not None and pages < 20:
+        page = browser.get(path).text
+        targets += re.findall(r'<td class="value">(team:[^<]*)</td>', page)
+        following = re.search(r'rel="next" href="([^"]+)"', page)
+        path = following.group(1).replace("&amp;", "&") if following else None
+        pages += 1
+    assert targets == ["team:t07/user:ann"] + [f"team:t0{i}" for i in range(9, -1, -1)]
+
+
 def test_a_broken_chain_is_shown_where_it_breaks(
     api: TestClient, browser: TestClient, admin_token: str, platform: Platform
 ) -> None:

@@ -102,6 +102,8 @@ def test_a_monitor_that_ran_shows_its_drift_over_time_and_what_it_did(
     assert "Data quality" in html
     assert "rollback: failed" in html
     assert "no canary" in html
+    deployment = browser.get(f"/ui/deployments/{DEPLOYMENT}").text
+    assert 'href="/ui/monitors/watch"' in deployment
 
 
 @pytest.mark.usefixtures("reference", "deployments")

@@ -34,6 +34,7 @@ from shamal.deployments import (
     Route as TrafficRoute,
 )
 from shamal.errors import ShamalError
+from shamal.monitoring import MonitorService
 from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.webui._common import Route, context, may_write, service_of
 from shamal.webui._render import fragment, page, redirect
@@ -48,6 +49,8 @@ PER_PAGE = 50
 EVENTS_SHOWN = 200
 #: Sampled requests read for the traffic chart (the service keeps about this many).
 SAMPLES_READ = 1000
+#: Monitors of the deployment the page links to.
+MONITORS_SHOWN = 20
 #: Event kinds that are rollout decisions (a person's or the controller's).
 DECISIONS = frozenset({"canary", "step", "promote", "rollback", "slo_breach"})
 _BUCKETS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
@@ -289,6 +292,12 @@ async def deployment_page(
     samples = await run_in_threadpool(
         _deployments(request).samples, principal, name, limit=SAMPLES_READ
     )
+    monitors = await run_in_threadpool(
+        service_of(request, "monitors", MonitorService).list_monitors,
+        principal,
+        deployment=name,
+        limit=MONITORS_SHOWN,
+    )
     split = split_bar(split_parts(d), f"Traffic split of {d.name}")
     values = context(
         request,
@@ -300,6 +309,7 @@ async def deployment_page(
         rollout=rollout_of(d, found.window, found.events, datetime.now(UTC)),
         window=window_rows(d, found.window),
         traffic=traffic_chart(samples),
+        monitors=[m.name for m in monitors],
         events=list(reversed(found.events)),
         may_roll_back=d.split.canary is not None and may_write(principal, d.team, Role.MEMBER),
         model_href=model_href,
