@@ -229,3 +229,30 @@ def test_hostile_model_names_render_as_text_and_bad_addresses_answer_400(
         "/ui/deployments/odd/rollback", data={"csrf": csrf_of(page), "revision": "one"}
     )
     assert bad_form.status_code == 400
+
+
+def test_the_controllers_decisions_are_shown_with_their_reasons(
+    api: TestClient, browser: TestClient, people: People
+) -> None:
+    _canary(api, people)
+    assert _report(api, people, 1, _stats("2", 30)) == "step"  # 10% -> 50%
+    assert _report(api, people, 2, _stats("2", 30)) == "step"  # 50% -> 100%
+    assert _report(api, people, 3, _stats("2", 30)) == "promote"
+    sign_in(browser, people.secrets["vi"])
+    promoted = browser.get("/ui/deployments/fraud-api").text
+    decisions = promoted.split("Decisions taken")[1].split("</table>")[0]
+    assert decisions.index("promoted") < decisions.index("stepped up")  # newest first
+    assert "healthy at 100%" in decisions
+    assert "v2 primary 100%" in promoted
+    assert "data-live" not in promoted
+    assert browser.get("/ui/deployments/fraud-api/rollout").headers["X-Shamal-Final"] == "1"
+
+    _canary(api, people)  # a new spec: v2 is a canary again, from 10%
+    assert _report(api, people, 5, _stats("2", 10, errors=20)) == "rollback"
+    rolled = browser.get("/ui/deployments/fraud-api").text
+    decisions = rolled.split("Decisions taken")[1].split("</table>")[0]
+    newest = decisions.split("<tr class=")[1]  # [0]: the table head
+    assert "rolled back" in newest
+    assert "rollout-controller" in newest
+    assert "breaks the SLO" in newest
+    assert "rolled back" in rolled.split("Rollout</dt>")[1]
