@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from shamal.deployments import DeploymentService
+from shamal.deployments import DeploymentService, Label, SampledRequest
 from shamal.monitoring import ReferenceService
 from shamal.monitoring.core import SketchBuilder
 from tests.monitoring.conftest import (
@@ -25,6 +25,7 @@ from tests.monitoring.conftest import (
     People,
     clock,
     deployments,
+    excerpt,
     people,
     reference,
     references,
@@ -149,3 +150,36 @@ def test_hostile_column_names_render_as_text_and_bad_addresses_answer_400(
         answer = browser.get(bad)
         assert answer.status_code == 400, bad
         assert "Traceback" not in answer.text
+
+
+@pytest.mark.usefixtures("reference")
+def test_performance_shows_once_labels_arrive(
+    api: TestClient, browser: TestClient, people: People, deployments: DeploymentService
+) -> None:
+    _monitor(api, people)
+    mo = people.principals["mo"]
+    revision = deployments.get(mo, DEPLOYMENT).revision
+    answers = [0, 1, 1, 0]
+    sampled = [
+        SampledRequest(
+            revision=revision,
+            version="1",
+            shadow=False,
+            inputs={
+                "amount": excerpt([100.0, 101.0, 99.0, 100.5]),
+                "country": excerpt(["nl"] * 4, "BYTES"),
+            },
+            outputs={"label": excerpt(answers, "INT64")},
+            request_id=f"r{i}",
+        )
+        for i in range(5)
+    ]
+    deployments.record_samples(mo, DEPLOYMENT, sampled)
+    _run(api, people)
+    deployments.record_labels(mo, DEPLOYMENT, [Label(f"r{i}", [0, 1, 1, 1]) for i in range(5)])
+    _run(api, people)
+    sign_in(browser, people.secrets["vi"])
+    html = browser.get("/ui/monitors/watch").text
+    assert "On 20 labelled rows (classification)" in html
+    assert '<td>accuracy</td><td class="metric">0.75</td>' in html
+    assert "performance:accuracy over time" in html
