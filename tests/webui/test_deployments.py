@@ -180,6 +180,12 @@ def test_roll_back_by_role_and_form_token(
         ("rita", "invalid_state"),
         ("vi", "permission_denied"),
     ]
+    browser.cookies.clear()
+    sign_in(browser, people.secrets["admin"])
+    as_admin = browser.get("/ui/deployments/fraud-api").text
+    assert 'href="/ui/audit?object=deployment%3Afraud-api"' in as_admin
+    entries = browser.get("/ui/audit", params={"object": "deployment:fraud-api"}).text
+    assert entries.count("<td>deployment.rollback</td>") == 3
 
 
 def test_another_teams_deployment_is_absent_and_unreachable(

@@ -116,8 +116,13 @@ def test_another_teams_monitor_is_absent_and_unreachable(
     assert "watch" not in browser.get("/ui/monitors").text
     assert browser.get("/ui/monitors/watch").status_code == 404
     browser.cookies.clear()
+    sign_in(browser, people.secrets["admin"])
+    as_admin = browser.get("/ui/monitors/watch").text
+    assert 'href="/ui/audit?object=monitor%3Awatch"' in as_admin
+    browser.cookies.clear()
     sign_in(browser, people.secrets["vi"])
     page = browser.get("/ui/monitors/watch")
+    assert "/ui/audit" not in page.text.split("</header>")[1]
     assert page.status_code == 200
     assert "No runs with samples yet" in page.text
 
