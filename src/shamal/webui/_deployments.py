@@ -10,12 +10,14 @@ checked by the service, and audited as ``deployment.rollback``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Form, Path, Query, Request
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -180,12 +182,12 @@ def _bucket_s(span_s: float) -> int:
     return next((b for b in _BUCKETS_S if span_s / b <= _MAX_BUCKETS), _BUCKETS_S[-1])
 
 
-def _time_format(span_s: float) -> Any:
+def _time_format(span_s: float) -> Callable[[float], str]:
     pattern = "%m-%d %H:%M" if span_s > 86400 else "%H:%M"
     return lambda seconds: datetime.fromtimestamp(seconds, UTC).strftime(pattern)
 
 
-def traffic_chart(samples: list[Sample]) -> Any:
+def traffic_chart(samples: list[Sample]) -> Markup | None:
     """Sampled requests per time bucket, one line per version (shadows apart): what the
     sample log records over time. None when nothing was sampled."""
     if not samples:
@@ -201,9 +203,8 @@ def traffic_chart(samples: list[Sample]) -> Any:
         lines.setdefault(key, [0.0] * count)[int((at - first) // size)] += 1
     xs = [first + i * size for i in range(count)]
     series = [Series(key, xs, ys) for key, ys in sorted(lines.items())]
-    title = f"Sampled requests per {size // 60} min" if size < 3600 else "Sampled requests"
-    if size >= 3600:
-        title = f"Sampled requests per {size // 3600} h"
+    per = f"{size // 3600} h" if size >= 3600 else f"{size // 60} min"
+    title = f"Sampled requests per {per}"
     return line_chart(series, title, x_format=_time_format(end - start))
 
 

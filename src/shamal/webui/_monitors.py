@@ -9,13 +9,14 @@ does (its team's viewers and up); the page shows what ``shamal monitor show`` pr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Path, Query, Request
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -130,7 +131,7 @@ async def monitors_page(
 
 
 # ---------------------------------------------------------------------------- one monitor
-def _time_format(points: Sequence[SeriesPoint]) -> Any:
+def _time_format(points: Sequence[SeriesPoint]) -> Callable[[float], str]:
     times = [p.at for p in points]
     span = (max(times) - min(times)).total_seconds() if times else 0.0
     pattern = "%m-%d %H:%M" if span > 86400 else "%H:%M:%S" if span < 600 else "%H:%M"
@@ -152,7 +153,7 @@ def _value(value: float | None) -> float:
 class ColumnChart:
     column: str
     measure: str
-    chart: Any
+    chart: Markup
 
 
 def drift_charts(points: Sequence[SeriesPoint]) -> list[ColumnChart]:
