@@ -15,11 +15,14 @@ from starlette.responses import JSONResponse, Response
 from shamal.errors import ShamalError, Unauthenticated
 from shamal.webui import (
     _artifacts,
+    _audit,
     _auth,
     _data,
     _data_features,
+    _deployments,
     _lineage,
     _models,
+    _monitors,
     _pages,
     _series,
 )
@@ -30,7 +33,17 @@ from shamal.webui._session import CsrfRefused, SignedOut
 logger = logging.getLogger(__name__)
 
 #: The modules of pages, each with its ``ROUTES``.
-PAGE_MODULES = (_pages, _models, _artifacts, _data, _data_features, _lineage)
+PAGE_MODULES = (
+    _pages,
+    _models,
+    _artifacts,
+    _data,
+    _data_features,
+    _lineage,
+    _deployments,
+    _monitors,
+    _audit,
+)
 
 #: Pages anyone may open: the sign-in form and the static files it needs.
 PUBLIC_ROUTES = frozenset({"/ui/sign-in", "/ui/static/{name}"})
