@@ -27,15 +27,31 @@ if TYPE_CHECKING:
     from shamal.server import Platform
 
 
-def _banner(settings: Settings, platform: Platform, url: str) -> None:
+def _sign_in_line(platform: Platform, url: str) -> str:
+    """The web UI's line: with a one-time link that signs the admin in (15 minutes)."""
+    from shamal.security import BOOTSTRAP_ADMIN  # the server's side: loaded by now
+
+    try:
+        code = platform.security.issue_sign_in_link(BOOTSTRAP_ADMIN)
+    except ShamalError:  # no admin account of that name any more: the plain address
+        return f"web UI:      {url}/"
+    return (
+        f"web UI:      {url}/ui/sign-in#once={code}\n"
+        "             (signs the admin in once, within 15 minutes)"
+    )
+
+
+def _banner(settings: Settings, platform: Platform, url: str, *, sign_in_link: bool) -> None:
     backend = settings.resolved_database_url.split(":", 1)[0]
     token_line = f"admin token: {settings.token_file}"
     if platform.admin_secret:
         token_line += "  [green](created now: first start)[/]"
+    ui_line = _sign_in_line(platform, url) if sign_in_link else f"web UI:      {url}/"
     # One fact per line, each short enough not to wrap in an 80-column terminal.
     console.print(
         Panel(
             f"Shamal is running at [bold]{url}[/]\n"
+            f"{ui_line}\n"
             f"API docs:    {url}/docs  (OpenAPI: /openapi.json)\n"
             f"{token_line}\n"
             f"use it:      export SHAMAL_URL={url}\n"
@@ -109,7 +125,7 @@ def server(
         settings = Settings(**overrides)
 
         def on_ready(platform: Platform, url: str) -> None:
-            _banner(settings, platform, url)
+            _banner(settings, platform, url, sign_in_link=quickstart)
             if quickstart:
                 _quickstart_in_background(settings, url)
 
