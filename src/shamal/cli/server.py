@@ -27,31 +27,28 @@ if TYPE_CHECKING:
     from shamal.server import Platform
 
 
-def _sign_in_line(platform: Platform, url: str) -> str:
-    """The web UI's line: with a one-time link that signs the admin in (15 minutes)."""
+def sign_in_link(platform: Platform, url: str) -> str | None:
+    """A link that signs the admin into the web UI once, within 15 minutes; None when
+    there is no admin account of the bootstrap's name any more."""
     from shamal.security import BOOTSTRAP_ADMIN  # the server's side: loaded by now
 
     try:
         code = platform.security.issue_sign_in_link(BOOTSTRAP_ADMIN)
-    except ShamalError:  # no admin account of that name any more: the plain address
-        return f"web UI:      {url}/"
-    return (
-        f"web UI:      {url}/ui/sign-in#once={code}\n"
-        "             (signs the admin in once, within 15 minutes)"
-    )
+    except ShamalError:
+        return None
+    return f"{url}/ui/sign-in#once={code}"
 
 
-def _banner(settings: Settings, platform: Platform, url: str, *, sign_in_link: bool) -> None:
+def _banner(settings: Settings, platform: Platform, url: str, *, with_link: bool) -> None:
     backend = settings.resolved_database_url.split(":", 1)[0]
     token_line = f"admin token: {settings.token_file}"
     if platform.admin_secret:
         token_line += "  [green](created now: first start)[/]"
-    ui_line = _sign_in_line(platform, url) if sign_in_link else f"web UI:      {url}/"
     # One fact per line, each short enough not to wrap in an 80-column terminal.
     console.print(
         Panel(
             f"Shamal is running at [bold]{url}[/]\n"
-            f"{ui_line}\n"
+            f"web UI:      {url}/\n"
             f"API docs:    {url}/docs  (OpenAPI: /openapi.json)\n"
             f"{token_line}\n"
             f"use it:      export SHAMAL_URL={url}\n"
@@ -61,6 +58,11 @@ def _banner(settings: Settings, platform: Platform, url: str, *, sign_in_link: b
             title_align="left",
         )
     )
+    link = sign_in_link(platform, url) if with_link else None
+    if link:
+        # On a line of its own, never wrapped: a terminal opens it with a click.
+        console.print("sign in to the web UI as the admin (once, within 15 minutes):")
+        console.print(link, soft_wrap=True, highlight=False, markup=False)
 
 
 def _quickstart_in_background(settings: Settings, url: str) -> None:
@@ -96,6 +98,14 @@ def server(
     quickstart: Annotated[
         bool, typer.Option("--quickstart", help="After start-up, walk through the quickstart.")
     ] = False,
+    sign_in_link: Annotated[
+        bool,
+        typer.Option(
+            "--sign-in-link",
+            help="Print a link that signs the admin into the web UI once, within 15 minutes "
+            "(on with --quickstart).",
+        ),
+    ] = False,
     access_log: Annotated[
         bool | None,
         typer.Option(
@@ -125,7 +135,7 @@ def server(
         settings = Settings(**overrides)
 
         def on_ready(platform: Platform, url: str) -> None:
-            _banner(settings, platform, url, sign_in_link=quickstart)
+            _banner(settings, platform, url, with_link=quickstart or sign_in_link)
             if quickstart:
                 _quickstart_in_background(settings, url)
 
