@@ -51,9 +51,14 @@ class LiveServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.log = home / f"server-{self.port}.log"
 
-    def start(self, deadline_s: float = 60.0) -> LiveServer:
-        """Start and wait until ready. The port was free when chosen, but another process
-        (a test in another worker) may take it first: then try another, up to 3 times."""
+    def start(self, deadline_s: float | None = None) -> LiveServer:
+        """Start and wait until ready (within ``deadline_s``: by default 60 s, and 180 s for
+        several workers, each of which imports every domain before it answers; under a
+        loaded machine that took over a minute). The port was free when chosen, but another
+        process (a test in another worker) may take it first: then try another, up to 3
+        times."""
+        if deadline_s is None:
+            deadline_s = 60.0 if self.workers == 1 else 180.0
         tries = 3
         while True:
             try:

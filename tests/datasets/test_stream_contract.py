@@ -310,7 +310,9 @@ def test_duplicates_and_out_of_order_deliveries_are_written_once(
             consumer,
             lambda: (
                 _rows(api, dataset) == 6
-                and consumer.totals.skipped + consumer.totals.duplicates == 6
+                # At least the six replayed copies: a broker may redeliver an unacknowledged
+                # record too (MQTT does after a reconnect), which is skipped the same way.
+                and consumer.totals.skipped + consumer.totals.duplicates >= 6
             ),
             "six records, and every copy skipped",
         )

@@ -6,6 +6,7 @@ without their token refused, signed-out and revoked sessions sent to sign in."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    with LiveServer(tmp_path_factory.mktemp("webui-home")) as server:
+    home = tmp_path_factory.mktemp("webui-home")
+    with LiveServer(home, args=["--sign-in-link"]) as server:
         made = Site(server)
         with made.admin:
             made.experiment = made.mlflow("experiments/create", {"name": "browser-journeys"})[
@@ -246,3 +248,23 @@ def test_signed_out_and_revoked_sessions_go_to_sign_in(driver: Any, site: Site) 
     site.admin.delete(f"/api/v1/tokens/{token_id}").raise_for_status()
     driver.get(site.url + "/ui/experiments")
     _wait(driver, lambda d: "/ui/sign-in" in d.current_url)
+
+
+def test_the_one_time_sign_in_link_works_once(driver: Any, site: Site) -> None:
+    """`shamal server --sign-in-link` (and `make run`) print a link that signs the admin in
+    with a click, once: the code travels in the fragment, which no server log sees."""
+    printed = re.search(
+        r"http://127\.0\.0\.1:\d+/ui/sign-in#once=[\w-]+", site.server.log.read_text()
+    )
+    assert printed is not None
+    link = printed[0]
+    driver.delete_all_cookies()
+    driver.get(link)
+    _wait(driver, lambda d: d.current_url.endswith("/ui/experiments"))
+    assert "Signed in as admin" in _by_css(driver, "header").text
+    assert "once=" not in site.server.log.read_text().split(link, 1)[1]  # not in the access log
+    driver.delete_all_cookies()
+    driver.get(link)
+    _wait(driver, lambda d: "used already or has expired" in d.page_source)
+    assert "/ui/sign-in" in driver.current_url
+    assert not [c for c in driver.get_cookies() if c["name"] == "shamal_session"]

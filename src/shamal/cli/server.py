@@ -27,7 +27,19 @@ if TYPE_CHECKING:
     from shamal.server import Platform
 
 
-def _banner(settings: Settings, platform: Platform, url: str) -> None:
+def sign_in_link(platform: Platform, url: str) -> str | None:
+    """A link that signs the admin into the web UI once, within 15 minutes; None when
+    there is no admin account of the bootstrap's name any more."""
+    from shamal.security import BOOTSTRAP_ADMIN  # the server's side: loaded by now
+
+    try:
+        code = platform.security.issue_sign_in_link(BOOTSTRAP_ADMIN)
+    except ShamalError:
+        return None
+    return f"{url}/ui/sign-in#once={code}"
+
+
+def _banner(settings: Settings, platform: Platform, url: str, *, with_link: bool) -> None:
     backend = settings.resolved_database_url.split(":", 1)[0]
     token_line = f"admin token: {settings.token_file}"
     if platform.admin_secret:
@@ -36,6 +48,7 @@ def _banner(settings: Settings, platform: Platform, url: str) -> None:
     console.print(
         Panel(
             f"Shamal is running at [bold]{url}[/]\n"
+            f"web UI:      {url}/\n"
             f"API docs:    {url}/docs  (OpenAPI: /openapi.json)\n"
             f"{token_line}\n"
             f"use it:      export SHAMAL_URL={url}\n"
@@ -45,6 +58,11 @@ def _banner(settings: Settings, platform: Platform, url: str) -> None:
             title_align="left",
         )
     )
+    link = sign_in_link(platform, url) if with_link else None
+    if link:
+        # On a line of its own, never wrapped: a terminal opens it with a click.
+        console.print("sign in to the web UI as the admin (once, within 15 minutes):")
+        console.print(link, soft_wrap=True, highlight=False, markup=False)
 
 
 def _quickstart_in_background(settings: Settings, url: str) -> None:
@@ -80,6 +98,14 @@ def server(
     quickstart: Annotated[
         bool, typer.Option("--quickstart", help="After start-up, walk through the quickstart.")
     ] = False,
+    sign_in_link: Annotated[
+        bool,
+        typer.Option(
+            "--sign-in-link",
+            help="Print a link that signs the admin into the web UI once, within 15 minutes "
+            "(on with --quickstart).",
+        ),
+    ] = False,
     access_log: Annotated[
         bool | None,
         typer.Option(
@@ -109,7 +135,7 @@ def server(
         settings = Settings(**overrides)
 
         def on_ready(platform: Platform, url: str) -> None:
-            _banner(settings, platform, url)
+            _banner(settings, platform, url, with_link=quickstart or sign_in_link)
             if quickstart:
                 _quickstart_in_background(settings, url)
 

@@ -28,11 +28,18 @@ from shamal.security._pseudonyms import (
     SecretRing,
     check_purpose,
 )
-from shamal.security._service import NAME_PATTERN, SecurityService, TeamDetail, check_name
+from shamal.security._service import (
+    BOOTSTRAP_ADMIN,
+    NAME_PATTERN,
+    SecurityService,
+    TeamDetail,
+    check_name,
+)
 from shamal.security._tokens import job_of_token_name, job_token_name
 from shamal.security._watch import AuditWatch, WitnessFile
 
 __all__ = [
+    "BOOTSTRAP_ADMIN",
     "NAME_PATTERN",
     "PURPOSE_PATTERN",
     "AccountKind",

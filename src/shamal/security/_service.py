@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 MAX_TOKEN_LIFETIME = timedelta(days=366)
+#: How long a one-time sign-in link printed at start-up stays usable.
+SIGN_IN_LINK_LIFETIME = timedelta(minutes=15)
 # last_used_at is bookkeeping, not security: write it at most this often per token.
 _TOUCH_INTERVAL = timedelta(minutes=1)
 BOOTSTRAP_ADMIN = "admin"
@@ -507,6 +509,66 @@ class SecurityService:
             expires_at = now + expires_in if expires_in is not None else None
             token = _store.insert_token(
                 s, user, name, hash_secret(secret), display_prefix(secret), now, expires_at, scope
+            )
+            self._audit.record(s, ctx, f"{ctx.target}/{token.id}")
+            return token
+
+        return IssuedToken(token=self._db.run(work), secret=secret)
+
+    # ------------------------------------------------------------------ sign-in links
+    def issue_sign_in_link(self, user: str, expires_in: timedelta = SIGN_IN_LINK_LIFETIME) -> str:
+        """A one-time code that signs ``user`` into the web UI once, within ``expires_in``
+        (what ``shamal server --quickstart`` prints for the admin, so a laptop's owner need
+        not paste a token). Only its SHA-256 is stored. Audited with the server as actor.
+
+        Raises:
+            NotFound: no such user.
+        """
+        code = new_secret()
+        now = self._clock()
+        ctx = AuditContext(action="ui.sign_in_link", actor="server", target=f"user:{user}")
+
+        def work(s: Session) -> None:
+            account = _store.get_user(s, user)
+            _store.insert_sign_in_link(s, account, hash_secret(code), now, now + expires_in)
+            self._audit.record(s, ctx, ctx.target)
+
+        self._db.run(work)
+        return code
+
+    def redeem_sign_in_link(self, code: str, session_lifetime: timedelta) -> IssuedToken:
+        """Use a sign-in link's code, once: a new token of its user (named ``web-ui``,
+        expiring with the session it opens), in the same transaction that marks the link
+        used. Audited as the user's ``token.create``.
+
+        Raises:
+            Unauthenticated: no such code, expired, used before, or the user is disabled.
+        """
+        now = self._clock()
+        secret = new_secret()
+        refused = Unauthenticated(
+            "this sign-in link was used already or has expired: sign in with a token "
+            "(the admin's is in SHAMAL_HOME/token), or restart with --quickstart for a new link"
+        )
+
+        def work(s: Session) -> ApiToken:
+            name = _store.use_sign_in_link(s, hash_secret(code), now)
+            if name is None:
+                raise refused
+            user = _store.get_user(s, name)
+            if user.disabled:
+                raise refused
+            token = _store.insert_token(
+                s,
+                user,
+                "web-ui",
+                hash_secret(secret),
+                display_prefix(secret),
+                now,
+                now + session_lifetime,
+            )
+            ctx = AuditContext(
+                action="token.create", actor=name, target=f"user:{name}/token:web-ui"
             )
             self._audit.record(s, ctx, f"{ctx.target}/{token.id}")
             return token

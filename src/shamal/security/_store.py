@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -15,6 +15,7 @@ from shamal.db.models import (
     ApiTokenRow,
     AuditEntryRow,
     AuditHeadRow,
+    SignInLinkRow,
     TeamInvitationRow,
     TeamMemberRow,
     TeamRow,
@@ -433,3 +434,37 @@ def list_audit(
     if filters:
         query = query.where(*filters)
     return [_entry(r) for r in s.scalars(query)]
+
+
+# ------------------------------------------------------------------ sign-in links
+def insert_sign_in_link(
+    s: Session, user: User, code_hash: str, now: datetime, expires_at: datetime
+) -> None:
+    """Store a one-time link's code (its hash); links expired a day ago are swept."""
+    s.execute(delete(SignInLinkRow).where(SignInLinkRow.expires_at < now - timedelta(days=1)))
+    s.add(
+        SignInLinkRow(code_hash=code_hash, user_id=user.id, created_at=now, expires_at=expires_at)
+    )
+    s.flush()
+
+
+def use_sign_in_link(s: Session, code_hash: str, now: datetime) -> str | None:
+    """Mark the link used, once: the name of the user it signs in, or None when there is
+    no such link, it expired, or it was used before (one UPDATE, so two concurrent uses
+    cannot both win)."""
+    used = s.execute(
+        update(SignInLinkRow)
+        .where(
+            SignInLinkRow.code_hash == code_hash,
+            SignInLinkRow.used_at.is_(None),
+            SignInLinkRow.expires_at > now,
+        )
+        .values(used_at=now)
+    )
+    if getattr(used, "rowcount", 0) != 1:
+        return None
+    return s.scalar(
+        select(UserRow.name)
+        .join(SignInLinkRow, SignInLinkRow.user_id == UserRow.id)
+        .where(SignInLinkRow.code_hash == code_hash)
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Form, Query, Request
@@ -22,6 +23,7 @@ from shamal.webui._session import (
     may_sign_in,
     principal_of_token,
     safe_return_path,
+    security_of,
     session_seal,
 )
 
@@ -97,26 +99,35 @@ async def sign_in(
     csrf: Annotated[str, Form(max_length=128)] = "",
     next_path: Annotated[str, Form(alias="next", max_length=320)] = "",
     fragment: Annotated[str, Form(max_length=320)] = "",
+    once: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
-    """Check the token with the security service and open a session with it.
+    """Check the token with the security service and open a session with it; or, with
+    ``once``, use a one-time sign-in link's code, which opens a session with a new token
+    of the link's user.
 
-    A wrong form token answers 403; a token that does not authenticate, the form again
+    A wrong form token answers 403; a token or link that is not accepted, the form again
     with a 401. Both outcomes are audited (``ui.sign_in``).
     """
     seal = session_seal(request)
     if not seal.csrf_valid(request.cookies.get(SIGN_IN_COOKIE, ""), csrf):
         return refused_page(request)
     principal = None
+    message = (
+        "That token was not accepted: it is unknown, expired or revoked, or not a personal token."
+    )
     with contextlib.suppress(Unauthenticated):
+        if once:
+            token = await _redeem(request, once.strip())
         principal = await principal_of_token(request, token.strip())
     audit: AuditLog = request.app.state.audit
     if principal is None or not may_sign_in(principal):
         ctx = AuditContext(action="ui.sign_in", actor="anonymous", target="ui")
         await run_in_threadpool(audit.record_outcome, ctx, "unauthenticated")
-        message = (
-            "That token was not accepted: it is unknown, expired or revoked, "
-            "or not a personal token."
-        )
+        if once:
+            message = (
+                "That sign-in link was used already or has expired. Sign in with a token "
+                "(the admin's is in SHAMAL_HOME/token)."
+            )
         return sign_in_form(request, next_path or None, message, 401)
     ctx = AuditContext(action="ui.sign_in", actor=principal.name, principal=principal, target="ui")
     await run_in_threadpool(audit.record_outcome, ctx, "ok")
@@ -125,6 +136,18 @@ async def sign_in(
     _set_cookie(response, request, SESSION_COOKIE, seal.seal(token.strip()), SESSION_MAX_AGE_S)
     _set_cookie(response, request, SIGN_IN_COOKIE, "", 0)
     return response
+
+
+async def _redeem(request: Request, code: str) -> str:
+    """The secret of the new token a one-time link's ``code`` gives.
+
+    Raises:
+        Unauthenticated: the link is unknown, expired or used.
+    """
+    issued = await run_in_threadpool(
+        security_of(request).redeem_sign_in_link, code, timedelta(seconds=SESSION_MAX_AGE_S)
+    )
+    return issued.secret
 
 
 async def sign_out(request: Request, principal: CsrfChecked) -> Response:

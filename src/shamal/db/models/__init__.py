@@ -63,6 +63,7 @@ from shamal.db.models.registry import (
 )
 from shamal.db.models.security import (
     ApiTokenRow,
+    SignInLinkRow,
     TeamInvitationRow,
     TeamMemberRow,
     TeamRow,
@@ -141,6 +142,7 @@ __all__ = [
     "RunTagRow",
     "SchedulerRow",
     "SnapshotOwnerRow",
+    "SignInLinkRow",
     "TeamInvitationRow",
     "TeamMemberRow",
     "TeamRow",

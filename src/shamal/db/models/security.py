@@ -80,3 +80,16 @@ class TeamInvitationRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     invited_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SignInLinkRow(Base):
+    """A one-time link into the web UI (``shamal server --quickstart`` prints one for the
+    admin): the SHA-256 of its code, whom it signs in, until when, and when it was used."""
+
+    __tablename__ = "sign_in_links"
+
+    code_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(32), ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
