@@ -145,6 +145,10 @@ class MqttBroker:
         self._topic = url.name
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._connected = threading.Event()
+        # Set once the broker acknowledged the subscription (SUBACK): only from then on
+        # does it keep what is published for us, so the constructor waits for it.
+        self._subscribed = threading.Event()
+        self._refused = False
         client_id = url.option(
             "client", "shamal-" + hashlib.sha256(url.name.encode()).hexdigest()[:16]
         )
@@ -158,6 +162,7 @@ class MqttBroker:
         if url.user is not None:
             client.username_pw_set(url.user, url.password)
         client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
         client.on_disconnect = lambda *_args: self._connected.clear()
         client.on_message = lambda _client, _data, message: self._inbox.put(message)
         self._client = client
@@ -169,11 +174,23 @@ class MqttBroker:
         if not self._connected.wait(_CONNECT_SECONDS):
             self.close()
             raise ServiceUnavailable(f"the MQTT broker at {describe(url)} did not accept us")
+        if not self._subscribed.wait(_CONNECT_SECONDS) or self._refused:
+            self.close()
+            raise ServiceUnavailable(
+                f"the MQTT broker at {describe(url)} did not accept the subscription to "
+                f"{self._topic!r}: check the topic and the account's access to it"
+            )
 
     def _on_connect(self, client: Any, _data: Any, _flags: Any, code: Any, _props: Any) -> None:
         if not code.is_failure:
             client.subscribe(self._topic, qos=1)  # again on every reconnect
             self._connected.set()
+
+    def _on_subscribe(
+        self, _client: Any, _data: Any, _mid: Any, codes: Sequence[Any], _props: Any
+    ) -> None:
+        self._refused = any(code.is_failure for code in codes)
+        self._subscribed.set()
 
     def receive(self, limit: int, timeout: float) -> list[Message]:
         out: list[Message] = []
