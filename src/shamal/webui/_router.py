@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response
 
 from shamal.errors import ShamalError, Unauthenticated
-from shamal.webui import _auth, _pages, _series
+from shamal.webui import _auth, _jobs, _jobs_usage, _pages, _pipelines, _series
 from shamal.webui._render import SECURITY_HEADERS, page
 from shamal.webui._seal import SessionSeal
 from shamal.webui._session import CsrfRefused, SignedOut
@@ -21,7 +21,7 @@ from shamal.webui._session import CsrfRefused, SignedOut
 logger = logging.getLogger(__name__)
 
 #: The modules of pages, each with its ``ROUTES``.
-PAGE_MODULES = (_pages,)
+PAGE_MODULES = (_pages, _jobs_usage, _jobs, _pipelines)
 
 #: Pages anyone may open: the sign-in form and the static files it needs.
 PUBLIC_ROUTES = frozenset({"/ui/sign-in", "/ui/static/{name}"})

@@ -1,0 +1,71 @@
+"""What the jobs and pipelines pages share: the jobs service, moments and durations in
+words, which job ids may make a link, and a change audited as the API audits it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, TypeVar
+
+from fastapi import Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from shamal.errors import ShamalError
+from shamal.jobs import JobService, JobState
+from shamal.security import AuditContext, AuditLog, Principal
+from shamal.webui._common import service_of
+
+T = TypeVar("T")
+
+#: States a job never leaves: its page stops following it.
+ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
+TeamName = Annotated[str, Query(max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")]
+_FULL_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def at_text(moment: datetime | None) -> str:
+    """A moment as the pages show it: ``YYYY-MM-DD HH:MM:SS`` in UTC ("" for None)."""
+    if moment is None:
+        return ""
+    if moment.tzinfo is None:  # stored as UTC without its zone (SQLite)
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def took_text(start: datetime | None, end: datetime | None) -> str:
+    """How long from ``start`` to ``end`` (``1h02m``, ``3m05s``); "" when either is missing."""
+    if start is None or end is None:
+        return ""
+    seconds = max(0, int((end - start).total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+#: What the templates of jobs and pipelines format moments with.
+TIME_TEXT = {"at": at_text, "took": took_text}
+
+
+def jobs_of(request: Request) -> JobService:
+    return service_of(request, "jobs", JobService)
+
+
+def full_job_id(job_id: str) -> bool:
+    """Whether ``job_id`` is a whole job id (as stored), fit for a link's path."""
+    return bool(_FULL_ID.match(job_id))
+
+
+async def audited_change(
+    request: Request, principal: Principal, action: str, change: Callable[[AuditContext], T]
+) -> T:
+    """``change`` run in a worker thread with an audit context, as the API's ``audited``
+    dependency does: a refusal the service did not record is recorded with its code."""
+    ctx = AuditContext(action=action, actor=principal.name, principal=principal)
+    try:
+        return await run_in_threadpool(change, ctx)
+    except ShamalError as exc:
+        if not ctx.recorded:
+            audit = service_of(request, "audit", AuditLog)
+            await run_in_threadpool(audit.record_outcome, ctx, exc.code.lower())
+        raise
