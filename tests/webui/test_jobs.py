@@ -199,6 +199,7 @@ def test_cancel_is_for_members_a_viewer_is_refused_and_a_form_needs_its_token(
     assert "cancelled by rita" in after.text
     assert "Cancel this job" not in after.text
     assert "data-live=" not in after.text  # an ended job is not followed
+    assert 'data-done="1"' in after.text  # nor its (empty) log
     state = browser.get(f"{path}/state")
     assert state.headers["x-shamal-final"] == "1"
     again = browser.post(f"{path}/cancel", data={"csrf": csrf_of(after.text)})
@@ -314,6 +315,7 @@ def test_the_usage_and_teams_pages_show_quotas_held_resources_and_cost(
     assert "2 / 4 (+2)" in teams.text  # CPUs held / guaranteed (+borrow)
     usage = browser.get("/ui/jobs/usage")
     assert usage.status_code == 200
-    assert usage.text.count('<svg class="plot"') == 2
+    assert usage.text.count('<svg class="plot"') == 1  # CPUs; no GPU was held
+    assert "No GPU was allocated" in usage.text
     assert "no history of allocation" in usage.text
     assert "1 of 1 jobs ran in the window" in usage.text

@@ -163,6 +163,11 @@ async def job_page(request: Request, principal: SessionPrincipal, job_id: JobId)
     if job.id != job_id:
         return redirect(f"/ui/jobs/{job.id}")
     head = await log_chunk(request, principal, job.id, None, 0)
+    if state["ended"] and not head["done"] and len(head["text"]) < LOG_CHUNK // 4:
+        # A short log of an ended job: one more read says whether it is whole, so the
+        # page need not be followed for a log that will not grow.
+        rest = await log_chunk(request, principal, job.id, head["attempt"], head["offset"])
+        head["done"] = rest["done"] and not rest["text"]
     values = context(request, principal, job.name or job.id[:12], log=head, **state, **TIME_TEXT)
     return page("job.html", values)
 

@@ -43,8 +43,22 @@ def took_text(start: datetime | None, end: datetime | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-#: What the templates of jobs and pipelines format moments with.
-TIME_TEXT = {"at": at_text, "took": took_text}
+def held_text(seconds: float, unit: str) -> str:
+    """Resource-seconds in words: ``40 CPU-seconds`` under an hour, else ``2.50 CPU-hours``."""
+    if seconds < 3600:
+        return f"{seconds:.0f} {unit}-seconds"
+    return f"{seconds / 3600:.2f} {unit}-hours"
+
+
+def cost_text(cost: float) -> str:
+    """A cost to two decimals (``< 0.01`` for a small one that is not nothing)."""
+    if 0 < cost < 0.005:
+        return "< 0.01"
+    return f"{cost:.2f}"
+
+
+#: What the templates of jobs and pipelines format moments, usage and cost with.
+TIME_TEXT = {"at": at_text, "took": took_text, "held": held_text, "cost": cost_text}
 
 
 def jobs_of(request: Request) -> JobService:

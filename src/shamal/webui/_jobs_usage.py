@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Request
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -22,7 +23,7 @@ from shamal.jobs import ACTIVE_STATES, CostLine, Job, QuotaUse, request_of
 from shamal.scheduler.core import GPU_MILLI
 from shamal.security import SecurityService, Team
 from shamal.webui._common import Route, context, service_of
-from shamal.webui._jobs_common import TeamName, jobs_of
+from shamal.webui._jobs_common import TIME_TEXT, TeamName, jobs_of
 from shamal.webui._render import page
 from shamal.webui._session import SessionPrincipal
 from shamal.webui._svg import Series, line_chart
@@ -38,7 +39,7 @@ ANY_POOL = "any pool"
 @dataclass(frozen=True)
 class Allocation:
     """CPUs and GPUs held per time bucket (the mean over each bucket), by pool; ``xs`` are
-    the buckets' starts in seconds since the epoch."""
+    the buckets' ends in seconds since the epoch (the last one is the moment asked for)."""
 
     xs: list[float]
     cpus: dict[str, list[float]]
@@ -63,7 +64,7 @@ def allocation(
     end, spread over ``buckets`` equal buckets as a mean. Pure."""
     start = now - window
     width = window.total_seconds() / buckets
-    xs = [start.timestamp() + i * width for i in range(buckets)]
+    starts = [start.timestamp() + i * width for i in range(buckets)]
     cpus: dict[str, list[float]] = {}
     gpus: dict[str, list[float]] = {}
     counted = 0
@@ -78,15 +79,15 @@ def allocation(
         gpu_row = gpus.setdefault(pool, [0.0] * buckets)
         begin = max(job.started_at, start).timestamp()
         end = min(until, now).timestamp()
-        first = int((begin - xs[0]) // width)
+        first = int((begin - starts[0]) // width)
         for index in range(max(first, 0), buckets):
-            lo, hi = xs[index], xs[index] + width
+            lo, hi = starts[index], starts[index] + width
             if lo >= end:
                 break
             share = (min(hi, end) - max(lo, begin)) / width
             cpu_row[index] += share * total.cpu_milli / 1000
             gpu_row[index] += share * total.gpu_milli / GPU_MILLI
-    return Allocation(xs, cpus, gpus, counted)
+    return Allocation([x + width for x in starts], cpus, gpus, counted)
 
 
 def _series(xs: list[float], rows: dict[str, list[float]]) -> list[Series]:
@@ -101,6 +102,14 @@ def _day_label(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%m-%d %H:%M")
 
 
+def _chart(xs: list[float], rows: dict[str, list[float]], title: str) -> Markup | None:
+    """The chart of ``rows``; None when nothing was held at all (a flat zero says less than
+    a sentence)."""
+    if not any(value for row in rows.values() for value in row):
+        return None
+    return line_chart(_series(xs, rows), title, x_format=_day_label)
+
+
 async def usage_page(
     request: Request, principal: SessionPrincipal, team: TeamName = ""
 ) -> Response:
@@ -111,12 +120,8 @@ async def usage_page(
     )
     now = datetime.now(UTC)
     found = allocation(jobs, now)
-    cpu_chart = line_chart(
-        _series(found.xs, found.cpus), "CPUs allocated, last 24 hours", x_format=_day_label
-    )
-    gpu_chart = line_chart(
-        _series(found.xs, found.gpus), "GPUs allocated, last 24 hours", x_format=_day_label
-    )
+    cpu_chart = _chart(found.xs, found.cpus, "CPUs allocated, last 24 hours")
+    gpu_chart = _chart(found.xs, found.gpus, "GPUs allocated, last 24 hours")
     values = context(
         request,
         principal,
@@ -180,6 +185,7 @@ async def teams_page(request: Request, principal: SessionPrincipal) -> Response:
         uses=_team_uses(teams, roles, quotas, cost),
         cost_days=COST_DAYS,
         any_priced=any(line.cost for line in cost),
+        **TIME_TEXT,
     )
     return page("teams.html", values)
 
