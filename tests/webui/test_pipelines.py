@@ -11,6 +11,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from shamal.jobs import JobState
+from shamal.scheduler.live import JobLifecycle
+from shamal.server import Platform
+from tests.polling import wait_for
+from tests.scheduler.live.test_lifecycle import _run as run_job
 from tests.webui.conftest import sign_in
 
 HOSTILE = '<img src=x onerror="window.__xss=1">'
@@ -49,8 +54,11 @@ SPEC: dict[str, Any] = {
 }
 
 
-def _started_run(api: TestClient, secret: str) -> dict[str, Any]:
-    registered = api.post("/api/v1/pipelines", json={"spec": SPEC}, headers=_as(secret))
+def _started_run(
+    api: TestClient, secret: str, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body = {"spec": spec or SPEC}
+    registered = api.post("/api/v1/pipelines", json=body, headers=_as(secret))
     assert registered.status_code == 200, registered.text
     run = api.post("/api/v1/pipelines/flow/runs", json={"params": {}}, headers=_as(secret))
     assert run.status_code == 200, run.text
@@ -144,3 +152,42 @@ def test_bad_values_answer_400(
     answer = browser.get(path, params=params)
     assert answer.status_code == 400, answer.text
     assert "Traceback" not in answer.text
+
+
+def _finish_step_jobs(platform: Platform, run_id: str) -> bool:
+    """Play the scheduler for a run's queued step jobs (admit, start, exit 0), as the jobs
+    tests do, then let the pipeline move on; whether the run has ended."""
+    life = JobLifecycle(platform.db, platform.audit, "ui-test")
+    run = platform.pipelines.get_run(
+        platform.security.authenticate(platform.admin_secret or ""), run_id
+    )
+    ids = [s.job_id for s in run.steps if s.job_id]
+    for job in platform.jobs.jobs_of(ids).values():
+        if job.state is JobState.QUEUED:
+            life.ended(run_job(life, job), JobState.SUCCEEDED, reason="exited 0", exit_code=0)
+    platform.pipelines.advance_all()
+    return run.state != "running"
+
+
+def test_a_finished_runs_steps_show_their_cache_hits_and_the_page_is_final(
+    api: TestClient, browser: TestClient, platform: Platform
+) -> None:
+    """A run whose step jobs all succeed, then a second run whose steps all come from the
+    cache: its DAG draws them cached and the table says whose result they reused."""
+    rita = _person(api, "rita", "red")
+    first = _started_run(api, rita)
+    wait_for(lambda: _finish_step_jobs(platform, first["id"]), "the first run to end", 60)
+    sign_in(browser, rita)
+    done = browser.get(f"/ui/pipelines/runs/{first['id']}")
+    assert '<span class="badge run-state succeeded">succeeded</span>' in done.text
+    assert "data-live=" not in done.text
+    assert done.text.count('<g class="node state-succeeded">') == 3
+    final = browser.get(f"/ui/pipelines/runs/{first['id']}/fragment")
+    assert final.headers["x-shamal-final"] == "1"
+
+    again = api.post("/api/v1/pipelines/flow/runs", json={"params": {}}, headers=_as(rita))
+    second = again.raise_for_status().json()
+    page = browser.get(f"/ui/pipelines/runs/{second['id']}")
+    assert page.text.count('<g class="node state-cached">') == 3
+    assert page.text.count('<td class="value">hit: ') == 3
+    assert "<td>—</td>" in page.text  # a cached step ran no job

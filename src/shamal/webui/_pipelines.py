@@ -144,10 +144,12 @@ def _step_nodes(spec: PipelineSpec, steps: Sequence[StepRun]) -> list[Node]:
         record = by_key.get(step.name)
         items = [s for s in steps if s.name == step.name and s.index is not None]
         state = _PICTURED.get(record.state, "waiting") if record else "waiting"
-        detail = record.state if record else "not started"
+        detail = "not started" if record is None else record.state.replace("_", " ")
+        if detail == state:
+            detail = record.reason[:80] if record is not None else ""
         if items:
             done = sum(1 for s in items if s.state in ("succeeded", "cached"))
-            detail += f", {done} of {len(items)} items done"
+            detail = f"{detail}, {done} of {len(items)} items done".lstrip(", ")
         job_id = record.job_id if record else None
         href = f"/ui/jobs/{job_id}" if job_id and full_job_id(job_id) else ""
         nodes.append(Node(step.name, step.name, state, href, detail))
