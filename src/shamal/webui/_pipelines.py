@@ -135,25 +135,34 @@ def _step_kind(command: Sequence[str] | None, function: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------- a run
+def _step_node(name: str, record: StepRun | None, items: Sequence[StepRun]) -> Node:
+    """The box of step ``name``: its own record's state (a mapped step's items summed up
+    in its tooltip), linked to its job when it ran one."""
+    if record is None:
+        return Node(name, name, "waiting", "", "not started")
+    state = _PICTURED.get(record.state, "waiting")
+    detail = record.state.replace("_", " ")
+    if detail == state:
+        detail = record.reason[:80]
+    if items:
+        done = sum(1 for s in items if s.state in ("succeeded", "cached"))
+        detail = f"{detail}, {done} of {len(items)} items done".lstrip(", ")
+    job_id = record.job_id
+    href = f"/ui/jobs/{job_id}" if job_id and full_job_id(job_id) else ""
+    return Node(name, name, state, href, detail)
+
+
 def _step_nodes(spec: PipelineSpec, steps: Sequence[StepRun]) -> list[Node]:
-    """One box per step of the definition, in the state of the step's own record (a
-    mapped step's items are summed up in its tooltip), linked to its job when it ran one."""
+    """One box per step of the definition."""
     by_key = {s.key: s for s in steps}
-    nodes = []
-    for step in spec.steps:
-        record = by_key.get(step.name)
-        items = [s for s in steps if s.name == step.name and s.index is not None]
-        state = _PICTURED.get(record.state, "waiting") if record else "waiting"
-        detail = "not started" if record is None else record.state.replace("_", " ")
-        if detail == state:
-            detail = record.reason[:80] if record is not None else ""
-        if items:
-            done = sum(1 for s in items if s.state in ("succeeded", "cached"))
-            detail = f"{detail}, {done} of {len(items)} items done".lstrip(", ")
-        job_id = record.job_id if record else None
-        href = f"/ui/jobs/{job_id}" if job_id and full_job_id(job_id) else ""
-        nodes.append(Node(step.name, step.name, state, href, detail))
-    return nodes
+    return [
+        _step_node(
+            step.name,
+            by_key.get(step.name),
+            [s for s in steps if s.name == step.name and s.index is not None],
+        )
+        for step in spec.steps
+    ]
 
 
 def cache_text(step: StepRun) -> str:
