@@ -216,7 +216,14 @@ def test_the_log_route_reads_a_real_jobs_log_by_offsets_until_done(
     sign_in(browser, rita)
     url = f"/ui/api/jobs/{job['id']}/log"
     queued = browser.get(url).json()
-    assert queued == {"text": "", "offset": 0, "attempt": 0, "done": False, "next_attempt": None}
+    assert queued == {
+        "text": "",
+        "offset": 0,
+        "attempt": 0,
+        "done": False,
+        "next_attempt": None,
+        "more": False,
+    }
 
     life = JobLifecycle(platform.db, platform.audit, "ui-test")
     loop = local_loop(platform, life, tmp_path / "jobs")
@@ -234,6 +241,7 @@ def test_the_log_route_reads_a_real_jobs_log_by_offsets_until_done(
         assert answer["attempt"] == 1
         assert len(answer["text"].encode()) <= LOG_CHUNK
         assert answer["offset"] == offset + len(answer["text"].encode())
+        assert answer["more"] is (len(answer["text"].encode()) > LOG_CHUNK - 4)  # a full piece
         pieces.append(answer["text"])
         offset = answer["offset"]
         if answer["done"]:

@@ -210,7 +210,8 @@ async def log_chunk(
     Returns:
         ``text`` (decoded, invalid bytes replaced), ``offset`` (where the next read
         starts), ``attempt``, ``done`` (the job has ended and nothing more will come) and
-        ``next_attempt`` (this attempt's log is over and a later attempt's has begun).
+        ``next_attempt`` (this attempt's log is over and a later attempt's has begun) and
+        ``more`` (more is stored already: ask again at once).
     """
     svc = jobs_of(request)
 
@@ -230,6 +231,7 @@ async def log_chunk(
         "attempt": chunk.attempt,
         "done": chunk.complete and job.state in ENDED and chunk.attempt >= job.attempt,
         "next_attempt": chunk.attempt + 1 if over else None,
+        "more": len(chunk.data) > LOG_CHUNK,
     }
 
 

@@ -1,8 +1,9 @@
 // A job's log, followed while the job runs: the <pre class="log" data-log="/ui/api/jobs/ID/log">
 // holds what the server rendered (up to `data-offset` bytes); this asks for what comes next
-// (`?offset=N&attempt=A`, answered as JSON {text, offset, attempt, done, next_attempt}) and
-// appends it as text (textContent: never parsed as HTML). While nothing new arrives the wait
-// doubles from 1 s to 15 s; new text brings it back to 1 s. Polling pauses while the tab is
+// (`?offset=N&attempt=A`, answered as JSON {text, offset, attempt, done, next_attempt, more})
+// and appends it as text (textContent: never parsed as HTML). While nothing new arrives the
+// wait doubles from 1 s to 15 s; new text brings it back to 1 s (at once while `more` says the
+// next piece is already stored). Polling pauses while the tab is
 // hidden and stops once the server says the job has ended and its log is whole. A retried
 // job's next attempt follows its previous one under a marker line.
 const MIN_MS = 1000;
@@ -37,6 +38,7 @@ function follow(pre) {
   function schedule() {
     if (!stopped && timer === null && !document.hidden) timer = setTimeout(tick, wait);
   }
+  // The wait after a piece that said `more` is 0: the next tick asks at once.
 
   async function tick() {
     timer = null;
@@ -67,6 +69,8 @@ function follow(pre) {
         offset = 0;
         append(`\n--- attempt ${attempt} ---\n`);
         wait = MIN_MS;
+      } else if (chunk.more === true) {
+        wait = 0; // a long log catching up: the next piece is already there
       } else {
         wait = grew ? MIN_MS : Math.min(MAX_MS, wait * 2);
       }
