@@ -309,7 +309,7 @@ def test_allocation_is_derived_from_the_jobs_start_and_finish(
 
 
 def test_the_usage_and_teams_pages_show_quotas_held_resources_and_cost(
-    api: TestClient, browser: TestClient, platform: Platform
+    api: TestClient, browser: TestClient, platform: Platform, admin_token: str
 ) -> None:
     rita = _person(api, "rita", "red")
     _person(api, "bo", "blue")
@@ -322,9 +322,16 @@ def test_the_usage_and_teams_pages_show_quotas_held_resources_and_cost(
     assert ">red <span" in teams.text
     assert ">blue" not in teams.text
     assert "2 / 4 (+2)" in teams.text  # CPUs held / guaranteed (+borrow)
+    assert "<dt>Cost</dt><dd>&lt; 0.01</dd>" in teams.text  # 2 CPUs at 3.6 an hour, briefly
     usage = browser.get("/ui/jobs/usage")
     assert usage.status_code == 200
     assert usage.text.count('<svg class="plot"') == 1  # CPUs; no GPU was held
     assert "No GPU was allocated" in usage.text
     assert "no history of allocation" in usage.text
     assert "1 of 1 jobs ran in the window" in usage.text
+    sign_in(browser, admin_token)
+    every = browser.get("/ui/teams")
+    assert "Every team" in every.text
+    assert ">red" in every.text
+    assert ">blue" in every.text
+    assert "No quota is configured for this team" in every.text  # blue has none
