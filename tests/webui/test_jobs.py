@@ -261,6 +261,7 @@ def test_the_log_route_reads_a_real_jobs_log_by_offsets_until_done(
     assert 'data-done="1"' not in page.text  # a whole log is more than the first part
     assert "data-live=" not in page.text
     assert "exited 0" in page.text
+    assert "&lt; 0.01 (at its pool's prices)" in page.text  # main's CPUs have a price
 
 
 @pytest.mark.parametrize(
@@ -322,7 +323,7 @@ def test_the_usage_and_teams_pages_show_quotas_held_resources_and_cost(
     assert ">red <span" in teams.text
     assert ">blue" not in teams.text
     assert "2 / 4 (+2)" in teams.text  # CPUs held / guaranteed (+borrow)
-    assert "<dt>Cost</dt><dd>&lt; 0.01</dd>" in teams.text  # 2 CPUs at 3.6 an hour, briefly
+    assert "<dt>Jobs run</dt><dd>1 (1 attempt)</dd>" in teams.text  # its usage so far
     usage = browser.get("/ui/jobs/usage")
     assert usage.status_code == 200
     assert usage.text.count('<svg class="plot"') == 1  # CPUs; no GPU was held
