@@ -24,20 +24,23 @@ TeamName = Annotated[str, Query(max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")]
 _FULL_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
+def utc(moment: datetime) -> datetime:
+    """``moment`` in UTC; one stored without its zone is UTC already."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def at_text(moment: datetime | None) -> str:
     """A moment as the pages show it: ``YYYY-MM-DD HH:MM:SS`` in UTC ("" for None)."""
     if moment is None:
         return ""
-    if moment.tzinfo is None:  # stored as UTC without its zone (SQLite)
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc(moment).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def took_text(start: datetime | None, end: datetime | None) -> str:
     """How long from ``start`` to ``end`` (``1h02m``, ``3m05s``); "" when either is missing."""
     if start is None or end is None:
         return ""
-    seconds = max(0, int((end - start).total_seconds()))
+    seconds = max(0, int((utc(end) - utc(start)).total_seconds()))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -23,7 +23,7 @@ from shamal.jobs import ACTIVE_STATES, CostLine, Job, QuotaUse, request_of
 from shamal.scheduler.core import GPU_MILLI
 from shamal.security import SecurityService, Team
 from shamal.webui._common import Route, context, service_of
-from shamal.webui._jobs_common import TIME_TEXT, TeamName, jobs_of
+from shamal.webui._jobs_common import TIME_TEXT, TeamName, jobs_of, utc
 from shamal.webui._render import page
 from shamal.webui._session import SessionPrincipal
 from shamal.webui._svg import Series, line_chart
@@ -52,8 +52,8 @@ def _held_until(job: Job, now: datetime) -> datetime | None:
     if job.started_at is None:
         return None
     if job.finished_at is not None:
-        return job.finished_at
-    return now if job.state in ACTIVE_STATES else job.updated_at
+        return utc(job.finished_at)
+    return now if job.state in ACTIVE_STATES else utc(job.updated_at)
 
 
 def allocation(
@@ -70,14 +70,17 @@ def allocation(
     counted = 0
     for job in jobs:
         until = _held_until(job, now)
-        if job.started_at is None or until is None or until <= start or job.started_at >= now:
+        if job.started_at is None or until is None:
+            continue
+        began = utc(job.started_at)
+        if until <= start or began >= now:
             continue
         counted += 1
         total = request_of(job).total
         pool = job.pool or ANY_POOL
         cpu_row = cpus.setdefault(pool, [0.0] * buckets)
         gpu_row = gpus.setdefault(pool, [0.0] * buckets)
-        begin = max(job.started_at, start).timestamp()
+        begin = max(began, start).timestamp()
         end = min(until, now).timestamp()
         first = int((begin - starts[0]) // width)
         for index in range(max(first, 0), buckets):
