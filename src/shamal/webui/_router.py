@@ -20,10 +20,13 @@ from shamal.webui import (
     _data,
     _data_features,
     _deployments,
+    _jobs,
+    _jobs_usage,
     _lineage,
     _models,
     _monitors,
     _pages,
+    _pipelines,
     _series,
 )
 from shamal.webui._render import SECURITY_HEADERS, page
@@ -40,6 +43,9 @@ PAGE_MODULES = (
     _data,
     _data_features,
     _lineage,
+    _jobs,
+    _jobs_usage,
+    _pipelines,
     _deployments,
     _monitors,
     _audit,
