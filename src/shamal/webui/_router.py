@@ -123,7 +123,9 @@ def ui_router(keys_dir: Path) -> APIRouter:
     router.add_api_route(
         "/ui/api/runs/{run_id}/metrics/{key:path}", _series.metric_series, methods=get
     )
-    for module in PAGE_MODULES:
-        for route in module.ROUTES:
-            router.add_api_route(route.path, route.endpoint, methods=list(route.methods))
+    routes = [route for module in PAGE_MODULES for route in module.ROUTES]
+    # Fixed paths first: /ui/jobs/usage must win over /ui/jobs/{job_id}, whichever module
+    # declares which (the sort is stable, so each module's own order stays).
+    for route in sorted(routes, key=lambda r: "{" in r.path):
+        router.add_api_route(route.path, route.endpoint, methods=list(route.methods))
     return router
