@@ -57,6 +57,7 @@ class Seeded:
     experiment_id: str
     newest: str  # the name of the newest run: the first row of a table ordered by start
     newest_match: str  # the newest run that the filter keeps
+    newest_dropped: str  # the newest run that the filter drops
     big_run: str
     seconds: float
 
@@ -137,10 +138,12 @@ def seed(server: _servers.ServerProcess, runs: int, points: int, say: Say) -> Se
         list(pool.map(batch, range(0, points, 1000)))
     say(f"{server.name}: seeded in {time.perf_counter() - start:.0f} s")
     matching = [i for i in range(runs) if _metric_values(i)[0] > 0.9]
+    dropped = [i for i in range(runs) if _metric_values(i)[0] <= 0.9]
     return Seeded(
         experiment_id=experiment_id,
         newest=f"run-{runs - 1:05d}",
         newest_match=f"run-{matching[-1]:05d}",
+        newest_dropped=f"run-{dropped[-1]:05d}",
         big_run=big,
         seconds=time.perf_counter() - start,
     )
@@ -168,7 +171,9 @@ def _since_navigation(driver: Any, ready: str, timeout_s: float) -> float:
         if found is not None:
             return float(found)
         time.sleep(0.02)  # a poll of the page, bounded by the deadline
-    raise TimeoutError(f"the page did not show what was awaited within {timeout_s:.0f} s")
+    raise TimeoutError(
+        f"{driver.current_url} did not show what was awaited within {timeout_s:.0f} s"
+    )
 
 
 def _visits(
@@ -186,6 +191,11 @@ def _row_shows(name: str) -> str:
     return f"document.body && document.body.innerText.includes({name!r})"
 
 
+def _filtered(seeded: Seeded) -> str:
+    """The filtered table is on screen: a run it keeps shows, the newest it drops does not."""
+    return f"({_row_shows(seeded.newest_match)}) && !({_row_shows(seeded.newest_dropped)})"
+
+
 def measure_shamal(
     driver: Any, server: _servers.ServerProcess, seeded: Seeded, repeat: int
 ) -> Figures:
@@ -195,10 +205,11 @@ def measure_shamal(
     driver.get(server.url + "/ui/sign-in")
     driver.find_element("id", "token").send_keys(server.token or "")
     driver.find_element("css selector", "form.sign-in button").click()
+    _since_navigation(driver, "!location.pathname.startsWith('/ui/sign-in')", 30)
     base = f"{server.url}/ui/experiments/{seeded.experiment_id}"
     _visits(driver, base, _row_shows(seeded.newest), repeat, 60, figures.first_page)
     filtered = base + "?" + urlencode({"filter": FILTER})
-    _visits(driver, filtered, _row_shows(seeded.newest_match), repeat, 60, figures.filter)
+    _visits(driver, filtered, _filtered(seeded), repeat, 60, figures.filter)
     run = f"{base}/runs/{seeded.big_run}"
     drawn = f"performance.getEntriesByName('chart-drawn:{BIG_KEY}').length > 0"
     for attempt in range(repeat + 1):
@@ -223,11 +234,12 @@ def measure_mlflow(
     from urllib.parse import quote
 
     figures = Figures()
+    # MLflow 3 opens an experiment on its GenAI overview; the runs table has its own address.
     base = f"{server.url}/#/experiments/{seeded.experiment_id}"
-    _visits(driver, base, _row_shows(seeded.newest), repeat, 180, figures.first_page)
-    filtered = f"{base}?searchFilter={quote(FILTER)}"
+    _visits(driver, f"{base}/runs", _row_shows(seeded.newest), repeat, 180, figures.first_page)
+    filtered = f"{base}/runs?searchFilter={quote(FILTER)}"
     try:
-        _visits(driver, filtered, _row_shows(seeded.newest_match), repeat, 180, figures.filter)
+        _visits(driver, filtered, _filtered(seeded), repeat, 180, figures.filter)
     except TimeoutError as exc:
         figures.notes.append(f"MLflow filter: {exc}")
         say(f"MLflow filter view not measured: {exc}")

@@ -234,9 +234,12 @@ def dag(nodes: Sequence[Node], edges: Sequence[tuple[str, str]], title: str) -> 
         offset = (tallest - len(layer)) * (_BOX_H + _GAP_Y) / 2
         for row, node in enumerate(layer):
             where[node] = (4 + col * (_BOX_W + _GAP_X), 4 + offset + row * (_BOX_H + _GAP_Y))
+    # A picture with links in it is a group, not an image: an image's content is
+    # presentational, so its links would be lost to assistive technology.
+    role = "group" if any(n.href for n in nodes) else "img"
     out = [
         f'<svg class="graph" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} '
-        f'{height:.0f}" role="img" aria-label="{escape(title)}"><title>{escape(title)}</title>'
+        f'{height:.0f}" role="{role}" aria-label="{escape(title)}"><title>{escape(title)}</title>'
     ]
     for a, b in edges:
         if a in where and b in where and a != b:

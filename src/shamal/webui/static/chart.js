@@ -53,7 +53,12 @@ function draw(figure, series, onZoom) {
   const h = HEIGHT - PAD.top - PAD.bottom;
   const sx = (x) => PAD.left + ((x - b.x0) / (b.x1 - b.x0)) * w;
   const sy = (y) => PAD.top + h - ((y - b.y0) / (b.y1 - b.y0)) * h;
-  const svg = el("svg", { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", class: "plot" });
+  const svg = el("svg", {
+    viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
+    role: "img",
+    class: "plot",
+    "aria-label": `${figure.dataset.key}: curve from step ${fmt(b.x0)} to ${fmt(b.x1)}, values ${fmt(b.y0)} to ${fmt(b.y1)}`,
+  });
   svg.appendChild(label(`${figure.dataset.key}: steps ${fmt(b.x0)} to ${fmt(b.x1)}`, { class: "visually-hidden" }));
   svg.appendChild(el("rect", { x: PAD.left, y: PAD.top, width: w, height: h, class: "frame" }));
   svg.appendChild(label(fmt(b.y1), { x: PAD.left - 6, y: PAD.top + 10, class: "tick end" }));
