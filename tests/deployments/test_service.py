@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -415,3 +416,34 @@ def test_a_deployment_names_its_feature_service_and_the_store_sees_it_in_use(
         )
     service.deploy(people.ctx("mo", "deployment.deploy"), "fraud-api", _spec(canary=None))
     assert service.feature_services_in_use() == frozenset()
+
+
+def test_calls_are_kept_per_minute_whatever_the_revision_and_for_a_week(
+    service: DeploymentService, people: People, clock: ManualClock
+) -> None:
+    d = service.deploy(people.ctx("mo"), "fraud-api", _spec())
+    mo, vi = people.principals["mo"], people.principals["vi"]
+    start = clock().replace(second=0, microsecond=0)
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 10, errors=1, ms=50)])
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 5), _report("2", 4)])
+    clock.advance(61)
+    again = service.deploy(people.ctx("mo"), "fraud-api", _spec())
+    assert again.revision > d.revision
+    # Under a revision that is no longer current: not in the window, but calls all the same.
+    service.record_report(mo, "fraud-api", d.revision, [_report("1", 7)])
+    minutes = service.stats_by_minute(vi, "fraud-api", start)
+    assert [(m - start, v, s.requests, s.errors) for m, v, s in minutes] == [
+        (timedelta(0), "1", 15, 1),
+        (timedelta(0), "2", 4, 0),
+        (timedelta(minutes=1), "1", 7, 0),
+    ]
+    assert sum(minutes[0][2].latency_counts) == 15  # the histograms add up too
+    assert (
+        service.stats_by_minute(vi, "fraud-api", start + timedelta(minutes=1))[0][2].requests == 7
+    )
+    clock.advance(7 * 24 * 3600 + 61)
+    service.record_report(mo, "fraud-api", again.revision, [_report("1", 1)])
+    kept = service.stats_by_minute(vi, "fraud-api", start)
+    assert [s.requests for _, _, s in kept] == [1]  # a week later the old minutes are gone
+    with pytest.raises(NotFound):
+        service.stats_by_minute(people.principals["bo"], "fraud-api", start)

@@ -10,6 +10,7 @@ report); the registry's versions come from the deployment tests' fixtures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,7 +121,11 @@ def test_the_list_and_a_deployments_split_rollout_calls_and_history(
     assert "v2 has 5 of the 20 requests needed" in html  # the controller's view now
     assert "4.76%" in html  # v1: 2 errors in 42 calls
     assert "Sampled requests per" in html
-    assert "not recorded" in html  # latency over time: said, not drawn
+    # Latency and errors over time: every reported call, by minute and version.
+    assert "Latency per minute (ms, upper bound of the bucket)" in html
+    assert "Calls that failed per minute (%)" in html
+    for series in ("v1 p50", "v1 p95", "v2 p95"):
+        assert re.search(rf'<li class="series-\d">{series}</li>', html), series
     assert 'action="/ui/deployments/fraud-api/rollback"' not in html  # a viewer's page
 
     live = browser.get("/ui/deployments/fraud-api/rollout")

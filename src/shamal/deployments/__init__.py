@@ -48,6 +48,7 @@ from shamal.deployments._rules import (
     merge_stats,
     p99_ms,
     parse_model_uri,
+    percentile_ms,
 )
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ __all__ = [
     "merge_stats",
     "p99_ms",
     "parse_model_uri",
+    "percentile_ms",
 ]
 
 

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 MAX_LIST = 1000
+#: How long the calls per minute (the latency and error charts) are kept.
+STATS_KEPT = timedelta(days=7)
 MAX_EVENTS = 1000
 #: Samples kept per deployment; older ones are dropped as new ones arrive.
 DEFAULT_KEEP_SAMPLES = 1000
@@ -514,10 +516,15 @@ class DeploymentService:
             found = _store.find(s, name, lock=True)
             ref, current = self._access(principal, found, name, Role.MEMBER)
             known = {r.version_key for r in current.split.routes}
-            if revision == current.revision:
-                for report in versions:
-                    if report.version in known and report.stats.requests > 0:
-                        _store.add_stats(s, ref.id, revision, report.version, report.stats)
+            minute = self._clock().replace(second=0, microsecond=0)
+            for report in versions:
+                if report.version not in known or report.stats.requests <= 0:
+                    continue
+                if revision == current.revision:
+                    _store.add_stats(s, ref.id, revision, report.version, report.stats)
+                # Calls are calls whatever the split: the charts count every one.
+                _store.add_minute_stats(s, ref.id, minute, report.version, report.stats)
+            _store.drop_minute_stats_before(s, ref.id, minute - STATS_KEPT)
             window = _store.window_stats(s, ref.id, current.revision)
             self._record_breaches(s, ref.id, current, window)
             current_loads = loads if revision == current.revision else None
@@ -700,6 +707,15 @@ class DeploymentService:
             NotFound: no deployment of that name.
         """
         return self._platform_read(_store.labelled_after, name, after, limit)
+
+    def stats_by_minute(
+        self, principal: Principal, name: str, since: datetime
+    ) -> list[tuple[datetime, str, VersionStats]]:
+        """(minute, version, its calls) from ``since`` on, oldest first (viewer): what the
+        latency and error charts draw. Minutes are kept for :data:`STATS_KEPT`."""
+        ref, _ = self._read(principal, name)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.minute_stats(s, ref.id, since)
 
     def samples(
         self, principal: Principal, name: str, *, limit: int = 100, before: int | None = None

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Select, and_, delete, select
 from sqlalchemy import update as sql_update
@@ -21,6 +21,7 @@ from shamal.db.models import (
     DeploymentLabelRow,
     DeploymentRow,
     DeploymentSampleRow,
+    DeploymentStatsMinuteRow,
     DeploymentStatsRow,
 )
 from shamal.deployments._entities import (
@@ -274,32 +275,77 @@ def events(s: Session, deployment_id: str, limit: int) -> list[DeploymentEvent]:
 
 
 # ---------------------------------------------------------------------- statistics
-def add_stats(
-    s: Session, deployment_id: str, revision: int, version: str, stats: VersionStats
+def _accumulate(
+    s: Session,
+    model: type[DeploymentStatsRow] | type[DeploymentStatsMinuteRow],
+    key: Mapping[str, Any],
+    stats: VersionStats,
 ) -> None:
-    """Add one report's statistics for a version to its window (read-modify-write: the caller
-    holds the deployment's row lock)."""
-    row = s.get(DeploymentStatsRow, (deployment_id, revision, version))
+    """Add ``stats`` to the row of ``model`` at ``key`` (made when missing): read-modify-write,
+    so the caller holds the deployment's row lock."""
+    row = cast(
+        "DeploymentStatsRow | DeploymentStatsMinuteRow | None", s.get(model, tuple(key.values()))
+    )
     if row is None:
         s.add(
-            DeploymentStatsRow(
-                deployment_id=deployment_id,
-                revision=revision,
-                version=version,
+            model(
+                **key,
                 requests=stats.requests,
                 errors=stats.errors,
                 latency_counts=list(stats.latency_counts),
             )
         )
-        s.flush()
-        return
-    width = max(len(row.latency_counts), len(stats.latency_counts))
-    old = list(row.latency_counts) + [0] * (width - len(row.latency_counts))
-    new = list(stats.latency_counts) + [0] * (width - len(stats.latency_counts))
-    row.requests += stats.requests
-    row.errors += stats.errors
-    row.latency_counts = [a + b for a, b in zip(old, new, strict=True)]
+    else:
+        width = max(len(row.latency_counts), len(stats.latency_counts))
+        old = list(row.latency_counts) + [0] * (width - len(row.latency_counts))
+        new = list(stats.latency_counts) + [0] * (width - len(stats.latency_counts))
+        row.requests += stats.requests
+        row.errors += stats.errors
+        row.latency_counts = [a + b for a, b in zip(old, new, strict=True)]
     s.flush()
+
+
+def add_stats(
+    s: Session, deployment_id: str, revision: int, version: str, stats: VersionStats
+) -> None:
+    """Add one report's statistics for a version to its window."""
+    key = {"deployment_id": deployment_id, "revision": revision, "version": version}
+    _accumulate(s, DeploymentStatsRow, key, stats)
+
+
+def add_minute_stats(
+    s: Session, deployment_id: str, minute: datetime, version: str, stats: VersionStats
+) -> None:
+    """Add one report's statistics to the version's row of ``minute``."""
+    key = {"deployment_id": deployment_id, "minute": minute, "version": version}
+    _accumulate(s, DeploymentStatsMinuteRow, key, stats)
+
+
+def drop_minute_stats_before(s: Session, deployment_id: str, cutoff: datetime) -> None:
+    s.execute(
+        delete(DeploymentStatsMinuteRow).where(
+            DeploymentStatsMinuteRow.deployment_id == deployment_id,
+            DeploymentStatsMinuteRow.minute < cutoff,
+        )
+    )
+
+
+def minute_stats(
+    s: Session, deployment_id: str, since: datetime
+) -> list[tuple[datetime, str, VersionStats]]:
+    """(minute, version, its calls) since ``since``, oldest first."""
+    rows = s.scalars(
+        select(DeploymentStatsMinuteRow)
+        .where(
+            DeploymentStatsMinuteRow.deployment_id == deployment_id,
+            DeploymentStatsMinuteRow.minute >= since,
+        )
+        .order_by(DeploymentStatsMinuteRow.minute, DeploymentStatsMinuteRow.version)
+    )
+    return [
+        (r.minute, r.version, VersionStats(r.requests, r.errors, tuple(r.latency_counts)))
+        for r in rows
+    ]
 
 
 def window_stats(s: Session, deployment_id: str, revision: int) -> dict[str, VersionStats]:

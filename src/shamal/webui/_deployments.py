@@ -22,7 +22,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from shamal.deployments import (
-    LATENCY_BOUNDS_MS,
     Deployment,
     DeploymentEvent,
     DeploymentService,
@@ -31,6 +30,7 @@ from shamal.deployments import (
     Sample,
     VersionStats,
     decide_rollout,
+    percentile_ms,
 )
 from shamal.deployments import (
     Route as TrafficRoute,
@@ -115,19 +115,10 @@ def split_parts(d: Deployment) -> list[tuple[str, float]]:
     return parts
 
 
-def percentile_ms(counts: tuple[int, ...], fraction: float) -> float | None:
+def _percentile(counts: tuple[int, ...], fraction: float) -> float | None:
     """A percentile read off a latency histogram (the upper bound of its bucket); None
-    with no calls, inf past the last bound."""
-    total = sum(counts)
-    if total <= 0:
-        return None
-    rank = max(1, math.ceil(fraction * total))
-    running = 0
-    for slot, count in enumerate(counts):
-        running += count
-        if running >= rank:
-            return LATENCY_BOUNDS_MS[slot] if slot < len(LATENCY_BOUNDS_MS) else math.inf
-    return math.inf
+    with no calls."""
+    return percentile_ms(counts, fraction) if sum(counts) > 0 else None
 
 
 @dataclass(frozen=True)
@@ -169,9 +160,9 @@ def window_rows(d: Deployment, window: dict[str, VersionStats]) -> list[VersionW
                 errors=stats.errors,
                 error_rate=stats.error_rate,
                 latency=(
-                    _latency_text(percentile_ms(counts, 0.5)),
-                    _latency_text(percentile_ms(counts, 0.95)),
-                    _latency_text(percentile_ms(counts, 0.99)),
+                    _latency_text(_percentile(counts, 0.5)),
+                    _latency_text(_percentile(counts, 0.95)),
+                    _latency_text(_percentile(counts, 0.99)),
                 ),
             )
         )
@@ -206,6 +197,38 @@ def traffic_chart(samples: list[Sample]) -> Markup | None:
     per = f"{size // 3600} h" if size >= 3600 else f"{size // 60} min"
     title = f"Sampled requests per {per}"
     return line_chart(series, title, x_format=_time_format(end - start))
+
+
+#: The latency and error charts show the last hours, one point per minute with calls.
+CALLS_SHOWN = timedelta(hours=6)
+Minute = tuple[datetime, str, VersionStats]
+
+
+def calls_charts(points: list[Minute]) -> tuple[Markup, Markup] | None:
+    """p50 and p95 latency, and the share of calls that failed, per version and minute
+    (from every serve process's reports). None when no call was reported."""
+    if not points:
+        return None
+    lines: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
+    for minute, version, stats in points:
+        xs, p50, p95, failed = lines.setdefault(version, ([], [], [], []))
+        xs.append(minute.timestamp())
+        p50.append(_percentile(stats.latency_counts, 0.5) or 0.0)
+        p95.append(_percentile(stats.latency_counts, 0.95) or 0.0)
+        failed.append(100.0 * stats.errors / stats.requests if stats.requests else 0.0)
+    span = points[-1][0].timestamp() - points[0][0].timestamp()
+    ordered = sorted(lines.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0)
+    latency = [
+        Series(f"v{v} {name}", xs, ys)
+        for v, (xs, p50, p95, _) in ordered
+        for name, ys in (("p50", p50), ("p95", p95))
+    ]
+    errors = [Series(f"v{v}", xs, failed) for v, (xs, _, _, failed) in ordered]
+    when = _time_format(span)
+    return (
+        line_chart(latency, "Latency per minute (ms, upper bound of the bucket)", x_format=when),
+        line_chart(errors, "Calls that failed per minute (%)", x_format=when),
+    )
 
 
 # ---------------------------------------------------------------------------- the rollout
@@ -293,6 +316,8 @@ async def deployment_page(
     samples = await run_in_threadpool(
         _deployments(request).samples, principal, name, limit=SAMPLES_READ
     )
+    since = datetime.now(UTC) - CALLS_SHOWN
+    minutes = await run_in_threadpool(_deployments(request).stats_by_minute, principal, name, since)
     monitors = await run_in_threadpool(
         service_of(request, "monitors", MonitorService).list_monitors,
         principal,
@@ -310,6 +335,7 @@ async def deployment_page(
         rollout=rollout_of(d, found.window, found.events, datetime.now(UTC)),
         window=window_rows(d, found.window),
         traffic=traffic_chart(samples),
+        calls=calls_charts(minutes),
         monitors=[m.name for m in monitors],
         events=list(reversed(found.events)),
         may_roll_back=d.split.canary is not None and may_write(principal, d.team, Role.MEMBER),

@@ -20,6 +20,7 @@ from shamal.db.models.deployments import (
     DeploymentLabelRow,
     DeploymentRow,
     DeploymentSampleRow,
+    DeploymentStatsMinuteRow,
     DeploymentStatsRow,
 )
 from shamal.db.models.events import (
@@ -104,6 +105,7 @@ __all__ = [
     "DeploymentRow",
     "DeploymentLabelRow",
     "DeploymentSampleRow",
+    "DeploymentStatsMinuteRow",
     "DeploymentStatsRow",
     "EventConsumerRow",
     "EventRow",

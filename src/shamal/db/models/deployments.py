@@ -77,6 +77,22 @@ class DeploymentStatsRow(Base):
     latency_counts: Mapped[list[int]] = mapped_column(JSON)
 
 
+class DeploymentStatsMinuteRow(Base):
+    """Calls one version answered in one minute (UTC), summed over every serve process and
+    revision: what the latency and error charts draw. Kept a week."""
+
+    __tablename__ = "deployment_stats_minutes"
+
+    deployment_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("deployments.id", ondelete="CASCADE"), primary_key=True
+    )
+    minute: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    version: Mapped[str] = mapped_column(String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    latency_counts: Mapped[list[int]] = mapped_column(JSON)
+
+
 class DeploymentSampleRow(Base):
     """One sampled request; a deployment keeps a bounded number, the oldest dropped first."""
 
