@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
+import pytest
 from fastapi.testclient import TestClient
 
 CSRF = re.compile(r'name="csrf" value="([^"]*)"')
@@ -21,3 +23,10 @@ def sign_in(client: TestClient, token: str, **fields: str) -> object:
     assert form.status_code == 200
     data = {"token": token, "csrf": csrf_of(form.text), **fields}
     return client.post("/ui/sign-in", data=data, follow_redirects=False)
+
+
+@pytest.fixture
+def browser(api: TestClient) -> Iterator[TestClient]:
+    """A client with no bearer header: only the UI's cookie may sign it in."""
+    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
+        yield client

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
-import pytest
 from fastapi.testclient import TestClient
 
 from shamal.config import Settings
@@ -67,13 +66,6 @@ FILES: dict[str, bytes] = {
     "weights.bin": b"\x00\x01\x02" * 100,
     f"{HOSTILE}.txt": HOSTILE.encode(),
 }
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _ok(answer: Any) -> dict[str, Any]:

@@ -6,7 +6,6 @@ bad addresses answer 400."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,13 +16,6 @@ from shamal.webui import _audit
 from tests.webui.conftest import sign_in
 
 HOSTILE = '<img src=x onerror="window.__xss=1">'
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _seqs(html: str) -> list[int]:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pytest
 from fastapi.testclient import TestClient
 
 from tests.registry.conftest import People, people
@@ -31,13 +29,6 @@ expectations:
     min: 0
     max: 1
 """
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _csv(table: pa.Table) -> bytes:

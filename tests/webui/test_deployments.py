@@ -11,7 +11,6 @@ report); the registry's versions come from the deployment tests' fixtures.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.usefixtures("registry")
 BASE = "/api/v1/deployments"
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 ESCAPED = "&lt;img src=x onerror=&#34;window.__xss=1&#34;&gt;"
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _deploy(api: TestClient, people: People, who: str, name: str, body: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import re
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -49,13 +48,6 @@ def settings(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Set
         allowed_hosts=("*",),
         scheduler=SchedulerSettings(pools=(pool,), quotas=(quota,)),
     )
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _person(api: TestClient, user: str, team: str, role: str = "member") -> str:

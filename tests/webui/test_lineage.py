@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from urllib.parse import unquote
 
-import pytest
 from fastapi.testclient import TestClient
 
 from shamal.lineage import Node, NodeKind
@@ -24,12 +22,6 @@ from tests.webui.conftest import sign_in
 __all__ = ["people"]
 
 HOSTILE = '<img src=x onerror="window.__xss=1">'
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _links(html: str) -> set[str]:

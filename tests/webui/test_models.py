@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
-import pytest
 from fastapi.testclient import TestClient
 
 from shamal.server import Platform
@@ -32,13 +30,6 @@ MLMODEL = (
     + json.dumps([{"type": "tensor", "tensor-spec": {"dtype": "int64", "shape": [-1]}}])
     + "'\n"
 )
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _ok(answer: Any) -> dict[str, Any]:

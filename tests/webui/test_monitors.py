@@ -11,7 +11,6 @@ deployment as a serve process's do.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -39,13 +38,6 @@ __all__ = ["clock", "deployments", "people", "reference", "references", "registr
 BASE = "/api/v1/monitors"
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 ESCAPED = "&lt;img src=x onerror=&#34;window.__xss=1&#34;&gt;"
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _monitor(api: TestClient, people: People, **body: object) -> None:

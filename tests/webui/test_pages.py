@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from shamal.webui import CONTENT_SECURITY_POLICY, SESSION_COOKIE
@@ -17,13 +15,6 @@ from tests.webui.conftest import csrf_of, sign_in
 
 MLFLOW = "/api/2.0/mlflow"
 HOSTILE = '<img src=x onerror="window.__xss=1">'
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _experiment(api: TestClient, name: str, tags: list[dict[str, str]] | None = None) -> str:

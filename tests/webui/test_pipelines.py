@@ -5,7 +5,6 @@ started through the API, team scopes, hostile text escaped and bad values answer
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,13 +18,6 @@ from tests.scheduler.live.test_lifecycle import _run as run_job
 from tests.webui.conftest import sign_in
 
 HOSTILE = '<img src=x onerror="window.__xss=1">'
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    """A client with no bearer header: only the UI's cookie may sign it in."""
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _person(api: TestClient, user: str, team: str, role: str = "member") -> str:

@@ -4,7 +4,6 @@ with a token of its own, and never again; an expired or made-up link signs nobod
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -12,12 +11,6 @@ from fastapi.testclient import TestClient
 
 from shamal.webui import SESSION_COOKIE
 from tests.webui.conftest import csrf_of
-
-
-@pytest.fixture
-def browser(api: TestClient) -> Iterator[TestClient]:
-    with TestClient(api.app, raise_server_exceptions=False, follow_redirects=False) as client:
-        yield client
 
 
 def _use(browser: TestClient, code: str) -> object:
