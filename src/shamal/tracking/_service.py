@@ -575,6 +575,22 @@ class TrackingService:
             rows = _store.metric_history(s, run_id, key, after, limit + 1)
         return history_page(rows, limit)
 
+    def metric_points(
+        self,
+        principal: Principal,
+        run_id: str,
+        key: str,
+        first: int | None = None,
+        last: int | None = None,
+    ) -> list[tuple[int, float]]:
+        """Every point of a metric with ``first <= step <= last`` (bounds optional) but its
+        NaNs, as ``(step, value)`` in (step, timestamp) order: the web UI's curves, which
+        it downsamples itself. One index range; the metric is read whole, so a caller bounds
+        the work (the UI holds a search slot)."""
+        self.run_info(principal, run_id)
+        with self._db.unit_of_work(write=False) as s:
+            return _store.metric_points(s, run_id, key, first, last)
+
     def metric_history_bulk(
         self,
         principal: Principal,

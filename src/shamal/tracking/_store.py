@@ -604,6 +604,27 @@ def metric_history(
         result.close()
 
 
+def metric_points(
+    s: Session, run_id: str, key: str, first: int | None, last: int | None
+) -> list[tuple[int, float]]:
+    """Every non-NaN point of a metric with ``first <= step <= last`` (either bound may be
+    None), as plain driver rows ``(step, value)`` in (step, timestamp) order: one range of
+    the primary key, two columns only (a chart's read of a million points)."""
+    query = select(MetricRow.step, MetricRow.value).where(
+        MetricRow.run_id == run_id, MetricRow.key == key, MetricRow.is_nan.is_(False)
+    )
+    if first is not None:
+        query = query.where(MetricRow.step >= first)
+    if last is not None:
+        query = query.where(MetricRow.step <= last)
+    order = query.order_by(MetricRow.step, MetricRow.timestamp, MetricRow.value)
+    result = s.connection().execute(order)
+    try:
+        return cast("list[tuple[int, float]]", result.cursor.fetchall())
+    finally:
+        result.close()
+
+
 def metric_history_bulk(
     s: Session, run_ids: Sequence[str], key: str, start: int | None, end: int | None, limit: int
 ) -> list[Metric]:

@@ -11,8 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from shamal.artifacts import PrincipalSlots
-from shamal.security import Principal
-from shamal.tracking import MAX_SEARCH, HistoryRow, TrackingService
+from shamal.tracking import TrackingService
 from shamal.webui._downsample import MIN_POINTS, downsample
 from shamal.webui._render import SECURITY_HEADERS
 from shamal.webui._session import SessionPrincipal
@@ -20,43 +19,26 @@ from shamal.webui._session import SessionPrincipal
 #: Points a chart asks for by default, and at most: a few per pixel of a wide screen.
 DEFAULT_POINTS = 2000
 MAX_POINTS = 20_000
-_NAN = float("nan")
 
 
-def _read_all(
-    tracking: TrackingService, principal: Principal, run_id: str, key: str
-) -> list[HistoryRow]:
-    """Every stored point of the metric, in (step, timestamp) order: pages of the service's
-    largest size, so a metric of a million points is one index range read."""
-    rows: list[HistoryRow] = []
-    token = None
-    while True:
-        found = tracking.metric_history(principal, run_id, key, token, MAX_SEARCH["history"])
-        rows.extend(found.items)
-        token = found.next_page_token
-        if not token:
-            return rows
+_POINT = np.dtype([("step", np.int64), ("value", np.float64)])
 
 
 def curve(
-    rows: list[HistoryRow], points: int, first: int | None, last: int | None
+    points: list[tuple[int, float]], wanted: int, first: int | None, last: int | None
 ) -> dict[str, Any]:
-    """The chart's answer: the finite points with ``first <= step <= last``, downsampled to
-    at most ``points``; ``total`` counts the points in that range before cutting."""
-    count = len(rows)
-    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=count)
-    # A stored NaN is 0.0 with its flag set: one pass reads both, as NaN.
-    values = np.fromiter((_NAN if r[3] else r[2] for r in rows), dtype=np.float64, count=count)
+    """The chart's answer for the points ``(step, value)`` of the asked range (NaNs already
+    left out by the read): the finite ones, downsampled to at most ``wanted``; ``total``
+    counts them before cutting, ``skipped`` the infinities left out."""
+    count = len(points)
+    table = np.fromiter(points, dtype=_POINT, count=count)
+    steps, values = table["step"], table["value"]
     keep = np.isfinite(values)
-    if first is not None:
-        keep &= steps >= first
-    if last is not None:
-        keep &= steps <= last
     steps, values = steps[keep], values[keep]
-    shown_steps, shown_values = downsample(steps, values, points)
+    shown_steps, shown_values = downsample(steps, values, wanted)
     return {
         "total": int(len(steps)),
-        "skipped": int(count - int(keep.sum())) if first is None and last is None else 0,
+        "skipped": int(count - len(steps)),
         "downsampled": len(shown_steps) < len(steps),
         "steps": shown_steps.tolist(),
         "values": shown_values.tolist(),
@@ -83,8 +65,8 @@ async def metric_series(
 
     def work() -> dict[str, Any]:
         with slots.hold(f"user:{principal.user.id}"):
-            rows = _read_all(tracking, principal, run_id, key)
-        answer = curve(rows, points, first, last)
+            found = tracking.metric_points(principal, run_id, key, first, last)
+        answer = curve(found, points, first, last)
         answer.update(run_id=run_id, key=key)
         return answer
 
