@@ -16,6 +16,7 @@ import pytest
 
 from tests import needs
 from tests.live import LiveServer
+from tests.webui.conftest import screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +160,9 @@ def test_sign_in_and_the_mlflow_clients_link(driver: Any, site: Site) -> None:
     _wait(driver, lambda d: d.current_url.endswith(f"/ui/experiments/{site.experiment}"))
 
 
-def test_filter_a_runs_table_and_open_a_run_whose_curve_is_drawn(driver: Any, site: Site) -> None:
+def test_filter_a_runs_table_and_open_a_run_whose_curve_is_drawn(
+    driver: Any, site: Site, tmp_path: Path
+) -> None:
     _sign_in(driver, site, site.server.token)
     driver.get(f"{site.url}/ui/experiments/{site.experiment}")
     assert len(_all_css(driver, "a.run-link")) == 3
@@ -181,6 +184,7 @@ def test_filter_a_runs_table_and_open_a_run_whose_curve_is_drawn(driver: Any, si
     assert "of 5,000 points (downsampled" in _by_css(driver, ".chart-status").text
     top = float(_by_css(driver, "svg .tick.end").text)
     assert top == 9.0  # the spike survived the cut
+    screenshot(driver, tmp_path, "run")
 
     # Zoom: drag across the plot; the narrower range comes back at full resolution.
     from selenium.webdriver.common.action_chains import ActionChains
@@ -193,6 +197,26 @@ def test_filter_a_runs_table_and_open_a_run_whose_curve_is_drawn(driver: Any, si
     _wait(driver, lambda d: d.find_element("css selector", "figure.chart[data-state=drawn]"))
     status = _by_css(driver, ".chart-status").text
     assert "downsampled" not in status
+    _no_script_ran(driver)
+
+
+def test_compare_two_runs_checked_in_the_table(driver: Any, site: Site, tmp_path: Path) -> None:
+    _sign_in(driver, site, site.server.token)
+    driver.get(f"{site.url}/ui/experiments/{site.experiment}")
+    for name in ("fast", "slow"):
+        _by_css(driver, f"input[name=run][value='{site.runs[name]}']").click()
+    _by_css(driver, "form[action='/ui/compare'] button[type=submit]").click()
+    _wait(driver, lambda d: "/ui/compare?" in d.current_url)
+    # The param that differs, side by side; both runs' curves overlaid in one chart.
+    diff = _by_css(driver, "table.diff").text
+    assert "lr" in diff
+    assert "0.1" in diff
+    assert "0.001" in diff
+    figure = _wait(
+        driver, lambda d: d.find_element("css selector", "figure.chart[data-state=drawn]")
+    )
+    assert len(figure.find_elements("css selector", "svg path.line")) == 2
+    screenshot(driver, tmp_path, "compare")
     _no_script_ran(driver)
 
 

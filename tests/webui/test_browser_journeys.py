@@ -4,15 +4,13 @@ its data, watch a job's log as it is written, promote an alias as a maintainer a
 as a viewer; and axe-core's accessibility rules on every page, none of them broken at the
 serious or critical level.
 
-Screenshots of the main pages are taken on the way; with ``SHAMAL_SCREENSHOTS=DIR`` they are
+Screenshots of the main pages are taken on the way; with ``UI_SCREENSHOTS=DIR`` they are
 also written to ``DIR`` (``docs/screenshots`` holds the README's).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import textwrap
 from collections.abc import Iterator
 from importlib import resources
@@ -26,6 +24,7 @@ import pytest
 from shamal.client import ShamalClient
 from tests import needs
 from tests.live import LiveServer, exchange_folder
+from tests.webui.conftest import screenshot
 from tests.webui.test_browser import _by_css, _wait, driver
 
 __all__ = ["driver"]
@@ -138,15 +137,7 @@ class Journeys:
         return str(job["id"])
 
     def shot(self, browser: Any, name: str) -> None:
-        """A screenshot of the page as it is, kept with the test (and in the README's folder
-        when SHAMAL_SCREENSHOTS names it)."""
-        path = self.shots / f"{name}.png"
-        assert browser.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000  # a drawn page, not an empty one
-        wanted = os.environ.get("SHAMAL_SCREENSHOTS")
-        if wanted:
-            Path(wanted).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, Path(wanted) / path.name)
+        screenshot(browser, self.shots, name)
 
 
 @pytest.fixture(scope="module")
