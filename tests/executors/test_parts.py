@@ -234,6 +234,30 @@ def test_framer_cuts_endless_lines() -> None:
     assert framer.flush() == b"x" * 10 + b"\n"
 
 
+@pytest.mark.parametrize("read", [1000, 65536, 200_000])
+def test_a_long_line_is_cut_the_same_whatever_the_reads(read: int) -> None:
+    """A line over MAX_LINE is cut at the same places whether it arrives in one read with
+    its newline or in many: the job page's log never depends on the pipe's timing."""
+    stream = b"a" * (MAX_LINE + 5000) + b"\nshort\n" + b"b" * (2 * MAX_LINE) + b"\n"
+    framer = LineFramer()
+    out = b"".join(framer.feed(stream[i : i + read]) for i in range(0, len(stream), read))
+    out += framer.flush()
+    assert out.split(b"\n")[:-1] == [
+        b"a" * MAX_LINE,
+        b"a" * 5000,
+        b"short",
+        b"b" * MAX_LINE,
+        b"b" * MAX_LINE,
+    ]
+
+
+def test_a_line_cut_exactly_at_the_limit_is_not_followed_by_an_empty_one() -> None:
+    framer = LineFramer()
+    assert framer.feed(b"c" * MAX_LINE) == b"c" * MAX_LINE + b"\n"
+    assert framer.feed(b"\nnext\n") == b"next\n"
+    assert framer.feed(b"\n") == b"\n"  # a real empty line stays
+
+
 # ---------------------------------------------------------------- process identity
 
 
