@@ -78,6 +78,16 @@ def _publish(queue: str, payloads: list[bytes]) -> None:
         connection.close()
 
 
+def _ready(queue: str) -> int:
+    """Messages in ``queue`` not yet delivered to any consumer."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    try:
+        declared = connection.channel().queue_declare(queue, passive=True)
+        return int(declared.method.message_count)
+    finally:
+        connection.close()
+
+
 def test_the_cli_consumes_until_sigterm_and_commits_the_open_batch(
     server: LiveServer, api: ShamalClient, dataset: str, queue: str
 ) -> None:
@@ -100,6 +110,9 @@ def test_the_cli_consumes_until_sigterm_and_commits_the_open_batch(
         _publish(queue, [json.dumps({"id": i, "reading": i / 2}).encode() for i in range(5)])
         # Three close a batch by size; two wait in the open batch (its age is an hour) ...
         wait_until(lambda: _rows(api, dataset) == 3, "the first batch", timeout=60)
+        # The prefetch window is the batch size: the last two are delivered only once the
+        # first three are acknowledged. SIGTERM before then would leave them in the queue.
+        wait_until(lambda: _ready(queue) == 0, "the last two delivered", timeout=60)
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=60)
     finally:
