@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         QuotaUse,
     )
     from shamal.jobs._rules import MAX_MEMORY_MIB, check_env, check_mig_profile, duration_text
-    from shamal.jobs._schemas import JobIn
+    from shamal.jobs._schemas import JobIn, job_cursor, job_cursor_after
     from shamal.jobs._service import (
         NAMESPACE,
         Capacity,
@@ -56,6 +56,8 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Job": ("_entities", "Job"),
     "JobEvent": ("_entities", "JobEvent"),
     "JobIn": ("_schemas", "JobIn"),
+    "job_cursor": ("_schemas", "job_cursor"),
+    "job_cursor_after": ("_schemas", "job_cursor_after"),
     "JobService": ("_service", "JobService"),
     "JobSpec": ("_entities", "JobSpec"),
     "JobState": ("_entities", "JobState"),
@@ -88,6 +90,8 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobIn",
+    "job_cursor",
+    "job_cursor_after",
     "JobService",
     "JobSpec",
     "JobState",

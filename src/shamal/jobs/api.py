@@ -17,15 +17,12 @@ from shamal.api import (
     PageBytes,
     PageToken,
     bounded_list,
-    decode_cursor,
-    encode_cursor,
     keyset_page,
     model_json,
 )
 from shamal.artifacts import consume_body, download_slot
-from shamal.errors import InvalidParameter
 from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
-from shamal.jobs._schemas import JobIn
+from shamal.jobs._schemas import JobIn, job_cursor, job_cursor_after
 from shamal.jobs._schemas import Model as _Model
 from shamal.jobs._service import MAX_LIST, JobService
 from shamal.security import AuditContext
@@ -240,17 +237,7 @@ def submit_job(
 
 
 def _job_cursor(job: JobOut) -> str:
-    return encode_cursor(job.submitted_at.isoformat(), job.id)
-
-
-def _after_job(token: str | None) -> tuple[datetime, str] | None:
-    key = decode_cursor(token, str, str)
-    if key is None:
-        return None
-    try:
-        return datetime.fromisoformat(key[0]), key[1]
-    except ValueError:
-        raise InvalidParameter("Invalid page token.") from None
+    return job_cursor(job.submitted_at, job.id)
 
 
 @router.get(
@@ -270,7 +257,12 @@ def list_jobs(
 ) -> Response:
     def fetch(count: int, token: str | None) -> ListPage[JobOut]:
         jobs = svc.list_jobs(
-            principal, states=state, team=team, user=user, limit=count, after=_after_job(token)
+            principal,
+            states=state,
+            team=team,
+            user=user,
+            limit=count,
+            after=job_cursor_after(token),
         )
         return keyset_page(JobOut.each(jobs, svc), count, _job_cursor)
 

@@ -17,9 +17,7 @@ from fastapi import Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from shamal.api import decode_cursor, encode_cursor
-from shamal.errors import InvalidParameter
-from shamal.jobs import Job, JobState
+from shamal.jobs import Job, JobState, job_cursor, job_cursor_after
 from shamal.security import Principal, Role
 from shamal.webui._common import Route, context, may_write
 from shamal.webui._jobs_common import ENDED, TIME_TEXT, TeamName, audited_change, jobs_of
@@ -39,23 +37,13 @@ PageToken = Annotated[str | None, Query(max_length=200)]
 
 
 # ---------------------------------------------------------------------------- the queue
-def _after(token: str | None) -> tuple[datetime, str] | None:
-    key = decode_cursor(token, str, str)
-    if key is None:
-        return None
-    try:
-        return datetime.fromisoformat(key[0]), key[1]
-    except ValueError:
-        raise InvalidParameter("Invalid page token.") from None
-
-
 async def _queue(
     request: Request, principal: Principal, team: str, states: list[JobState], token: str | None
 ) -> dict[str, Any]:
     """One page of the jobs ``principal`` may see, newest first, with what queued ones wait
     for and the next page's token."""
     svc = jobs_of(request)
-    after = _after(token)
+    after = job_cursor_after(token)
 
     def read() -> tuple[list[Job], dict[str, str]]:
         found = svc.list_jobs(
@@ -68,7 +56,7 @@ async def _queue(
     next_token = None
     if len(found) > JOBS_PER_PAGE:
         last = shown[-1]
-        next_token = encode_cursor(last.submitted_at.isoformat(), last.id)
+        next_token = job_cursor(last.submitted_at, last.id)
     filters = {"team": team, "state": [s.value for s in states]}
     return {
         "jobs": shown,
