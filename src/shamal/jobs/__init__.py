@@ -19,6 +19,7 @@ from shamal import lazy
 if TYPE_CHECKING:
     from shamal.jobs import _store as store
     from shamal.jobs._convert import placement_from_json, placement_to_json, record_of, request_of
+    from shamal.jobs._cursor import job_cursor, job_cursor_after
     from shamal.jobs._entities import (
         ACTIVE_STATES,
         FINAL_STATES,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         QuotaUse,
     )
     from shamal.jobs._rules import MAX_MEMORY_MIB, check_env, check_mig_profile, duration_text
-    from shamal.jobs._schemas import JobIn, job_cursor, job_cursor_after
+    from shamal.jobs._schemas import JobIn
     from shamal.jobs._service import (
         NAMESPACE,
         Capacity,
@@ -56,8 +57,8 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Job": ("_entities", "Job"),
     "JobEvent": ("_entities", "JobEvent"),
     "JobIn": ("_schemas", "JobIn"),
-    "job_cursor": ("_schemas", "job_cursor"),
-    "job_cursor_after": ("_schemas", "job_cursor_after"),
+    "job_cursor": ("_cursor", "job_cursor"),
+    "job_cursor_after": ("_cursor", "job_cursor_after"),
     "JobService": ("_service", "JobService"),
     "JobSpec": ("_entities", "JobSpec"),
     "JobState": ("_entities", "JobState"),

@@ -4,13 +4,11 @@ that the CLI checks a job as the server will before it uploads anything."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from shamal.api import decode_cursor, encode_cursor
 from shamal.errors import InvalidParameter
 from shamal.jobs import _rules
 from shamal.jobs._entities import JobSpec
@@ -130,23 +128,3 @@ class JobIn(Model):
             datasets=tuple(self.datasets),
             executor=self.executor,
         )
-
-
-def job_cursor(submitted_at: datetime, job_id: str) -> str:
-    """The page token after a job in the newest-first list (the API's and the web UI's)."""
-    return encode_cursor(submitted_at.isoformat(), job_id)
-
-
-def job_cursor_after(token: str | None) -> tuple[datetime, str] | None:
-    """The (submitted_at, id) a page token of :func:`job_cursor` names; None for none.
-
-    Raises:
-        InvalidParameter: a token this server did not make.
-    """
-    key = decode_cursor(token, str, str)
-    if key is None:
-        return None
-    try:
-        return datetime.fromisoformat(key[0]), key[1]
-    except ValueError:
-        raise InvalidParameter("Invalid page token.") from None

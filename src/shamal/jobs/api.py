@@ -21,8 +21,9 @@ from shamal.api import (
     model_json,
 )
 from shamal.artifacts import consume_body, download_slot
+from shamal.jobs._cursor import job_cursor, job_cursor_after
 from shamal.jobs._entities import Amount, CostLine, Job, JobEvent, JobState, QuotaUse
-from shamal.jobs._schemas import JobIn, job_cursor, job_cursor_after
+from shamal.jobs._schemas import JobIn
 from shamal.jobs._schemas import Model as _Model
 from shamal.jobs._service import MAX_LIST, JobService
 from shamal.security import AuditContext
