@@ -148,7 +148,7 @@ def test_gpu_target_is_never_timed_without_cuda(wine_folder: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"int8": "static"}, "--calibration"),
+        ({"backend": "openvino", "target": "gpu"}, "CPU variants"),
         ({"int8": "float"}, "dynamic or static"),
         ({"target": "tpu"}, "cpu or gpu"),
         ({"target": "gpu", "int8": "dynamic"}, "fp16"),

@@ -140,6 +140,39 @@ def _register(
     return {"name": made.name, "version": made.version}
 
 
+def _fetch(
+    model_uri: str, merge: str | None, request: OptimizeRequest, tmp: Path, *, register: bool
+) -> tuple[ShamalClient | None, Any, Path, OptimizeRequest]:
+    """(client, source version, local model, request) with ``models:/`` sources downloaded
+    into ``tmp``: the model, and the variant set to merge."""
+    from shamal.optimize import fetch_source
+
+    api, source, location = None, None, Path(model_uri)
+    if model_uri.startswith("models:/"):
+        api = client()
+        source, location = fetch_source(api, model_uri, tmp)
+        request = replace(request, source_uri=source.uri)
+    elif register:
+        request = replace(request, source_uri=model_uri)
+    if merge is not None and merge.startswith("models:/"):
+        api = api or client()
+        _, merged = fetch_source(api, merge, tmp / "merge")
+        request = replace(request, merge=merged)
+    return api, source, location, request
+
+
+def _print_choice(report: OptimizeReport) -> None:
+    for note in report.skipped:
+        console.print(f"[dim]not built: {note}[/]")
+    chosen = report.chosen
+    if chosen is None:
+        return
+    console.print(f"chosen for {chosen.cpu.describe()}: [bold]{chosen.winner.name}[/]")
+    console.print(f"  {chosen.why}")
+    kept = f"; kept from --merge: {', '.join(chosen.kept)}" if chosen.kept else ""
+    console.print(f"  variant set: {chosen.folder} (portable build: {chosen.portable}{kept})")
+
+
 @handle_errors
 def optimize(
     model_uri: Annotated[
@@ -154,7 +187,11 @@ def optimize(
         str | None, typer.Option("--int8", help="int8 quantization: dynamic or static.")
     ] = None,
     calibration: Annotated[
-        Path | None, typer.Option(help="Calibration inputs for --int8 static (.npz/.npy/.csv).")
+        Path | None,
+        typer.Option(
+            help="Calibration inputs for --int8 static and OpenVINO int8 (.npz/.npy/.csv); "
+            "default: generated sentences for encoders, else the held-out inputs."
+        ),
     ] = None,
     prune: Annotated[
         float | None,
@@ -171,6 +208,32 @@ def optimize(
     min_cosine: Annotated[
         float, typer.Option(help="Block a variant whose minimum output cosine is lower.")
     ] = 0.97,
+    min_cosine_mean: Annotated[
+        float, typer.Option(help="Block a variant whose mean output cosine is lower.")
+    ] = 0.99,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="Runtime of the variant: onnxruntime, or openvino (f32, bf16 where the CPU has "
+            "it, or int8 with --int8)."
+        ),
+    ] = "onnxruntime",
+    choose: Annotated[
+        bool,
+        typer.Option(
+            "--choose",
+            help="Build every candidate (ONNX Runtime and OpenVINO int8, bf16/fp16 where "
+            "native), time each on this CPU and keep the fastest that passes, as a variant set "
+            "with a portable build.",
+        ),
+    ] = False,
+    merge: Annotated[
+        str | None,
+        typer.Option(
+            help="With --choose: a variant set (models:/NAME/VERSION or a folder) chosen on "
+            "other kinds of CPU, whose builds the new set keeps beside this CPU's."
+        ),
+    ] = None,
     batch_sizes: Annotated[str, typer.Option(help="Batch sizes to time.")] = "1,8,32",
     threads: Annotated[str, typer.Option(help="Thread counts to time.")] = "1,2",
     output: Annotated[
@@ -194,7 +257,7 @@ def optimize(
 ) -> None:
     """Optimize a model (ONNX, int8, pruning), check fidelity, time it, register the variant."""
     # The optimizer brings numpy and more: imported when a model is optimized, not for --help.
-    from shamal.optimize import OptimizeRequest, Thresholds, fetch_source
+    from shamal.optimize import OptimizeRequest, Thresholds
 
     batches, counts = _ints(batch_sizes, "--batch-sizes"), _ints(threads, "--threads")
     dest = (output or _default_output(model_uri)).resolve()
@@ -206,28 +269,29 @@ def optimize(
         prune=prune,
         target=target,
         eval_data=eval_data,
-        thresholds=Thresholds(max_metric_drop, min_cosine),
+        thresholds=Thresholds(max_metric_drop, min_cosine, min_cosine_mean),
         batches=batches,
         threads=counts,
         trust_pickle=trust_pickle,
         torch_factory=torch_factory,
+        backend=backend,
+        choose=choose,
+        merge=Path(merge) if merge and not merge.startswith("models:/") else None,
     )
+    if merge is not None and not choose:
+        raise InvalidParameter("--merge adds to a variant set: it needs --choose.")
     request.check()
-    api, source = None, None
     with tempfile.TemporaryDirectory(prefix="shamal-optimize-") as tmp:
-        location = Path(model_uri)
-        if model_uri.startswith("models:/"):
-            api = client()
-            source, location = fetch_source(api, model_uri, Path(tmp))
-            request = replace(request, source_uri=source.uri)
-        elif register_as and not no_register:
-            request = replace(request, source_uri=model_uri)
+        api, source, location, request = _fetch(
+            model_uri, merge, request, Path(tmp), register=bool(register_as and not no_register)
+        )
         report = _run(location, dest, request, quiet=as_json)
     registered = None if no_register else _register(api, report, model_uri, register_as, source)
     if as_json:
         console.print_json(json.dumps({**report.to_json(), "registered": registered}))
     else:
         console.print(_table(report, batches, counts))
+        _print_choice(report)
         if registered:
             console.print(f"registered models:/{registered['name']}/{registered['version']}")
     if report.candidate.fidelity.blocked:

@@ -35,7 +35,7 @@ MLFLOW = "/api/2.0/mlflow"
 ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
 ARTIFACT_SCHEME = "mlflow-artifacts:/"
 #: Files that mark the folder holding a model, in the order they are looked for.
-MODEL_MARKERS = ("MLmodel", "model.onnx", "shamal-model.json")
+MODEL_MARKERS = ("MLmodel", "model.onnx", "shamal-model.json", "shamal-variants.json")
 _MAX_FILES = 10_000
 _MAX_DEPTH = 32
 _VERSION = re.compile(r"[1-9][0-9]{0,9}")

@@ -10,10 +10,13 @@ and ``shamal-model.json``::
      "source": {"model_uri": "models:/wine/1", "variant": "int8-dynamic-per-channel"},
      "labels": {"probabilities": ["class_0", "class_1", "class_2"]}}
 
-``format`` is ``onnx`` (``path`` names an ONNX graph) or ``torch`` (``path`` names safetensors
-weights; the operator names the module's factory, never the folder). Datatypes are Open Inference
-Protocol names; ``-1`` marks a variable dimension. ``labels`` (optional) names the classes of a
-classifier's score output, by index, for the classification extension of the model server.
+``format`` is ``onnx`` (``path`` names an ONNX graph), ``torch`` (``path`` names safetensors
+weights; the operator names the module's factory, never the folder) or ``openvino`` (``path``
+names an IR graph, ``model.xml``, whose weights are ``model.bin`` beside it; ``precision``, one
+of ``f32``, ``bf16`` or ``f16``, is the inference precision the runtime is asked for).
+Datatypes are Open Inference Protocol names; ``-1`` marks a variable dimension. ``labels``
+(optional) names the classes of a classifier's score output, by index, for the classification
+extension of the model server.
 
 Model files are hostile until proven otherwise (hostile-inputs.md §4), so everything here reads
 them as such: a manifest is size-capped and checked key by key (unknown keys, code to import
@@ -46,6 +49,7 @@ __all__ = [
     "MANIFEST",
     "MAX_RANK",
     "MODEL_FILE",
+    "PRECISIONS",
     "SCHEMA",
     "TASKS",
     "ModelFolder",
@@ -62,7 +66,9 @@ __all__ = [
 MANIFEST = "shamal-model.json"
 MODEL_FILE = "model.onnx"
 SCHEMA = 1
-FORMATS: tuple[str, ...] = ("onnx", "torch")
+FORMATS: tuple[str, ...] = ("onnx", "torch", "openvino")
+#: Inference precisions an OpenVINO folder may ask its runtime for (``f32`` when unsaid).
+PRECISIONS: tuple[str, ...] = ("f32", "bf16", "f16")
 TASKS: tuple[str, ...] = ("classification", "regression", "embedding", "other")
 #: Open Inference Protocol datatype names.
 DATATYPES = frozenset(
@@ -83,6 +89,7 @@ _LOOKS = {
 }
 _KEYS = frozenset(
     {"schema", "format", "path", "max_batch_size", "task", "inputs", "outputs", "source", "labels"}
+    | {"precision"}
 )
 # A protocol 0/1 pickle: an opcode first (MARK, EMPTY_LIST, EMPTY_DICT or GLOBAL "module\nname")
 # and STOP (".") last.
@@ -140,7 +147,9 @@ class ModelFolder:
         source: ``{"model_uri": ..., "variant": ...}`` of what it was made from, or None.
         path: the weights file, relative to the folder (``model.onnx`` in what Shamal writes).
         labels: output name -> class names by index (classifiers), or empty.
-        format: ``onnx`` or ``torch``.
+        format: ``onnx``, ``torch`` or ``openvino``.
+        precision: the inference precision an OpenVINO model runs at (``f32``, ``bf16``,
+            ``f16``); None for other formats.
     """
 
     inputs: tuple[TensorSpec, ...]
@@ -151,6 +160,7 @@ class ModelFolder:
     path: str = MODEL_FILE
     labels: dict[str, list[str]] = field(default_factory=dict)
     format: str = "onnx"
+    precision: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +173,7 @@ class ModelFolder:
             "outputs": [t.to_json() for t in self.outputs],
             "source": dict(self.source) if self.source is not None else None,
             **({"labels": self.labels} if self.labels else {}),
+            **({"precision": self.precision} if self.precision else {}),
         }
 
 
@@ -360,7 +371,7 @@ def read_manifest(folder: Path) -> ModelFolder:
     fmt, task = raw.get("format"), raw.get("task")
     task = "other" if task is None else task  # absent or null: nothing said of the outputs
     if fmt not in FORMATS:
-        raise InvalidParameter(f"{MANIFEST}: format must be 'onnx' or 'torch'.")
+        raise InvalidParameter(f"{MANIFEST}: format must be 'onnx', 'torch' or 'openvino'.")
     if task not in TASKS:
         raise InvalidParameter(f"{MANIFEST}: task must be one of {', '.join(TASKS)}.")
     max_batch = raw.get("max_batch_size", 0)
@@ -378,5 +389,23 @@ def read_manifest(folder: Path) -> ModelFolder:
     if not contained(folder, path).is_file():
         raise InvalidParameter(f"The file {MANIFEST} names is missing.")
     return ModelFolder(
-        inputs, outputs, str(task), max_batch, source, str(path), labels, format=str(fmt)
+        inputs,
+        outputs,
+        str(task),
+        max_batch,
+        source,
+        str(path),
+        labels,
+        format=str(fmt),
+        precision=_precision(raw.get("precision"), str(fmt)),
     )
+
+
+def _precision(raw: object, fmt: str) -> str | None:
+    if raw is None:
+        return "f32" if fmt == "openvino" else None
+    if fmt != "openvino" or raw not in PRECISIONS:
+        raise InvalidParameter(
+            f"{MANIFEST}: precision is for openvino folders and takes {', '.join(PRECISIONS)}."
+        )
+    return str(raw)

@@ -1,5 +1,6 @@
-"""Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, and a
-fidelity + latency report for each variant (``shamal optimize``).
+"""Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, OpenVINO
+builds, and a fidelity + latency report for each variant (``shamal optimize``); with
+``--choose``, the fastest variant that passes on this CPU, kept as a variant set by CPU kind.
 
 Importing this package does not import torch, transformers or skl2onnx; each loader imports
 what it needs when called.
@@ -21,6 +22,7 @@ from shamal.optimize._folder import (
     write_model_folder,
 )
 from shamal.optimize._measure import Fidelity, Thresholds, Timing
+from shamal.optimize._openvino import openvino_available
 from shamal.optimize._pipeline import (
     OptimizeReport,
     OptimizeRequest,
@@ -28,8 +30,9 @@ from shamal.optimize._pipeline import (
     VariantReport,
     optimize_model,
 )
-from shamal.optimize._recipes import build_minilm_int8, export_sklearn
+from shamal.optimize._recipes import build_minilm_int8, choose_minilm, export_sklearn
 from shamal.optimize._register import fetch_source, register_variant, variant_tags
+from shamal.optimize._report import ChosenSet
 from shamal.optimize._safety import check_onnx_file, contained, load_onnx, sniff_format
 from shamal.optimize._sandbox import SandboxedModel, SandboxLimits
 from shamal.optimize._sklearn import (
@@ -50,6 +53,7 @@ from shamal.optimize._variants import ENCODER_INT8, Int8Options
 
 __all__ = [
     "ENCODER_INT8",
+    "ChosenSet",
     "MANIFEST",
     "MODEL_FILE",
     "EvalSet",
@@ -68,6 +72,7 @@ __all__ = [
     "Timing",
     "VariantReport",
     "build_minilm_int8",
+    "choose_minilm",
     "check_onnx_file",
     "contained",
     "convert_trusted_pickle",
@@ -78,6 +83,7 @@ __all__ = [
     "is_torch_folder",
     "load_onnx",
     "load_sklearn_model",
+    "openvino_available",
     "load_torch_model",
     "load_source",
     "optimize_model",

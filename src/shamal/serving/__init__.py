@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         discard_download,
         load_repository,
         load_version,
+        open_model,
         parse_model_option,
     )
     from shamal.serving._routing import LatestVersionRouter
@@ -56,6 +57,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "load_repository": ("_repository", "load_repository"),
     "load_version": ("_repository", "load_version"),
     "loopback_hosts": ("_access", "loopback_hosts"),
+    "open_model": ("_repository", "open_model"),
     "parse_model_option": ("_repository", "parse_model_option"),
     "registered_model_path": ("_access", "registered_model_path"),
     "run_server": ("_server", "run_server"),
@@ -79,6 +81,7 @@ __all__ = [
     "load_repository",
     "load_version",
     "loopback_hosts",
+    "open_model",
     "parse_model_option",
     "registered_model_path",
     "run_server",

@@ -6,6 +6,8 @@ with the declared names, datatypes and ranks. Backends are built once at start-u
 from worker threads, one batch at a time per backend instance.
 
 * ``onnx``: ONNX Runtime, CPU by default, CUDA first when the runtime offers it.
+* ``openvino``: OpenVINO on the CPU, at the precision the model folder asks for (bf16 runs on
+  AVX-512 BF16 and AMX units; elsewhere OpenVINO keeps f32).
 * ``torch``: safetensors weights loaded into a module built by a factory the *operator* names on
   the command line (``--torch-factory NAME=module:function``); a model file never names code.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "Backend",
     "BackendOptions",
     "OnnxBackend",
+    "OpenVinoBackend",
     "TorchBackend",
     "load_backend",
     "resolve_factory",
@@ -120,6 +123,8 @@ def load_backend(name: str, files: ModelFiles, options: BackendOptions) -> Backe
                 f"--torch-factory {name}=module:function."
             )
         return TorchBackend(files, resolve_factory(factory), options)
+    if files.format == "openvino":
+        return OpenVinoBackend(files, options)
     return OnnxBackend(files, options)
 
 
@@ -229,7 +234,7 @@ def _merge_specs(
         mine = by_name.get(spec.name)
         if mine is None or mine.datatype != spec.datatype or len(mine.shape) != len(spec.shape):
             raise InvalidParameter(
-                f"The manifest's tensor {spec.name!r} does not match the ONNX graph "
+                f"The manifest's tensor {spec.name!r} does not match the graph "
                 f"({spec.datatype} {list(spec.shape)})."
             )
         merged.append(mine)
@@ -248,6 +253,91 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
     out = np.empty(len(flat), dtype=object)
     out[:] = flat
     return out.reshape(array.shape)
+
+
+_OV_TYPES = {
+    "boolean": "BOOL",
+    "u8": "UINT8",
+    "u16": "UINT16",
+    "u32": "UINT32",
+    "u64": "UINT64",
+    "i8": "INT8",
+    "i16": "INT16",
+    "i32": "INT32",
+    "i64": "INT64",
+    "f16": "FP16",
+    "f32": "FP32",
+    "f64": "FP64",
+}
+_OV_PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+
+
+def _ov_spec(port: Any) -> TensorSpec:
+    name = port.get_any_name()
+    datatype = _OV_TYPES.get(port.get_element_type().get_type_name())
+    if datatype is None:
+        raise InvalidParameter(
+            f"Tensor {name!r} has type {port.get_element_type()}, which this server cannot carry "
+            "through OpenVINO."
+        )
+    shape = tuple(
+        -1 if dim.is_dynamic else int(dim.get_length()) for dim in port.get_partial_shape()
+    )
+    return TensorSpec(name, datatype, shape)
+
+
+class OpenVinoBackend:
+    """An OpenVINO IR compiled for this CPU, one inference request reused batch after batch.
+
+    The folder's ``precision`` becomes OpenVINO's inference precision hint: ``bf16`` uses the
+    CPU's bf16 units where it has them (OpenVINO keeps f32 where it has none); int8 models carry
+    their quantization in the graph and run at ``f32`` elsewhere.
+    """
+
+    def __init__(self, files: ModelFiles, options: BackendOptions) -> None:
+        import openvino as ov  # type: ignore[import-untyped,unused-ignore]
+
+        if options.device == "cuda":
+            raise InvalidParameter("--device cuda: OpenVINO models run on the CPU here.")
+        config: dict[str, Any] = {
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": _OV_PRECISION.get(files.precision or "f32", "f32"),
+        }
+        if options.threads > 0:
+            config["INFERENCE_NUM_THREADS"] = options.threads
+        try:
+            core = ov.Core()
+            model = core.read_model(str(files.path), str(files.path.with_suffix(".bin")))
+            self._compiled = core.compile_model(model, "CPU", config)
+        except Exception:
+            logger.exception("OpenVINO refused %s", files.path)
+            raise InvalidParameter(
+                f"OpenVINO cannot load {files.path.name}; check that it is a valid IR with "
+                "supported operations."
+            ) from None
+        self._request = self._compiled.create_infer_request()
+        self.inputs = _merge_specs(tuple(_ov_spec(p) for p in self._compiled.inputs), files.inputs)
+        self.outputs = _merge_specs(
+            tuple(_ov_spec(p) for p in self._compiled.outputs), files.outputs
+        )
+        self.max_batch_size = _batch_size(
+            self.inputs + self.outputs, files.max_batch_size, options.default_max_batch_size
+        )
+        self.platform = "openvino"
+        self.precision = files.precision or "f32"
+        self._ports = [self._compiled.output(spec.name) for spec in self.outputs]
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # Decoded request buffers may be read-only; OpenVINO copies inputs it does not share.
+        self._request.infer(dict(inputs), share_inputs=False)
+        return {
+            spec.name: np.array(self._request.get_tensor(port).data, copy=True)
+            for spec, port in zip(self.outputs, self._ports, strict=True)
+        }
+
+    def close(self) -> None:
+        del self._request
+        del self._compiled
 
 
 class TorchBackend:

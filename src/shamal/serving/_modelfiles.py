@@ -1,8 +1,10 @@
 """Finding out what a model path holds, without trusting it.
 
 A served model comes from a bare ``.onnx`` file, a **model folder** (``shamal-model.json`` + the
-file it names), an MLflow model folder (``MLmodel`` with an ``onnx`` flavour, or a ``sklearn``
-flavour converted to ONNX by the optimizer), or a ``models:/`` URI downloaded from the registry.
+file it names: ONNX, safetensors or an OpenVINO IR), a **variant set** (``shamal-variants.json``:
+builds by CPU kind, of which the one made for this CPU is served), an MLflow model folder
+(``MLmodel`` with an ``onnx`` flavour, or a ``sklearn`` flavour converted to ONNX by the
+optimizer), or a ``models:/`` URI downloaded from the registry.
 
 Everything here treats files as hostile (hostile-inputs.md §4): formats are told by their first
 bytes, never by their names; pickles are refused unless the operator trusts the model; every path a
@@ -13,10 +15,11 @@ file. The manifest and the checks are :mod:`shamal.modelformat`'s, shared with t
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,17 @@ from shamal.errors import InvalidParameter
 from shamal.modelformat import (
     MANIFEST,
     MODEL_FILE,
+    VARIANTS_MANIFEST,
+    CpuInfo,
+    VariantChoice,
     check_onnx_file,
+    check_openvino_ir,
     contained,
+    host_cpu,
+    is_variant_set,
+    pick_variant,
     read_manifest,
+    read_variant_set,
     sniff_format,
 )
 from shamal.serving._types import TensorSpec
@@ -43,14 +54,17 @@ class ModelFiles:
     """What a model path turned out to hold, checked and ready for a backend.
 
     Attributes:
-        format: ``onnx`` or ``torch``.
-        path: the weights file (ONNX graph or safetensors), inside ``root``.
+        format: ``onnx``, ``torch`` or ``openvino``.
+        path: the weights file (ONNX graph, safetensors or IR graph), inside ``root``.
         root: the folder the model lives in; every file it uses is inside it.
         max_batch_size: from the manifest, or None to decide from the graph.
         inputs: declared inputs (manifest), or None to read them from the graph.
         outputs: declared outputs (manifest), or None to read them from the graph.
         labels: output name -> its class names by index (manifest ``labels``), for the
             classification extension.
+        precision: the inference precision an OpenVINO model asks for (``f32``, ``bf16``,
+            ``f16``); None for other formats.
+        choice: for a variant set, which build was taken and why; None otherwise.
     """
 
     format: str
@@ -60,6 +74,8 @@ class ModelFiles:
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    precision: str | None = None
+    choice: VariantChoice | None = None
 
 
 @contextmanager
@@ -89,6 +105,8 @@ def read_model_files(path: Path, *, name: str, trusted: bool, work_dir: Path) ->
     if path.is_file():
         path = path.resolve()  # the operator named this file: its folder is where it lives
         return _single_file(path, path.parent, name)
+    if is_variant_set(path):
+        return _from_variant_set(path, name)
     if (path / MANIFEST).is_file():
         return _from_manifest(path, name)
     if (path / "MLmodel").is_file():
@@ -98,7 +116,8 @@ def read_model_files(path: Path, *, name: str, trusted: bool, work_dir: Path) ->
             target = contained(path, MODEL_FILE)
         return _single_file(target, path, name)
     raise InvalidParameter(
-        f"Model '{name}': {path} holds no model.onnx, {MANIFEST} or MLflow MLmodel file."
+        f"Model '{name}': {path} holds no model.onnx, {MANIFEST}, {VARIANTS_MANIFEST} or "
+        "MLflow MLmodel file."
     )
 
 
@@ -123,6 +142,13 @@ def _from_manifest(folder: Path, name: str) -> ModelFiles:
     if manifest.format == "onnx":
         checked = _single_file(target, folder, name)
         return ModelFiles("onnx", checked.path, checked.root, batch, inputs, outputs, labels)
+    if manifest.format == "openvino":
+        with _named(name):
+            check_openvino_ir(target, folder)
+        root = folder.resolve()
+        return ModelFiles(
+            "openvino", target, root, batch, inputs, outputs, labels, manifest.precision
+        )
     if sniff_format(target) != "safetensors":
         raise InvalidParameter(
             f"Model '{name}': format 'torch' needs safetensors weights; {target.name} is not "
@@ -180,3 +206,37 @@ def _convert_sklearn(folder: Path, *, name: str, trusted: bool, work_dir: Path) 
         hint = "" if trusted else f" (shamal serve: --trust {name} allows pickled formats)"
         raise InvalidParameter(f"Model '{name}': {exc.message}{hint}") from None
     return read_model_files(Path(out), name=name, trusted=False, work_dir=work_dir)
+
+
+def _runtime_present(folder: Path) -> bool:
+    """Whether this process can run the build in ``folder`` (OpenVINO is an optional extra)."""
+    try:
+        fmt = read_manifest(folder).format
+    except InvalidParameter:
+        return True  # let the full check say what is wrong
+    return fmt != "openvino" or importlib.util.find_spec("openvino") is not None
+
+
+def _from_variant_set(folder: Path, name: str, host: CpuInfo | None = None) -> ModelFiles:
+    """The build of a variant set made for this CPU (or the portable one), said in the log."""
+    with _named(name):
+        variants = read_variant_set(folder)
+    host = host or host_cpu()
+    choice = pick_variant(variants, host)
+    if choice.path != variants.portable and not _runtime_present(folder / choice.path):
+        choice = VariantChoice(
+            variants.portable,
+            "portable",
+            f"the build for this CPU ({choice.variant}) needs OpenVINO, which is not installed "
+            "here (pip install 'shamal[openvino]'): the portable one",
+        )
+    logger.info(
+        "model %s: serving variant %s from %s; this CPU: %s; %s",
+        name,
+        choice.variant,
+        choice.path,
+        host.describe(),
+        choice.reason,
+    )
+    files = _from_manifest(folder / choice.path, name)
+    return replace(files, choice=choice)

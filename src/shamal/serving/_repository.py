@@ -237,6 +237,21 @@ def load_version(
     return _served(source.name, version, backend, labels)
 
 
+def open_model(
+    path: Path, options: BackendOptions | None = None, *, name: str = "model"
+) -> Backend:
+    """A local model (file, model folder or variant set) loaded as the server would load it,
+    for scripts and benchmarks: ``backend.run(inputs)`` answers one batch. Pickled formats are
+    refused. Close it with ``backend.close()``.
+
+    Raises:
+        InvalidParameter: files that cannot be served.
+    """
+    with tempfile.TemporaryDirectory(prefix="shamal-open-") as work:
+        backend, _ = _backend(name, Path(path), options or BackendOptions(), False, Path(work))
+    return backend
+
+
 def _backend(
     name: str, path: Path, options: BackendOptions, trusted: bool, work: Path
 ) -> tuple[Backend, Mapping[str, tuple[str, ...]]]:
