@@ -352,3 +352,87 @@ def test_cli_help_lists_the_options() -> None:
     assert done.returncode == 0
     for option in ("--model", "--http-port", "--grpc-port", "--max-batch-size", "--trust"):
         assert option in done.stdout
+
+
+# ------------------------------------------------------ OpenVINO folders and variant sets
+def _scale_set(tmp_path: Path, kind_factor: dict[str, float]) -> Path:
+    """A variant set of scale models: ``portable`` scales by 1, each CPU kind by its factor."""
+    from shamal.modelformat import VariantEntry, VariantSet, host_cpu, write_variant_set
+
+    root = tmp_path / "set"
+    scale_model(root / "portable" / "model.onnx", 1.0)
+    write_manifest(root / "portable", fmt="onnx", path="model.onnx")
+    entries = []
+    here = host_cpu()
+    for kind, factor in kind_factor.items():
+        scale_model(root / kind / "model.onnx", factor)
+        write_manifest(root / kind, fmt="onnx", path="model.onnx")
+        flags = {"x86-amx": ["avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+                             "amx_bf16"], "x86-avx2": ["avx2", "fma"]}.get(kind)  # fmt: skip
+        cpu = here if flags is None else type(here)("Other CPU", here.arch, frozenset(flags))
+        entries.append(VariantEntry(kind, f"scale-{factor}", cpu))
+    write_variant_set(root, VariantSet("portable", tuple(entries)))
+    return root
+
+
+def _answer(repository: ModelRepository) -> list[float]:
+    served = next(iter(repository.all()))
+    out = served.backend.run({"x": np.array([[1.0, 2.0]], dtype=np.float32)})
+    return [float(v) for v in next(iter(out.values())).ravel()]
+
+
+def test_a_variant_set_serves_the_build_for_this_cpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from shamal.modelformat import host_cpu
+
+    here = host_cpu().kind
+    caplog.set_level("INFO", logger="shamal.serving")
+    repository = _load(_scale_set(tmp_path, {here: 3.0}), tmp_path)
+    assert _answer(repository) == [3.0, 6.0]
+    assert any("serving variant scale-3.0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_variant_set_without_a_build_for_this_cpu_serves_the_portable_one(
+    tmp_path: Path,
+) -> None:
+    from shamal.modelformat import host_cpu
+
+    other = "x86-amx" if host_cpu().kind != "x86-amx" else "x86-avx2"
+    repository = _load(_scale_set(tmp_path, {other: 5.0}), tmp_path)
+    if other == "x86-avx2" and host_cpu().supports(frozenset({"avx2", "fma"})):
+        assert _answer(repository) == [5.0, 10.0]  # a lesser CPU's build runs here
+    else:
+        assert _answer(repository) == [1.0, 2.0]
+
+
+def test_a_variant_set_that_points_out_of_its_folder_is_refused(tmp_path: Path) -> None:
+    import json
+
+    root = _scale_set(tmp_path, {})
+    raw = json.loads((root / "shamal-variants.json").read_text())
+    raw["portable"] = "../elsewhere"
+    (tmp_path / "elsewhere").mkdir()
+    (root / "shamal-variants.json").write_text(json.dumps(raw))
+    _refused(root, tmp_path, "inside its folder")
+
+
+def test_an_openvino_folder_with_entities_is_refused_before_openvino_reads_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "ov"
+    folder.mkdir()
+    (folder / "model.xml").write_text(
+        '<?xml version="1.0"?><!DOCTYPE net [<!ENTITY x SYSTEM "file:///etc/passwd">]>'
+        "<net><layers>&x;</layers></net>"
+    )
+    (folder / "model.bin").write_bytes(b"")
+    write_manifest(folder, fmt="openvino", path="model.xml")
+    _refused(folder, tmp_path, "DTD")
+
+
+def test_a_precision_on_an_onnx_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "scaled"
+    scale_model(folder / "model.onnx", 2.0)
+    write_manifest(folder, fmt="onnx", path="model.onnx", precision="bf16")
+    _refused(folder, tmp_path, "precision")
