@@ -247,3 +247,24 @@ def test_minilm_openvino_int8_passes_the_encoder_gate(tmp_path: Path) -> None:
     manifest = json.loads((report.candidate.folder / "shamal-model.json").read_text())
     assert manifest["task"] == "embedding"
     assert not (report.candidate.folder / VARIANTS_MANIFEST).exists()
+
+
+def test_the_cli_prints_every_candidate_and_the_choice(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from shamal.cli.optimize import optimize
+
+    app = typer.Typer()
+    app.command("optimize")(optimize)
+    app.command("noop")(lambda: None)  # two commands: the first is called by name
+    source = _mlp_onnx(tmp_path / "src" / "model.onnx")
+    args = ["optimize", str(source.parent), "--choose", "--batch-sizes", "1", "--threads", "1",
+            "-o", str(tmp_path / "out"), "--no-register"]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    for name in ("int8-dynamic-per-channel", "int8-static-qdq-per-channel", "openvino-int8"):
+        assert name in result.output
+    here = host_cpu()
+    assert f"chosen for {here.describe()}" in result.output  # brackets survive Rich markup
+    assert f"variant set: {tmp_path / 'out' / 'chosen'}" in result.output

@@ -162,15 +162,19 @@ def _fetch(
 
 
 def _print_choice(report: OptimizeReport) -> None:
+    from rich.markup import escape
+
     for note in report.skipped:
-        console.print(f"[dim]not built: {note}[/]")
+        console.print(f"[dim]not built: {escape(note)}[/]")
     chosen = report.chosen
     if chosen is None:
         return
-    console.print(f"chosen for {chosen.cpu.describe()}: [bold]{chosen.winner.name}[/]")
-    console.print(f"  {chosen.why}")
+    cpu, name = escape(chosen.cpu.describe()), escape(chosen.winner.name)
+    console.print(f"chosen for {cpu}: [bold]{name}[/]")
+    console.print(f"  {escape(chosen.why)}")
     kept = f"; kept from --merge: {', '.join(chosen.kept)}" if chosen.kept else ""
-    console.print(f"  variant set: {chosen.folder} (portable build: {chosen.portable}{kept})")
+    where = escape(f"{chosen.folder} (portable build: {chosen.portable}{kept})")
+    console.print(f"  variant set: {where}")
 
 
 @handle_errors
