@@ -136,10 +136,10 @@ def print_choice(report: Any, seconds: float) -> None:
     """Every candidate ``shamal optimize --choose`` built and timed, and the one it chose."""
     chosen = report.chosen
     print(f"shamal optimize --choose on {chosen.cpu.describe()}: {seconds:.0f} s")
-    print(f"  {'variant':30}{'b1 p50':>10}{'b32 p50':>10}{'cos mean':>10}{'cos min':>10}  verdict")
+    print(f"  {'variant':30}{'b1 p50':>12}{'b32 p50':>12}{'cos mean':>10}{'cos min':>10}  verdict")
     for v in report.variants:
         cells = [v.timing(b, THREADS) for b in (1, 32)]
-        times = "".join(f"{t.p50_ms:>7.2f} ms" if t else f"{'-':>10}" for t in cells)
+        times = "".join(f"{t.p50_ms:>9.2f} ms" if t else f"{'-':>12}" for t in cells)
         f = v.fidelity
         cos = (
             f"{f.cosine_mean:>10.4f}{f.cosine_min:>10.4f}" if f.cosine_min is not None else " " * 20
