@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from shamal.optimize._measure import (
 )
 from shamal.optimize._sandbox import SandboxLimits
 from shamal.optimize._sources import SourceModel, load_source
+from shamal.optimize._structured import latency_ratio, prune_onnx_units
 from shamal.optimize._variants import (
     ENCODER_INT8,
     Int8Options,
@@ -73,7 +74,10 @@ class OptimizeRequest:
         int8: ``dynamic`` or ``static`` (needs ``calibration``); None with no other
             transformation asked for means ``dynamic``.
         calibration: .npz/.npy/.csv inputs for static quantization.
-        prune: magnitude-pruning sparsity (0..1) of MatMul/Gemm/Conv weights.
+        prune: magnitude-pruning sparsity (0..1) of MatMul/Gemm/Conv weights (zeros:
+            smaller when compressed, no faster on ONNX Runtime's CPU kernels).
+        prune_structured: fraction (0..1) of attention heads and FFN neurons (transformers)
+            or of hidden units and channels (dense and conv layers) to remove.
         target: ``cpu``, or ``gpu`` for an fp16 variant.
         int8_options: per-channel etc.; None = the default for the model kind.
         timed: measure latency (off for callers that only want the variant built).
@@ -98,6 +102,7 @@ class OptimizeRequest:
     timed: bool = True
     sandbox: SandboxLimits | None = None
     torch_factory: str | None = None
+    prune_structured: float | None = None
 
     def check(self) -> None:
         """Raises InvalidParameter for combinations that make no sense."""
@@ -111,13 +116,15 @@ class OptimizeRequest:
             raise InvalidParameter("--target gpu builds an fp16 variant; leave out --int8.")
         if self.prune is not None and not 0.0 < self.prune < 1.0:
             raise InvalidParameter("--prune takes a sparsity between 0 and 1 (e.g. 0.3).")
+        if self.prune_structured is not None and not 0.0 < self.prune_structured < 1.0:
+            raise InvalidParameter("--prune-structured takes a fraction between 0 and 1.")
         if not self.batches or not self.threads or min(*self.batches, *self.threads) < 1:
             raise InvalidParameter("Batch sizes and thread counts must be >= 1.")
 
     def int8_mode(self) -> str | None:
         if self.target == "gpu":
             return None
-        if self.int8 is None and self.prune is None:
+        if self.int8 is None and self.prune is None and self.prune_structured is None:
             return "dynamic"
         return self.int8
 
@@ -187,12 +194,16 @@ def _candidate(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any,
     """(name, graph, note) of the requested variant, built from the exported graph (a checked
     request always asks for at least one of pruning, int8 or fp16)."""
     graph, parts, note = source.graph, [], ""
+    if request.prune_structured is not None:
+        graph, note = _structured(source, request.prune_structured)
+        parts.append(f"pruned-structured-{request.prune_structured:.2f}")
     if request.prune is not None:
         graph, achieved = prune_magnitude(graph, request.prune)
         parts.append(f"pruned-{request.prune:.2f}")
-        note = f"sparsity {achieved:.2f} of prunable weights"
+        what = f"sparsity {achieved:.2f} of prunable weights"
         if achieved == 0.0:
-            note = "no MatMul/Gemm/Conv weights to prune"
+            what = "no MatMul/Gemm/Conv weights to prune"
+        note = "; ".join(n for n in (note, what) if n)
     options = request.int8_options or (
         ENCODER_INT8 if source.kind == "transformer" else Int8Options()
     )
@@ -211,6 +222,30 @@ def _candidate(source: SourceModel, request: OptimizeRequest) -> tuple[str, Any,
         graph = to_fp16(graph_optimize(graph))
         parts.append("fp16")
     return "+".join(parts), graph, note
+
+
+def _structured(source: SourceModel, fraction: float) -> tuple[Any, str]:
+    """The graph with ``fraction`` of its heads/neurons/channels removed (from the torch module
+    when the source has one), basic-optimized as the fp32 variant is, and what was removed."""
+    if source.structured is not None:
+        graph, summary = source.structured(fraction)
+    else:
+        graph, summary = prune_onnx_units(source.graph, fraction)
+    return graph_optimize(graph), summary.describe()
+
+
+def _speed_note(request: OptimizeRequest, fp32: VariantReport, candidate: VariantReport) -> str:
+    """How a pruned candidate's latency compares with fp32's; for magnitude pruning, says
+    plainly when its zeros buy no speed (ONNX Runtime's CPU kernels do not skip them)."""
+    ratio = latency_ratio(fp32.timings, candidate.timings)
+    if ratio is None or (request.prune is None and request.prune_structured is None):
+        return ""
+    note = f"p50 {ratio:.2f}x fp32's"
+    if request.prune is not None and (ratio > 0.95 or request.int8_mode() is not None):
+        note += "; sparsity gives no speed-up on this runtime"
+        if request.int8_mode() is not None:
+            note += " (any speed-up is int8's)"
+    return note
 
 
 def _provider(name: str) -> tuple[str, str]:
@@ -338,5 +373,10 @@ def optimize_model(
         notes = "; ".join(n for n in (why, timing_note) if n)
         reports.append(
             VariantReport(variant, dest / variant, size, fidelity, timings, provider, notes)
+        )
+    speed = _speed_note(request, reports[0], reports[-1])
+    if speed:
+        reports[-1] = replace(
+            reports[-1], note="; ".join(n for n in (reports[-1].note, speed) if n)
         )
     return OptimizeReport(str(location), source.kind, source.task, tuple(reports))

@@ -30,6 +30,7 @@ from shamal.optimize._sklearn import (
     sklearn_to_onnx,
     synthetic_inputs,
 )
+from shamal.optimize._structured import PruneSummary, prune_transformer
 from shamal.optimize._torch import export_torch, is_torch_folder, load_torch_model
 from shamal.optimize._transformer import (
     INPUT_NAMES,
@@ -47,6 +48,9 @@ Outputs = dict[str, np.ndarray]
 SYNTHETIC_ROWS = 256
 SYNTHETIC_ORIGIN = "synthetic N(0,1)"
 PROBE_SENTENCES = 64
+#: Sentences (after the probe sentences, so never the ones fidelity is checked on) that
+#: structured pruning of a transformer measures its units' importance on.
+CALIBRATION_SENTENCES = 128
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class SourceModel:
         eval_set: the held-out inputs fidelity is checked on.
         max_batch_size: what the variants' manifests declare (0 = the batch dim is free).
         labels: class names by output, carried into the variants' manifests.
+        structured: builds the fp32 graph with a fraction of its units pruned from the
+            original module (transformers: heads and FFN neurons, before export); None = prune
+            the exported graph instead.
     """
 
     kind: str
@@ -80,6 +87,7 @@ class SourceModel:
     eval_set: EvalSet
     max_batch_size: int = 0
     labels: dict[str, list[str]] = field(default_factory=dict)
+    structured: Callable[[float], tuple[Any, PruneSummary]] | None = None
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -181,8 +189,19 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         evals = EvalSet(feeds, None, f"{PROBE_SENTENCES} probe sentences")
     from shamal.optimize._transformer import export_transformer
 
+    def structured(fraction: float) -> tuple[Any, PruneSummary]:
+        texts = probe_sentences(PROBE_SENTENCES + CALIBRATION_SENTENCES)[PROBE_SENTENCES:]
+        calibration = tokenize(loaded.tokenizer, texts, sequence_length)
+        smaller, summary = prune_transformer(loaded, fraction, calibration)
+        return export_transformer(smaller), summary
+
     return SourceModel(
-        "transformer", export_transformer(loaded), loaded.task, loaded.reference, evals
+        "transformer",
+        export_transformer(loaded),
+        loaded.task,
+        loaded.reference,
+        evals,
+        structured=structured,
     )
 
 
