@@ -175,10 +175,14 @@ class _Graph:
                 self.consumers.setdefault(name, []).append(node)
         self.uses = Counter(_all_inputs(graph))
         self.outputs = {o.name for o in graph.output}
+        # An initializer also declared as a graph input (old IR versions) can be fed by the
+        # caller with its declared shape: it is not ours to shrink.
+        self.inputs = {i.name for i in graph.input}
 
     def sole_consumer(self, tensor: str) -> Any | None:
+        """The one node reading ``tensor`` (subgraphs counted), if it is not a graph output."""
         found = self.consumers.get(tensor, [])
-        if len(found) != 1 or tensor in self.outputs:
+        if len(found) != 1 or self.uses[tensor] != 1 or tensor in self.outputs:
             return None
         return found[0]
 
@@ -187,7 +191,7 @@ class _Graph:
         array = self.arrays.get(name)
         if array is None or array.dtype.kind != "f" or array.ndim not in ndim:
             return None
-        return array if self.uses[name] == 1 else None
+        return array if self.uses[name] == 1 and name not in self.inputs else None
 
 
 def _all_inputs(graph: Any) -> Iterator[str]:
