@@ -1,5 +1,6 @@
-"""`shamal optimize`: export a model to ONNX, quantize or prune it, check fidelity, measure
-latency, and register the variant as a new model version linked to its source.
+"""`shamal optimize`: export a model to ONNX, quantize or prune it (structured or by
+magnitude), check fidelity, measure latency, and register the variant as a new model version
+linked to its source.
 
 Registered in the root app as ``app.command("optimize")(optimize.optimize)``.
 """
@@ -199,7 +200,18 @@ def optimize(
     ] = None,
     prune: Annotated[
         float | None,
-        typer.Option(help="Magnitude-prune MatMul/Gemm/Conv weights to this sparsity."),
+        typer.Option(
+            help="Magnitude-prune MatMul/Gemm/Conv weights to this sparsity (smaller when "
+            "compressed; ONNX Runtime on CPU runs it no faster, and the report says so)."
+        ),
+    ] = None,
+    prune_structured: Annotated[
+        float | None,
+        typer.Option(
+            help="Remove this fraction of attention heads and feed-forward neurons "
+            "(transformers) or of hidden units and conv channels (dense/conv layers): a "
+            "smaller, faster model, fidelity-gated like every variant."
+        ),
     ] = None,
     target: Annotated[str, typer.Option(help="cpu, or gpu for an fp16 variant.")] = "cpu",
     eval_data: Annotated[
@@ -271,6 +283,7 @@ def optimize(
         int8=int8,
         calibration=calibration,
         prune=prune,
+        prune_structured=prune_structured,
         target=target,
         eval_data=eval_data,
         thresholds=Thresholds(max_metric_drop, min_cosine, min_cosine_mean),

@@ -1,6 +1,7 @@
 """Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, OpenVINO
 builds, and a fidelity + latency report for each variant (``shamal optimize``); with
 ``--choose``, the fastest variant that passes on this CPU, kept as a variant set by CPU kind.
+Structured pruning (heads, neurons, channels) is in :mod:`shamal.optimize._structured`.
 
 Importing this package does not import torch, transformers or skl2onnx; each loader imports
 what it needs when called.
@@ -41,6 +42,7 @@ from shamal.optimize._sklearn import (
     load_sklearn_model,
 )
 from shamal.optimize._sources import EvalSet, SourceModel, load_source
+from shamal.optimize._structured import PruneSummary, prune_onnx_units, prune_transformer
 from shamal.optimize._torch import (
     TorchSource,
     export_torch,
@@ -63,6 +65,7 @@ __all__ = [
     "OptimizeReport",
     "OptimizeRequest",
     "ProgressSink",
+    "PruneSummary",
     "SandboxLimits",
     "SandboxedModel",
     "SourceModel",
@@ -87,6 +90,8 @@ __all__ = [
     "load_torch_model",
     "load_source",
     "optimize_model",
+    "prune_onnx_units",
+    "prune_transformer",
     "read_model_folder",
     "read_torch_manifest",
     "register_variant",

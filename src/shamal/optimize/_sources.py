@@ -30,6 +30,7 @@ from shamal.optimize._sklearn import (
     sklearn_to_onnx,
     synthetic_inputs,
 )
+from shamal.optimize._structured import PruneSummary, prune_transformer
 from shamal.optimize._torch import export_torch, is_torch_folder, load_torch_model
 from shamal.optimize._transformer import (
     INPUT_NAMES,
@@ -47,6 +48,8 @@ Outputs = dict[str, np.ndarray]
 SYNTHETIC_ROWS = 256
 SYNTHETIC_ORIGIN = "synthetic N(0,1)"
 PROBE_SENTENCES = 64
+#: Sentences (after the probe sentences, so never the ones fidelity is checked on) that
+#: static quantization calibrates on and structured pruning measures its units' importance on.
 CALIBRATION_SENTENCES = 128
 
 
@@ -74,6 +77,9 @@ class SourceModel:
         labels: class names by output, carried into the variants' manifests.
         calibration: inputs for static quantization apart from the held-out ones (generated
             sentences for encoders); None: a calibration file, or the held-out inputs, serve.
+        structured: builds the fp32 graph with a fraction of its units pruned from the
+            original module (transformers: heads and FFN neurons, before export); None = prune
+            the exported graph instead.
     """
 
     kind: str
@@ -84,6 +90,7 @@ class SourceModel:
     max_batch_size: int = 0
     labels: dict[str, list[str]] = field(default_factory=dict)
     calibration: dict[str, np.ndarray] | None = None
+    structured: Callable[[float], tuple[Any, PruneSummary]] | None = None
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -188,6 +195,11 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
     # Calibration sentences come after the held-out ones in the generated list: never the same.
     sentences = probe_sentences(PROBE_SENTENCES + CALIBRATION_SENTENCES)[PROBE_SENTENCES:]
     calibration = tokenize(loaded.tokenizer, sentences, sequence_length)
+
+    def structured(fraction: float) -> tuple[Any, PruneSummary]:
+        smaller, summary = prune_transformer(loaded, fraction, calibration)
+        return export_transformer(smaller), summary
+
     return SourceModel(
         "transformer",
         export_transformer(loaded),
@@ -195,6 +207,7 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         loaded.reference,
         evals,
         calibration=calibration,
+        structured=structured,
     )
 
 
