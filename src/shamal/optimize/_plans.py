@@ -105,8 +105,9 @@ def choice_plans(
     """Every candidate this CPU can run, and a note for each left out and why.
 
     ONNX Runtime dynamic and static int8 always; OpenVINO f32 and int8 when installed, bf16
-    where the CPU computes bf16 natively and f16 where it computes fp16 natively (elsewhere
-    those precisions are emulated or ignored, never faster).
+    (and int8 with bf16 for the operations kept in float) where the CPU computes bf16 natively,
+    and f16 where it computes fp16 natively (elsewhere those precisions are emulated or
+    ignored, never faster).
     """
     chosen = _int8_options(source, options)
     granularity = "per-channel" if chosen.per_channel else "per-tensor"
@@ -135,6 +136,12 @@ def choice_plans(
     plans.append(openvino_plan("openvino-int8", source, origin, calibration=calibration))
     if cpu.native_bf16:
         plans.append(openvino_plan("openvino-bf16", source, origin, precision="bf16"))
+        # int8 where quantized, bf16 for the operations kept in float (softmax, norms, head).
+        plans.append(
+            openvino_plan(
+                "openvino-int8-bf16", source, origin, precision="bf16", calibration=calibration
+            )
+        )
     else:
         skipped.append("openvino-bf16: this CPU has no native bf16 (AVX-512 BF16 or AMX)")
     if cpu.native_fp16:
