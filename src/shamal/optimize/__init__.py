@@ -1,5 +1,7 @@
 """Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, and a
-fidelity + latency report for each variant (``shamal optimize``).
+fidelity + latency report for each variant (``shamal optimize``); distillation of an encoder
+into a student of fewer layers, trained with :mod:`shamal.train` and judged by the same gate
+(``shamal distill``).
 
 Importing this package does not import torch, transformers or skl2onnx; each loader imports
 what it needs when called.
@@ -12,6 +14,14 @@ factory the operator names; see :mod:`shamal.optimize._torch`.
 
 from __future__ import annotations
 
+from shamal.optimize._distill import DistillLog, DistillReport, DistillRequest, distill_encoder
+from shamal.optimize._distill_job import (
+    DISTILL_EXPERIMENT,
+    DistillOutcome,
+    distill_model,
+    distill_tags,
+    teacher_folder,
+)
 from shamal.optimize._folder import (
     MANIFEST,
     MODEL_FILE,
@@ -38,6 +48,13 @@ from shamal.optimize._sklearn import (
     load_sklearn_model,
 )
 from shamal.optimize._sources import EvalSet, SourceModel, load_source
+from shamal.optimize._student import (
+    build_student,
+    choose_layers,
+    generated_sentences,
+    read_sentences,
+    student_weights,
+)
 from shamal.optimize._torch import (
     TorchSource,
     export_torch,
@@ -49,9 +66,14 @@ from shamal.optimize._transformer import tokenize
 from shamal.optimize._variants import ENCODER_INT8, Int8Options
 
 __all__ = [
+    "DISTILL_EXPERIMENT",
     "ENCODER_INT8",
     "MANIFEST",
     "MODEL_FILE",
+    "DistillLog",
+    "DistillOutcome",
+    "DistillReport",
+    "DistillRequest",
     "EvalSet",
     "Fidelity",
     "Int8Options",
@@ -68,13 +90,19 @@ __all__ = [
     "Timing",
     "VariantReport",
     "build_minilm_int8",
+    "build_student",
     "check_onnx_file",
+    "choose_layers",
     "contained",
     "convert_trusted_pickle",
+    "distill_encoder",
+    "distill_model",
+    "distill_tags",
     "export_mlflow_sklearn",
     "export_sklearn",
     "export_torch",
     "fetch_source",
+    "generated_sentences",
     "is_torch_folder",
     "load_onnx",
     "load_sklearn_model",
@@ -82,9 +110,12 @@ __all__ = [
     "load_source",
     "optimize_model",
     "read_model_folder",
+    "read_sentences",
     "read_torch_manifest",
     "register_variant",
     "sniff_format",
+    "student_weights",
+    "teacher_folder",
     "tokenize",
     "variant_tags",
     "write_model_folder",
