@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 
 import shamal as shamal_package
 from shamal.client import ShamalClient
+from shamal.train import ArtifactCheckpointStore
 from tests.datasets._cli import Shamal, cli_against
 from tests.jobs.test_scheduling import stop_all_jobs
 from tests.live import LiveServer
@@ -112,6 +113,14 @@ def test_a_distillation_job_registers_a_student_linked_to_its_teacher(
     assert run.data.tags["shamal.job_id"] == job["id"]
     losses = mlflow.get_metric_history(version.run_id, "loss")
     assert sorted(m.step for m in losses) == [1, 2, 3, 4]
+    # The job's checkpoints (in the team's artifacts, for a requeued attempt) are gone.
+    store = ArtifactCheckpointStore(
+        f"distill/{job['id']}", team=TEAM, url=server.url, token=server.token
+    )
+    try:
+        assert store.keys("ckpt-") == []
+    finally:
+        store.close()
     with ShamalClient(server.url, server.token) as api:
         files = api.download_model_version(name, 2, tmp_path / "student")
     assert (files / "shamal-model.json").is_file()

@@ -36,7 +36,7 @@ __all__ = [
     "DistillOutcome",
     "distill_model",
     "distill_tags",
-    "job_runtime",
+    "job_checkpoints",
     "teacher_folder",
 ]
 
@@ -104,19 +104,25 @@ class _TrackedLog:
             self.tracker.log_metrics(values, step)
 
 
-def job_runtime() -> tuple[CheckpointStore | None, PreemptionGuard | None]:
-    """In a scheduler job (``SHAMAL_JOB_ID`` set): checkpoints in the team's artifact store
-    (kept across attempts; none for a job without a team) and a preemption guard. Outside a
-    job: neither."""
+def job_checkpoints() -> CheckpointStore | None:
+    """In a scheduler job of a team (``SHAMAL_JOB_ID``, ``SHAMAL_TEAM``): checkpoints in the
+    team's artifact store, kept across the job's attempts. Elsewhere none."""
     job = os.environ.get("SHAMAL_JOB_ID", "")
-    if not job:
-        return None, None
-    from shamal.train import ArtifactCheckpointStore, PreemptionGuard
+    if not job or not os.environ.get("SHAMAL_TEAM"):
+        return None
+    from shamal.train import ArtifactCheckpointStore
 
-    store = None
-    if os.environ.get("SHAMAL_TEAM"):
-        store = ArtifactCheckpointStore(f"distill/{job}")
-    return store, PreemptionGuard().install()
+    return ArtifactCheckpointStore(f"distill/{job}")
+
+
+def _job_guard() -> PreemptionGuard | None:
+    """In a scheduler job: a guard that turns the scheduler's SIGTERM into a checkpoint and a
+    requeue."""
+    if not os.environ.get("SHAMAL_JOB_ID"):
+        return None
+    from shamal.train import PreemptionGuard
+
+    return PreemptionGuard().install()
 
 
 def _digest(path: Path) -> str:
@@ -219,13 +225,17 @@ def _now_ms() -> int:
 
 
 def _distill_tracked(
-    teacher: Path, dest: Path, request: DistillRequest, log: _TrackedLog
+    teacher: Path,
+    dest: Path,
+    request: DistillRequest,
+    log: _TrackedLog,
+    checkpoints: CheckpointStore | None,
 ) -> DistillReport:
     """:func:`distill_encoder` with the job's checkpoints and guard; a failure ends the tracked
     run as FAILED, a preemption as KILLED (the next attempt resumes it)."""
     from shamal.train import REQUEUE_EXIT_CODE
 
-    checkpoints, guard = job_runtime()
+    guard = _job_guard()
     try:
         return distill_encoder(
             teacher, dest, request, log=log, checkpoints=checkpoints, guard=guard
@@ -280,13 +290,28 @@ def distill_model(
         teacher = teacher_folder(location)
         tags = _lineage_tags(request.variant, source_uri, source)
         log = _TrackedLog(client, f"distill-{request.variant}", tags)
-        report = _distill_tracked(teacher, dest, request, log)
+        checkpoints = job_checkpoints()
+        report = _distill_tracked(teacher, dest, request, log, checkpoints)
     name = register_as or (source.name if source is not None else None)
     run_id = log.tracker.run_id if log.tracker is not None else None
     if client is None or not register or name is None or report.candidate.fidelity.blocked:
         if client is not None and log.tracker is not None:
             client.log_run_values(log.tracker.run_id, {}, _figures(report), _now_ms())
             log.tracker.close()
+        _discard(checkpoints)
         return DistillOutcome(report, None, run_id)
     made = _register(client, report, request, log, (name, source_uri, source))
+    _discard(checkpoints)
     return DistillOutcome(report, made, run_id)
+
+
+def _discard(checkpoints: CheckpointStore | None) -> None:
+    """Checkpoints serve a requeued attempt only: once the student is judged (and
+    registered) they would only take room in the team's store."""
+    if checkpoints is None:
+        return
+    for key in checkpoints.keys("ckpt-"):
+        checkpoints.delete(key)
+    close = getattr(checkpoints, "close", None)  # the artifact store holds a client
+    if close is not None:
+        close()
