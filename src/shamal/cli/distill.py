@@ -60,6 +60,7 @@ class _Training:
     learning_rate: float
     min_cosine: float
     timed: bool
+    token_weight: float = 1.0
 
     def request(self, data: Path | None) -> DistillRequest:
         from shamal.optimize import DistillRequest, Thresholds
@@ -75,6 +76,7 @@ class _Training:
             learning_rate=self.learning_rate,
             thresholds=Thresholds(min_cosine=self.min_cosine),
             timed=self.timed,
+            token_weight=self.token_weight,
         )
         made.check()
         return made
@@ -83,6 +85,7 @@ class _Training:
         args = ["--layers", str(self.layers), "--epochs", str(self.epochs)]
         args += ["--sentences", str(self.sentences), "--batch-size", str(self.batch_size)]
         args += ["--learning-rate", repr(self.learning_rate), "--min-cosine", repr(self.min_cosine)]
+        args += ["--token-weight", repr(self.token_weight)]
         args += ["--keep", self.keep] if self.keep else []
         args += ["--max-steps", str(self.max_steps)] if self.max_steps else []
         return args + ([] if self.timed else ["--no-time"])
@@ -267,6 +270,10 @@ def distill(
     min_cosine: Annotated[
         float, typer.Option(help="Block a student whose minimum cosine to the teacher is lower.")
     ] = 0.97,
+    token_weight: Annotated[
+        float,
+        typer.Option(help="Weight of the token-by-token hidden-state loss (0: embeddings only)."),
+    ] = 1.0,
     time_it: Annotated[
         bool, typer.Option("--time/--no-time", help="Time the teacher and the student.")
     ] = True,
@@ -302,7 +309,16 @@ def distill(
     """
     _check_name(register_as)
     training = _Training(
-        layers, keep, epochs, max_steps, sentences, batch_size, learning_rate, min_cosine, time_it
+        layers,
+        keep,
+        epochs,
+        max_steps,
+        sentences,
+        batch_size,
+        learning_rate,
+        min_cosine,
+        time_it,
+        token_weight,
     )
     registration = (register_as, no_register)
     if local:

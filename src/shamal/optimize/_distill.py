@@ -84,6 +84,9 @@ class DistillRequest:
         seed: data order and generated sentences.
         timed: time the teacher and the student (ONNX Runtime) at ``batches`` x ``threads``.
         precision: fp32 or bf16 (as :class:`~shamal.train.Stepper` takes it).
+        token_weight: the weight of a second loss, the MSE between the student's and the
+            teacher's last hidden states token by token (0 = embeddings only): many more
+            targets per sentence than one embedding, which helps when sentences are few.
         source_uri: the teacher's ``models:/`` URI, written into the variant's manifest.
     """
 
@@ -104,6 +107,7 @@ class DistillRequest:
     threads: tuple[int, ...] = (2,)
     repeats: int = 20
     precision: str = "fp32"
+    token_weight: float = 1.0
     source_uri: str | None = None
 
     def check(self) -> None:
@@ -121,6 +125,10 @@ class DistillRequest:
             (1 <= self.sentences <= 100_000, "--sentences takes 1 to 100000."),
             (8 <= self.holdout <= 10_000, "--holdout takes 8 to 10000."),
             (self.precision in ("fp32", "bf16"), "--precision takes fp32 or bf16."),
+            (
+                math.isfinite(self.token_weight) and 0 <= self.token_weight <= 100,
+                "--token-weight takes 0 to 100.",
+            ),
         )
         for ok, message in limits:
             if not ok:
@@ -232,6 +240,26 @@ def _embed(source: TransformerSource, feeds: Feeds, batch: int = 128) -> np.ndar
     return np.concatenate([next(iter(p.values())) for p in parts])
 
 
+def _token_states(source: TransformerSource, feeds: Feeds, batch: int = 128) -> list[np.ndarray]:
+    """The teacher's last hidden states, one ``[tokens, hidden]`` fp16 array per sentence
+    (its own length, no padding)."""
+    import torch
+
+    rows = len(feeds["input_ids"])
+    lengths = feeds["attention_mask"].sum(axis=1)
+    out: list[np.ndarray] = []
+    for start in range(0, rows, batch):
+        chunk = _trimmed(feeds, np.arange(start, min(rows, start + batch)))
+        with torch.inference_mode():
+            hidden = source.module.model(
+                input_ids=torch.from_numpy(chunk["input_ids"]),
+                attention_mask=torch.from_numpy(chunk["attention_mask"]),
+            )[0].numpy()
+        for i, states in enumerate(hidden):
+            out.append(states[: int(lengths[start + i])].astype(np.float16))
+    return out
+
+
 # ---------------------------------------------------------------------- training
 @dataclass
 class _Training:
@@ -239,6 +267,7 @@ class _Training:
 
     feeds: Feeds
     targets: np.ndarray
+    states: list[np.ndarray]
     request: DistillRequest
     log: DistillLog
     checkpoints: CheckpointStore | None
@@ -292,15 +321,52 @@ def _resumed(saver: Any, state: dict[str, Any]) -> tuple[int, list[float], dict[
     return resumed.step, [float(x) for x in resumed.extra.get("losses", [])], resumed.extra
 
 
+#: The teacher's token states are kept in memory (fp16) up to this size.
+MAX_TOKEN_STATE_BYTES = 1 << 30
+
+
+def _token_loss(request: DistillRequest, feeds: Feeds, width: int) -> bool:
+    """Whether the token-state loss is on: asked for, and its targets (``width`` numbers a
+    token, fp16) fit in memory."""
+    if request.token_weight <= 0:
+        return False
+    tokens = int(feeds["attention_mask"].sum())
+    if tokens * width * 2 > MAX_TOKEN_STATE_BYTES:
+        logger.warning("%d tokens: too many for the token-state loss; embeddings only", tokens)
+        return False
+    return True
+
+
+def _state_targets(job: _Training, rows: np.ndarray, width: int) -> np.ndarray:
+    """The teacher's token states of ``rows``, zero-padded to ``width`` tokens."""
+    first = job.states[int(rows[0])]
+    out = np.zeros((len(rows), width, first.shape[-1]), dtype=np.float32)
+    for i, row in enumerate(rows.tolist()):
+        states = job.states[row][:width]
+        out[i, : len(states)] = states
+    return out
+
+
 def _step(module: Any, stepper: Any, job: _Training, step: int) -> float:
     """One optimizer step on the rows of ``step``; returns its loss."""
     import torch
 
     rows = job.rows(step)
     feeds = _trimmed(job.feeds, rows)
-    with stepper.micro_step():
-        out = module(*(torch.from_numpy(feeds[n]) for n in INPUT_NAMES))
-        loss = _loss(out.float(), torch.from_numpy(job.targets[rows]))
+    captured: list[Any] = []
+    hook = module.model.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    try:
+        with stepper.micro_step():
+            out = module(*(torch.from_numpy(feeds[n]) for n in INPUT_NAMES))
+            loss = _loss(out.float(), torch.from_numpy(job.targets[rows]))
+            if job.states:
+                width = feeds["input_ids"].shape[1]
+                target = torch.from_numpy(_state_targets(job, rows, width))
+                mask = torch.from_numpy(feeds["attention_mask"]).unsqueeze(-1).float()
+                error = ((captured[0].float() - target) ** 2 * mask).sum()
+                loss = loss + job.request.token_weight * error / (mask.sum() * target.shape[-1])
+    finally:
+        hook.remove()
     stepper.backward(loss)
     return float(loss.detach())
 
@@ -408,7 +474,10 @@ def distill_encoder(
     keep, total = build_student(teacher, dest / "student", layers=request.layers, keep=request.keep)
     feeds = tokenize(teacher_model.tokenizer, train, request.max_length)
     targets = _embed(teacher_model, feeds)
-    job = _Training(feeds, targets, request, log or _Quiet(), checkpoints, guard)
+    states: list[np.ndarray] = []
+    if _token_loss(request, feeds, teacher_model.hidden_size):
+        states = _token_states(teacher_model, feeds)
+    job = _Training(feeds, targets, states, request, log or _Quiet(), checkpoints, guard)
     student = load_transformer(dest / "student")
     losses = _train(student.module, job)
     _save_student(student.module, dest / "student")
