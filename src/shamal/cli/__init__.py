@@ -13,6 +13,7 @@ from shamal.cli import (
     data,
     db,
     deploy,
+    distill,
     job,
     optimize,
     scheduler,
@@ -81,6 +82,7 @@ app.add_typer(scheduler.app, name="scheduler")
 app.command("tune", context_settings=tune_cmd.CONTEXT)(tune_cmd.tune)
 app.add_typer(sim.app, name="sim")
 app.command("optimize")(optimize.optimize)
+app.command("distill")(distill.distill)
 app.command("serve")(serve.serve)
 app.command("deploy")(deploy.deploy)
 app.add_typer(deploy.deployments, name="deployments")

@@ -1,7 +1,9 @@
 """Model optimizer: export to ONNX, graph optimization, int8 quantization, pruning, OpenVINO
 builds, and a fidelity + latency report for each variant (``shamal optimize``); with
 ``--choose``, the fastest variant that passes on this CPU, kept as a variant set by CPU kind.
-Structured pruning (heads, neurons, channels) is in :mod:`shamal.optimize._structured`.
+Structured pruning (heads, neurons, channels) is in :mod:`shamal.optimize._structured`;
+distillation of an encoder into a student of fewer layers, trained with :mod:`shamal.train`
+and judged by the same gate (``shamal distill``), in :mod:`shamal.optimize._distill`.
 
 Importing this package does not import torch, transformers or skl2onnx; each loader imports
 what it needs when called.
@@ -14,6 +16,14 @@ factory the operator names; see :mod:`shamal.optimize._torch`.
 
 from __future__ import annotations
 
+from shamal.optimize._distill import DistillLog, DistillReport, DistillRequest, distill_encoder
+from shamal.optimize._distill_job import (
+    DISTILL_EXPERIMENT,
+    DistillOutcome,
+    distill_model,
+    distill_tags,
+    teacher_folder,
+)
 from shamal.optimize._folder import (
     MANIFEST,
     MODEL_FILE,
@@ -43,6 +53,13 @@ from shamal.optimize._sklearn import (
 )
 from shamal.optimize._sources import EvalSet, SourceModel, load_source
 from shamal.optimize._structured import PruneSummary, prune_onnx_units, prune_transformer
+from shamal.optimize._student import (
+    build_student,
+    choose_layers,
+    generated_sentences,
+    read_sentences,
+    student_weights,
+)
 from shamal.optimize._torch import (
     TorchSource,
     export_torch,
@@ -54,10 +71,15 @@ from shamal.optimize._transformer import tokenize
 from shamal.optimize._variants import ENCODER_INT8, Int8Options
 
 __all__ = [
+    "DISTILL_EXPERIMENT",
     "ENCODER_INT8",
     "ChosenSet",
     "MANIFEST",
     "MODEL_FILE",
+    "DistillLog",
+    "DistillOutcome",
+    "DistillReport",
+    "DistillRequest",
     "EvalSet",
     "Fidelity",
     "Int8Options",
@@ -76,13 +98,19 @@ __all__ = [
     "VariantReport",
     "build_minilm_int8",
     "choose_minilm",
+    "build_student",
     "check_onnx_file",
+    "choose_layers",
     "contained",
     "convert_trusted_pickle",
+    "distill_encoder",
+    "distill_model",
+    "distill_tags",
     "export_mlflow_sklearn",
     "export_sklearn",
     "export_torch",
     "fetch_source",
+    "generated_sentences",
     "is_torch_folder",
     "load_onnx",
     "load_sklearn_model",
@@ -93,9 +121,12 @@ __all__ = [
     "prune_onnx_units",
     "prune_transformer",
     "read_model_folder",
+    "read_sentences",
     "read_torch_manifest",
     "register_variant",
     "sniff_format",
+    "student_weights",
+    "teacher_folder",
     "tokenize",
     "variant_tags",
     "write_model_folder",
