@@ -177,7 +177,18 @@ class Engines:
         torch.set_num_threads(THREADS)
         self.cpu = host_cpu()
         built = time.perf_counter()
-        chosen = choose_minilm(workdir / "variants", model_dir=MODEL_DIR, threads=THREADS)
+        # Calibration as a user gives it (--calibration): text like theirs, here the same 300
+        # held-out sentences sentence-transformers' static int8 helper calibrates on.
+        st = SentenceTransformer(str(MODEL_DIR), device="cpu")
+        texts = calibration_sentences(ST_CALIBRATION)
+        held_out = st.tokenizer(texts, padding="max_length", truncation=True,
+                                max_length=TOKENS, return_tensors="np")  # fmt: skip
+        calibration = workdir / "calibration.npz"
+        np.savez(calibration, input_ids=held_out["input_ids"].astype(np.int64),
+                 attention_mask=held_out["attention_mask"].astype(np.int64))  # fmt: skip
+        chosen = choose_minilm(
+            workdir / "variants", model_dir=MODEL_DIR, threads=THREADS, calibration=calibration
+        )
         print_choice(chosen, time.perf_counter() - built)
         assert chosen.chosen is not None
         self.variant = chosen.chosen.winner.name
@@ -185,7 +196,7 @@ class Engines:
         self.backend = open_model(chosen.chosen.folder, BackendOptions(threads=THREADS))
         self.output = self.backend.outputs[0].name
         self.torch = torch
-        self.st = SentenceTransformer(str(MODEL_DIR), device="cpu")
+        self.st = st
         enc = self.st.tokenizer(sentences(count), padding="max_length", truncation=True,
                                 max_length=TOKENS, return_tensors="np")  # fmt: skip
         self.ids = enc["input_ids"].astype(np.int64)

@@ -85,6 +85,7 @@ def test_a_distillation_job_registers_a_student_linked_to_its_teacher(
     code, out = shamal(
         "distill", f"models:/{name}/1", "--layers", "2", "--data", str(data),
         "--epochs", "1", "--batch-size", "8", "--no-time", "--min-cosine", "0",
+        "--min-cosine-mean", "0",
         "--team", TEAM, "--cpus", "1", "--memory", "3GiB", "--wait", "--json",
         # The job runs this checkout's Shamal (a job's environment is clean otherwise).
         "--env", f"PYTHONPATH={Path(shamal_package.__file__).resolve().parents[1]}",

