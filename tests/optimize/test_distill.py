@@ -33,7 +33,7 @@ from shamal.optimize._transformer import load_transformer, probe_sentences, toke
 from shamal.train import REQUEUE_EXIT_CODE, LocalCheckpointStore, PreemptionGuard
 from tests.optimize.conftest import Hostile
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 #: A short run: 64 generated sentences, 4 steps an epoch, 2 epochs, 2 layers.
 SHORT = DistillRequest(

@@ -95,7 +95,7 @@ def test_a_distillation_job_registers_a_student_linked_to_its_teacher(
     assert job["state"] == "succeeded", job
     assert job["command"][3:6] == ["distill", f"models:/{name}/1", "--local"]
 
-    mlflow = MlflowClient(server.url)
+    mlflow = MlflowClient(tracking_uri=server.url, registry_uri=server.url)
     version = mlflow.get_model_version(name, "2")
     tags = version.tags
     assert tags["shamal.source_model_uri"] == f"models:/{name}/1"

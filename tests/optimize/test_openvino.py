@@ -28,6 +28,9 @@ from tests.needs import module
 module("openvino")
 module("nncf")
 
+# Slow files run first (tests/conftest.py): MiniLM's export and quantization take half a minute.
+pytestmark = pytest.mark.slow
+
 AMX = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) 8488C\nflags\t: avx2 fma avx512f "
 AMX += "avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n"
 AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC 7R32\nflags\t: avx2 fma\n"
