@@ -27,9 +27,9 @@ from shamal.optimize._pipeline import _speed_note
 from shamal.optimize._structured import count_parameters
 from tests.optimize.conftest import MLP_TRUSTED
 
-
 # Slow files run first (tests/conftest.py): two of these prune and export MiniLM.
 pytestmark = pytest.mark.slow
+
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
