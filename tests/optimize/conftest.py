@@ -67,6 +67,18 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def wine_folder(tmp_path_factory: pytest.TempPathFactory, wine_mlp: object) -> Path:
+    """The wine MLP saved as an MLflow sklearn model folder (module scope)."""
+    import mlflow.sklearn
+
+    folder = tmp_path_factory.mktemp("wine") / "model"
+    mlflow.sklearn.save_model(
+        wine_mlp, str(folder), skops_trusted_types=MLP_TRUSTED, pip_requirements=[]
+    )
+    return folder
+
+
 @pytest.fixture
 def mlflow_live(live: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
     """The stock mlflow client and the Shamal client pointed at the live server."""

@@ -18,7 +18,6 @@ from shamal.optimize import (
     optimize_model,
     read_model_folder,
 )
-from tests.optimize.conftest import MLP_TRUSTED
 
 SENTENCES = [
     "A man is eating food.",
@@ -26,17 +25,6 @@ SENTENCES = [
     "Quantization keeps most of the accuracy.",
     "Wer reitet so spät durch Nacht und Wind?",
 ]
-
-
-@pytest.fixture(scope="module")
-def wine_folder(tmp_path_factory: pytest.TempPathFactory, wine_mlp: object) -> Path:
-    import mlflow.sklearn
-
-    folder = tmp_path_factory.mktemp("wine") / "model"
-    mlflow.sklearn.save_model(
-        wine_mlp, str(folder), skops_trusted_types=MLP_TRUSTED, pip_requirements=[]
-    )
-    return folder
 
 
 def test_sklearn_export_writes_the_model_folder_format(

@@ -25,7 +25,6 @@ from shamal.optimize import (
 from shamal.optimize._measure import unverified
 from shamal.optimize._pipeline import _speed_note
 from shamal.optimize._structured import count_parameters
-from tests.optimize.conftest import MLP_TRUSTED
 
 # Slow files run first (tests/conftest.py): two of these prune and export MiniLM.
 pytestmark = pytest.mark.slow
@@ -37,17 +36,6 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(t.dims) for t in model.graph.initializer}
-
-
-@pytest.fixture(scope="module")
-def wine_folder(tmp_path_factory: pytest.TempPathFactory, wine_mlp: object) -> Path:
-    import mlflow.sklearn
-
-    folder = tmp_path_factory.mktemp("wine") / "model"
-    mlflow.sklearn.save_model(
-        wine_mlp, str(folder), skops_trusted_types=MLP_TRUSTED, pip_requirements=[]
-    )
-    return folder
 
 
 def test_sklearn_mlp_loses_hidden_units_and_keeps_its_labels(
