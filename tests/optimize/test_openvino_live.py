@@ -59,8 +59,8 @@ def test_the_chosen_set_is_registered_and_served_for_this_cpu(
 
     env = {"SHAMAL_URL": mlflow_live.url, "SHAMAL_TOKEN": mlflow_live.token}
     server = ServerProcess(["--model", f"mlp=models:/{name}/1", "--threads", "1"], env=env)
+    client = triton.InferenceServerClient(server.host_port)
     try:
-        client = triton.InferenceServerClient(server.host_port)
         headers = {"Authorization": f"Bearer {mlflow_live.token}"}
         x = _inputs(4)
         given = triton.InferInput("x", list(x.shape), "FP32")
@@ -72,6 +72,7 @@ def test_the_chosen_set_is_registered_and_served_for_this_cpu(
         cosines /= np.linalg.norm(answer, axis=1) * np.linalg.norm(expected, axis=1)
         assert cosines.min() > 0.97
     finally:
+        client.close()
         assert server.stop() == 0
     said = "".join(server.stderr_lines)
     assert f"serving variant {chosen['variant']}" in said

@@ -2,9 +2,12 @@
 
 Each variant is scored by the geometric mean of its median latencies over the measured batch
 sizes at the most threads measured (a variant fast at batch 1 and slow at batch 32 does not
-win on one number). The set holds the winner for this CPU's kind, a portable build (the
-fastest ONNX Runtime variant that passed: it runs on every CPU), and, with ``merge``, the
-builds another machine chose for other kinds of CPU.
+win on one number). Variants whose scores come within ``RUNOFF_MARGIN`` of the best are
+contenders: the optimizer times them again head to head, in alternating rounds, before
+choosing, so that noise between their separate timings does not decide. The set holds the
+winner for this CPU's kind, a portable build (the fastest ONNX Runtime variant that passed: it
+runs on every CPU), and, with ``merge``, the builds another machine chose for other kinds of
+CPU.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from shamal.modelformat import (
 )
 from shamal.optimize._report import ChosenSet, VariantReport
 
-__all__ = ["OPENVINO_PROVIDER", "assemble_set", "choose_fastest", "score"]
+__all__ = ["OPENVINO_PROVIDER", "assemble_set", "choose_fastest", "contenders", "score"]
 
 OPENVINO_PROVIDER = "OpenVINO CPU"
 PORTABLE = "portable"
+#: Scores within this ratio of the best are too close to call from separate timings.
+RUNOFF_MARGIN = 1.15
 
 
 def score(variant: VariantReport, batches: Sequence[int], threads: int) -> float | None:
@@ -39,6 +44,21 @@ def score(variant: VariantReport, batches: Sequence[int], threads: int) -> float
     if not times or any(t is None or not t.p50_ms > 0 for t in times):
         return None
     return math.exp(sum(math.log(t.p50_ms) for t in times if t is not None) / len(times))
+
+
+def contenders(
+    variants: Sequence[VariantReport], batches: Sequence[int], threads: int
+) -> list[VariantReport]:
+    """The passing variants whose scores are within :data:`RUNOFF_MARGIN` of the best, best
+    first; fewer than two means the choice is clear."""
+    scored = sorted(
+        ((s, v) for v in variants if (s := score(v, batches, threads)) is not None),
+        key=lambda pair: pair[0],
+    )
+    if not scored:
+        return []
+    best = scored[0][0]
+    return [v for s, v in scored if s <= best * RUNOFF_MARGIN]
 
 
 def choose_fastest(

@@ -24,7 +24,15 @@ from shamal.errors import InvalidParameter
 from shamal.optimize._lazy import module
 from shamal.optimize._safety import sniff_format
 
-__all__ = ["Fidelity", "Thresholds", "Timing", "compare", "load_arrays", "measure_latency"]
+__all__ = [
+    "Fidelity",
+    "Thresholds",
+    "Timing",
+    "compare",
+    "load_arrays",
+    "measure_head_to_head",
+    "measure_latency",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -295,3 +303,40 @@ def measure_latency(
             if on_step is not None:
                 on_step()
     return out
+
+
+def measure_head_to_head(
+    paths: Sequence[Path],
+    feeds: Mapping[str, np.ndarray],
+    batches: Sequence[int],
+    threads: int,
+    *,
+    rounds: int = 5,
+    round_s: float = 0.3,
+) -> list[list[Timing]]:
+    """p50 latency of several models (one list of timings per path, in order), timed in
+    alternating rounds: each round runs every model in turn for about ``round_s``, so what
+    drifts on the machine while they are timed (other work, clock speed, heat) falls on all of
+    them alike. For choosing between contenders whose separate timings are too close to call.
+    """
+    sessions = [session(path, threads) for path in paths]
+    found: list[list[Timing]] = [[] for _ in paths]
+    for batch in batches:
+        feed = tile_rows(feeds, batch)
+        runners = [_runner(sess, feed) for sess in sessions]
+        # One warm-up each, whose time sets how many runs fill a round.
+        runs = [max(2, min(200, int(round_s / max(_seconds(run), 1e-6)))) for run in runners]
+        times: list[list[float]] = [[] for _ in runners]
+        for _ in range(rounds):
+            for run, count, into in zip(runners, runs, times, strict=True):
+                into.extend(_seconds(run) for _ in range(count))
+        for timings, spent in zip(found, times, strict=True):
+            ms = statistics.median(spent) * 1000.0
+            timings.append(Timing(batch, threads, ms, batch / (ms / 1000.0)))
+    return found
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start

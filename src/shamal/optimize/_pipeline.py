@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shamal.errors import InvalidParameter
-from shamal.modelformat import CpuInfo, host_cpu
-from shamal.optimize._choose import OPENVINO_PROVIDER, assemble_set
+from shamal.modelformat import IR_FILE, CpuInfo, host_cpu
+from shamal.optimize._choose import OPENVINO_PROVIDER, assemble_set, contenders
+from shamal.optimize._folder import MODEL_FILE
 from shamal.optimize._lazy import module
 from shamal.optimize._measure import (
     Thresholds,
     Timing,
     compare,
     load_arrays,
+    measure_head_to_head,
     measure_latency,
     run_batches,
     session,
@@ -339,6 +341,27 @@ def _build(
     )
 
 
+def _runoff(
+    reports: tuple[VariantReport, ...], source: SourceModel, request: OptimizeRequest
+) -> tuple[VariantReport, ...]:
+    """The reports with the contenders for the choice (scores too close to call) timed again
+    head to head at the most threads; the others as they were."""
+    threads = max(request.threads)
+    close = contenders(reports, request.batches, threads)
+    if len(close) < 2:
+        return reports
+    files = [v.folder / (IR_FILE if (v.folder / IR_FILE).is_file() else MODEL_FILE) for v in close]
+    timed = measure_head_to_head(files, source.eval_set.feeds, request.batches, threads)
+    again: dict[str, VariantReport] = {}
+    for variant, found in zip(close, timed, strict=True):
+        kept = [t for t in variant.timings if t.threads != threads]
+        rivals = ", ".join(v.name for v in close if v is not variant)
+        note = "; ".join(n for n in (variant.note, f"timed again head to head with {rivals}") if n)
+        timings = tuple(sorted([*kept, *found], key=lambda t: (t.threads, t.batch)))
+        again[variant.name] = replace(variant, timings=timings, note=note)
+    return tuple(again.get(v.name, v) for v in reports)
+
+
 def optimize_model(
     location: Path,
     dest: Path,
@@ -380,6 +403,8 @@ def optimize_model(
         logger.info("not built: %s", note)
     chosen = None
     if request.choose:
+        if request.timed:
+            reports = _runoff(reports, source, request)
         chosen = assemble_set(
             dest / CHOSEN, reports, request.batches, max(request.threads), cpu, request.merge
         )

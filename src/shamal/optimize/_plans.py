@@ -78,7 +78,7 @@ def openvino_plan(
     ``calibration`` is given, run at ``precision``."""
 
     def write(folder: Path) -> Path:
-        model = to_openvino(source.graph)
+        model = source.openvino() if source.openvino is not None else to_openvino(source.graph)
         if calibration is not None:
             model = quantize_openvino_int8(
                 model, calibration, transformer=source.kind == "transformer"

@@ -17,6 +17,7 @@ from shamal.errors import InvalidParameter
 from shamal.optimize._folder import MANIFEST, MODEL_FILE, read_model_folder, specs_of
 from shamal.optimize._lazy import module
 from shamal.optimize._measure import load_arrays, run_batches, session
+from shamal.optimize._openvino import encoder_to_openvino
 from shamal.optimize._safety import check_onnx_file, contained, load_onnx
 from shamal.optimize._sandbox import SandboxLimits
 from shamal.optimize._sklearn import (
@@ -80,6 +81,8 @@ class SourceModel:
         structured: builds the fp32 graph with a fraction of its units pruned from the
             original module (transformers: heads and FFN neurons, before export); None = prune
             the exported graph instead.
+        openvino: builds the OpenVINO model from the original module (transformers: attention
+            stays one fused operation); None = convert the ONNX graph.
     """
 
     kind: str
@@ -91,6 +94,7 @@ class SourceModel:
     labels: dict[str, list[str]] = field(default_factory=dict)
     calibration: dict[str, np.ndarray] | None = None
     structured: Callable[[float], tuple[Any, PruneSummary]] | None = None
+    openvino: Callable[[], Any] | None = None
 
 
 def _input_example(folder: Path) -> np.ndarray | None:
@@ -198,6 +202,9 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         smaller, summary = prune_transformer(loaded, fraction, calibration)
         return export_transformer(smaller), summary
 
+    def openvino() -> Any:
+        return encoder_to_openvino(loaded.module, INPUT_NAMES, loaded.output_name)
+
     return SourceModel(
         "transformer",
         export_transformer(loaded),
@@ -206,6 +213,7 @@ def _transformer_source(folder: Path, sequence_length: int, eval_data: Path | No
         evals,
         calibration=calibration,
         structured=structured,
+        openvino=openvino,
     )
 
 
