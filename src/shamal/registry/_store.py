@@ -420,6 +420,7 @@ def insert_version(s: Session, ref: ModelRef, version: ModelVersion) -> None:
             source=version.source,
             storage_location=version.storage_location,
             run_id=version.run_id,
+            run_verified=version.run_verified,
             run_link=version.run_link,
             status=version.status.value,
             status_message=version.status_message,
@@ -642,6 +643,7 @@ def _version(
         source=row.source,
         storage_location=row.storage_location,
         run_id=row.run_id,
+        run_verified=row.run_verified,
         run_link=row.run_link,
         status=VersionStatus(row.status),
         status_message=row.status_message,
@@ -705,8 +707,9 @@ def versions_from(
     visible: Visibility,
     limit: int,
 ) -> list[ModelVersion]:
-    """Versions (of models ``visible`` allows) made from one of ``run_ids`` or of the logged
-    models ``model_ids``, newest first, at most ``limit``."""
+    """Versions (of models ``visible`` allows) made from one of ``run_ids`` (links checked
+    when the version was made: an unverified ``run_id`` is a claim, not lineage) or of the
+    logged models ``model_ids``, newest first, at most ``limit``."""
     if not run_ids and not model_ids:
         return []
     query = (
@@ -714,7 +717,7 @@ def versions_from(
         .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
         .where(
             or_(
-                ModelVersionRow.run_id.in_(list(run_ids)),
+                and_(ModelVersionRow.run_id.in_(list(run_ids)), ModelVersionRow.run_verified),
                 ModelVersionRow.logged_model_id.in_(list(model_ids)),
             ),
             _visible(visible),
