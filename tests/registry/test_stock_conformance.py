@@ -139,6 +139,20 @@ def test_another_teams_run_is_taken_as_an_unknown_one(mlflow_env: LiveServer) ->
     ]
     hidden, unknown = answers
     assert hidden["run_id"] == run
+    # Reading the run itself, the outsider gets an unknown run's answer, word for word.
+    for claimed in (run, uuid.uuid4().hex):
+        read = httpx.get(
+            f"{mlflow_env.url}/api/2.0/mlflow/runs/get",
+            params={"run_id": claimed},
+            headers=_headers(outsider),
+        )
+        assert (read.status_code, read.json()) == (
+            404,
+            {
+                "error_code": "RESOURCE_DOES_NOT_EXIST",
+                "message": f"Run with id={claimed} not found",
+            },
+        )
     # The two answers differ only where the requests did (the ids) and in their number/time.
     same = ("run_id", "source", "version", "creation_timestamp", "last_updated_timestamp")
     assert {k: v for k, v in hidden.items() if k not in same} == {
@@ -335,3 +349,50 @@ def test_sampled_history_refusals_use_stock_words(
     assert answer.status_code == 400
     assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE"
     assert answer.json()["message"].startswith(message)
+
+
+# ---------------------------------------------------------------------- error wording
+def test_refusals_use_a_stock_servers_words(mlflow_env: LiveServer) -> None:
+    """MLflow's clients and tests match on these messages, not only on the error codes."""
+    client = _client(mlflow_env)
+    name, experiment = _name("worded"), _name("worded")
+    client.create_registered_model(name)
+    client.create_experiment(experiment)
+    missing_run = uuid.uuid4().hex
+    expected: dict[str, tuple[Any, str, str]] = {
+        "missing model": (
+            lambda: client.get_registered_model(name + "-x"),
+            "RESOURCE_DOES_NOT_EXIST",
+            f"Registered Model with name={name}-x not found",
+        ),
+        "missing version": (
+            lambda: client.get_model_version(name, "7"),
+            "RESOURCE_DOES_NOT_EXIST",
+            f"Model Version (name={name}, version=7) not found",
+        ),
+        "missing alias": (
+            lambda: client.get_model_version_by_alias(name, "gone"),
+            "RESOURCE_DOES_NOT_EXIST",
+            "Registered model alias gone not found.",
+        ),
+        "model taken": (
+            lambda: client.create_registered_model(name),
+            "RESOURCE_ALREADY_EXISTS",
+            f"Registered Model (name={name}) already exists.",
+        ),
+        "experiment taken": (
+            lambda: client.create_experiment(experiment),
+            "RESOURCE_ALREADY_EXISTS",
+            f"Experiment(name={experiment}) already exists.",
+        ),
+        "missing run": (
+            lambda: client.get_run(missing_run),
+            "RESOURCE_DOES_NOT_EXIST",
+            f"Run with id={missing_run} not found",
+        ),
+    }
+    for why, (call, code, words) in expected.items():
+        with pytest.raises(MlflowException) as refused:
+            call()
+        assert refused.value.error_code == code, why
+        assert words in str(refused.value), why

@@ -235,7 +235,12 @@ class RegistryService:
         ref = _store.find_model(s, name, lock=lock)
         if ref.orphaned and not principal.user.is_admin:
             raise _store.model_not_found(name)
-        principal.require_owner_role(ref.team_id, needed, f"registered model {name!r}")
+        principal.require_owner_role(
+            ref.team_id,
+            needed,
+            f"registered model {name!r}",
+            missing=_store.model_not_found(name).message,
+        )
         return ref
 
     @staticmethod

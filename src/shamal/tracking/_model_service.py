@@ -52,7 +52,12 @@ class LoggedModelService:
     def get(self, principal: Principal, model_id: str, needed: Role = Role.VIEWER) -> LoggedModel:
         with self._db.unit_of_work(write=False) as s:
             model, team_id = _store.logged_model_row(s, model_id)
-        principal.require_owner_role(team_id, needed, f"Logged model '{model_id}'")
+        principal.require_owner_role(
+            team_id,
+            needed,
+            f"Logged model '{model_id}'",
+            missing=f"Logged model with ID '{model_id[:80]}' not found.",
+        )
         return model
 
     def create(self, ctx: AuditContext, experiment_id: str, spec: LoggedModelSpec) -> LoggedModel:

@@ -230,13 +230,20 @@ class TrackingService:
     ) -> Experiment:
         with self._db.unit_of_work(write=False) as s:
             exp = _store.get_experiment(s, experiment_id)
-        principal.require_owner_role(exp.team_id, needed, f"Experiment {experiment_id}")
+        principal.require_owner_role(
+            exp.team_id,
+            needed,
+            f"Experiment {experiment_id}",
+            missing=f"No Experiment with id={experiment_id} exists",
+        )
         return exp
 
     def run_info(self, principal: Principal, run_id: str, needed: Role = Role.VIEWER) -> RunInfo:
         with self._db.unit_of_work(write=False) as s:
             info, team_id = _store.run_row(s, run_id)
-        principal.require_owner_role(team_id, needed, f"Run '{run_id}'")
+        principal.require_owner_role(
+            team_id, needed, f"Run '{run_id}'", missing=f"Run with id={run_id} not found"
+        )
         return info
 
     def searched_experiment_ids(
@@ -306,7 +313,12 @@ class TrackingService:
     def experiment_by_name(self, principal: Principal, name: str) -> Experiment:
         with self._db.unit_of_work(write=False) as s:
             exp = _store.get_experiment_by_name(s, name)
-        principal.require_owner_role(exp.team_id, Role.VIEWER, f"experiment '{name}'")
+        principal.require_owner_role(
+            exp.team_id,
+            Role.VIEWER,
+            f"experiment '{name}'",
+            missing=f"Could not find experiment with name '{name}'",
+        )
         return exp
 
     def search_experiments(
@@ -476,7 +488,9 @@ class TrackingService:
 
         def work(s: Session) -> None:
             stage, team_id = _store.run_access(s, run_id)
-            principal.require_owner_role(team_id, Role.MEMBER, f"Run '{run_id}'")
+            principal.require_owner_role(
+                team_id, Role.MEMBER, f"Run '{run_id}'", missing=f"Run with id={run_id} not found"
+            )
             if stage != "active":
                 raise InvalidParameter(
                     f"The run {run_id} must be in the 'active' state. Current state is {stage}."

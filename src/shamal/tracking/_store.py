@@ -41,7 +41,7 @@ from shamal.db.models import (
     RunRow,
     RunTagRow,
 )
-from shamal.errors import InvalidParameter, NotFound
+from shamal.errors import AlreadyExists, InvalidParameter, NotFound
 from shamal.tracking._entities import (
     Dataset,
     DatasetInput,
@@ -134,6 +134,9 @@ def _experiment_tags(s: Session, ids: Sequence[int]) -> dict[int, dict[str, str]
 def insert_experiment(
     s: Session, name: str, tags: Mapping[str, str], team_id: str | None, now: int
 ) -> Experiment:
+    if s.scalar(select(ExperimentRow.experiment_id).where(ExperimentRow.name == name)) is not None:
+        # A stock server's words (a concurrent create still loses on the unique constraint).
+        raise AlreadyExists(f"Experiment(name={name}) already exists.")
     row = ExperimentRow(
         name=name,
         artifact_location="",
