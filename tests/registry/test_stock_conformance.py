@@ -190,6 +190,14 @@ def test_a_logged_model_may_name_a_source_run_the_server_does_not_know(
     claimed = uuid.uuid4().hex
     model = client.create_logged_model(experiment, name="m", source_run_id=claimed)
     assert client.get_logged_model(model.model_id).source_run_id == claimed
+    # Its lineage upstream stops at the model: the claimed run is no edge of the graph.
+    graph = httpx.get(
+        f"{mlflow_env.url}/api/v1/lineage",
+        params={"uri": f"models:/{model.model_id}", "direction": "up"},
+        headers=_headers(mlflow_env.token),
+    )
+    assert graph.status_code == 200, graph.text
+    assert graph.json()["edges"] == []
     # A version registered from it does not inherit the unverified run as its lineage.
     name = _name("from-logged")
     client.create_registered_model(name)

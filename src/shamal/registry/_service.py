@@ -70,7 +70,8 @@ class ModelSources(Protocol):
     def resolve_model_source(self, principal: Principal, source: str) -> str: ...
 
     def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
-        """The run that produced a logged model (None if it names none).
+        """The run that produced a logged model (None if it names none, or names a run
+        its creator could not read: such a link is unverified and no lineage).
 
         Raises:
             NotFound: no such logged model, or not visible to the principal.
@@ -515,9 +516,15 @@ class RegistryService:
         refuses. A prompt version (tagged ``mlflow.prompt.is_prompt`` = ``true``) has
         no files: its source must be one of MLflow's placeholders (``prompt-template``).
 
+        As on a stock server, ``run_id`` (and a ``runs:/<run_id>/...`` source) may name a
+        run the caller cannot read, or that does not exist: the version keeps the id as
+        given, with ``run_verified`` False and no files behind such a source, and lineage
+        does not follow it. Another team's run is taken exactly as an unknown one.
+
         Raises:
             InvalidParameter: a refused source, or malformed input.
-            NotFound: no such model, or a source naming a run or model that is not visible.
+            NotFound: no such model, or a ``models:/`` source naming a logged model or
+                version that is not visible.
         """
         principal = ctx.require_principal()
         if not source:
