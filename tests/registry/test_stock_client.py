@@ -444,7 +444,7 @@ def test_alias_names_are_checked_on_lookup_and_delete_as_on_stock(
             assert _code(refused) == "INVALID_PARAMETER_VALUE", (model, bad)
     with pytest.raises(MlflowException) as explained:
         client.get_model_version_by_alias(name, "Bad Alias!")
-    assert "letters, digits, underscores (_) and dashes (-)" in str(explained.value)
+    assert "may only contain alphanumerics, underscores (_), and dashes (-)" in str(explained.value)
     wide = "é" * 255
     client.set_registered_model_alias(name, wide, "1")
     assert client.get_model_version_by_alias(name, wide).aliases == [wide]

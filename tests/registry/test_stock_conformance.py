@@ -404,3 +404,53 @@ def test_refusals_use_a_stock_servers_words(mlflow_env: LiveServer) -> None:
             call()
         assert refused.value.error_code == code, why
         assert words in str(refused.value), why
+
+
+def test_invalid_parameters_use_a_stock_servers_words(mlflow_env: LiveServer) -> None:
+    client = _client(mlflow_env)
+    name = _name("invalid")
+    client.create_registered_model(name)
+    client.create_model_version(name, "runs:/run_id/model", "run_id_1")
+    base = f"{mlflow_env.url}/api/2.0/mlflow"
+    headers = _headers(mlflow_env.token)
+    calls = {
+        "bad stage": (
+            "POST",
+            "model-versions/transition-stage",
+            {"name": name, "version": "1", "stage": "bogus", "archive_existing_versions": False},
+            "Invalid Model Version stage: bogus. Value must be one of None, Staging, "
+            "Production, Archived.",
+        ),
+        "bad version": (
+            "GET",
+            "model-versions/get",
+            {"name": name, "version": "x"},
+            "Parameter 'version' must be an integer, got 'x'.",
+        ),
+        "version alias": (
+            "POST",
+            "registered-models/alias",
+            {"name": name, "alias": "v3", "version": "1"},
+            "Version alias name 'v3' is reserved.",
+        ),
+        "bad alias": (
+            "POST",
+            "registered-models/alias",
+            {"name": name, "alias": "a b", "version": "1"},
+            "Invalid alias name: 'a b'. Names may only contain alphanumerics, underscores (_), "
+            "and dashes (-).",
+        ),
+        "bad name": (
+            "POST",
+            "registered-models/create",
+            {"name": "a/b"},
+            "Invalid model name 'a/b'. Names cannot contain '/' or ':'.",
+        ),
+    }
+    for why, (method, path, body, words) in calls.items():
+        sent = {"params": body} if method == "GET" else {"json": body}
+        answer = httpx.request(method, f"{base}/{path}", headers=headers, **sent)
+        assert (answer.status_code, answer.json()) == (
+            400,
+            {"error_code": "INVALID_PARAMETER_VALUE", "message": words},
+        ), why
