@@ -347,7 +347,7 @@ def test_team_models_viewers_read_members_write_maintainers_delete(
     with pytest.raises(PermissionDenied):
         registry.delete_registered_model(people.ctx("mo"), "red-m")
     for outsider in ("otto", "bo"):
-        with pytest.raises(NotFound, match="does not exist"):
+        with pytest.raises(NotFound, match="^Registered Model with name=red-m not found$"):
             registry.get_registered_model(people.principals[outsider], "red-m")
         with pytest.raises(NotFound):
             registry.create_model_version(people.ctx(outsider), "red-m", SRC)

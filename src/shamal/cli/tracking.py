@@ -558,7 +558,9 @@ def _version_facts(name: str, found: dict[str, Any]) -> dict[str, str]:
     lineage = found["lineage"]
     signature = found["signature"] or {}
     run = lineage["run_id"] or "-"
-    if lineage["run_id"] and not lineage["run_visible"]:
+    if lineage["run_id"] and not lineage.get("run_verified", True):
+        run += " (unverified: not a run its creator could read)"
+    elif lineage["run_id"] and not lineage["run_visible"]:
         run += " (deleted, or not visible to you)"
     return {
         "version": f"{escape(name)} v{found['version']}",

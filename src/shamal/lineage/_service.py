@@ -280,6 +280,7 @@ class LineageService:
             max_results=MAX_FANOUT + 1,
             page_token=None,
         ).items
+        made = [m for m in made if m.source_run_verified]  # a claimed run is no lineage
         for model in made:
             node = _logged_node(model)
             yield node, Edge(source, node.id, "logged")
@@ -311,7 +312,7 @@ class LineageService:
     # ------------------------------------------------------------------ models
     def _logged_up(self, walk: _Walk, ref: NodeRef) -> Iterator[Step]:
         model = self._tracking.models.get(walk.principal, ref.name)
-        if model.source_run_id:
+        if model.source_run_id and model.source_run_verified:
             run = self._named(walk, NodeRef(NodeKind.RUN, model.source_run_id))
             yield run, Edge(run.id, f"models:/{ref.name}", "logged")
 
@@ -328,7 +329,7 @@ class LineageService:
         target = f"models:/{found.name}/{found.version}"
         if found.model_id is not None:
             node = self._named(walk, NodeRef(NodeKind.LOGGED_MODEL, found.model_id))
-        elif found.run_id is not None:
+        elif found.run_id is not None and found.run_verified:
             node = self._named(walk, NodeRef(NodeKind.RUN, found.run_id))
         else:
             return

@@ -10,7 +10,7 @@ One home for everything MLflow-shaped, so the domains keep only their rules:
 
 from __future__ import annotations
 
-from shamal.mlflow._fields import MLFLOW_PREFIXES, is_mlflow_path, mlflow_status
+from shamal.mlflow._fields import MLFLOW_PREFIXES, MLFLOW_VERSION, is_mlflow_path, mlflow_status
 from shamal.mlflow.registry_api import PREFIXES as REGISTRY_PREFIXES
 from shamal.mlflow.registry_api import router as registry_router
 from shamal.mlflow.tracking_api import router as tracking_router
@@ -18,6 +18,7 @@ from shamal.mlflow.webhooks_api import router as webhooks_router
 
 __all__ = [
     "MLFLOW_PREFIXES",
+    "MLFLOW_VERSION",
     "REGISTRY_PREFIXES",
     "is_mlflow_path",
     "mlflow_status",

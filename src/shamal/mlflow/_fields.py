@@ -37,6 +37,11 @@ __all__ = [
     "read_fields",
 ]
 
+#: The MLflow version Shamal speaks: the pinned client's major.minor (``mlflow-skinny`` in
+#: pyproject.toml; a test holds the two together). ``GET /version`` answers it, as a stock
+#: server answers its own: MLflow 3 clients probe it before features such as ``log_spans``.
+MLFLOW_VERSION = "3.17"
+
 #: Path prefixes served in the MLflow dialect (their errors use MLflow's status mapping).
 MLFLOW_PREFIXES = (
     "/api/2.0/mlflow",

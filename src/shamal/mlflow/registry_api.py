@@ -31,12 +31,13 @@ from shamal.registry import (
     VERSIONS_PAGE_MAX,
     RegistryService,
     check_max_results,
+    is_prompt,
     parse_stage,
     parse_version,
 )
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, read_only_post
-from shamal.tracking import resume_token
+from shamal.tracking import TrackingService, resume_token
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,9 @@ def get_model_version_by_alias(
 
 # ---------------------------------------------------------------------- model versions
 @_route("/model-versions/create", "POST")
-def create_model_version(svc: Registry, ctx: CreateVersion, fields: Body) -> JSONResponse:
+def create_model_version(
+    svc: Registry, ctx: CreateVersion, fields: Body, request: Request
+) -> JSONResponse:
     version = svc.create_model_version(
         ctx,
         fields.required("name"),
@@ -295,6 +298,12 @@ def create_model_version(svc: Registry, ctx: CreateVersion, fields: Body) -> JSO
         description=fields.text("description"),
         model_id=fields.text("model_id", max_len=256),
     )
+    if version.model_id is not None and not is_prompt(version.tags):
+        # As a stock server: the logged model lists the versions registered from it.
+        tracking: TrackingService = request.app.state.tracking
+        tracking.models.record_model_version(
+            ctx.require_principal(), version.model_id, version.name, version.version
+        )
     return proto_json({"model_version": model_version_json(version)})
 
 

@@ -29,6 +29,7 @@ from shamal.security.api import CurrentPrincipal, audited, data_plane_write, rea
 from shamal.tracking import (
     DEFAULT_LOGGED_MODEL_RESULTS,
     MAX_LOGGED_MODEL_RESULTS,
+    MAX_SAMPLED_POINTS,
     MAX_SEARCH,
     LoggedData,
     LoggedModelSpec,
@@ -329,13 +330,12 @@ def get_metric_history(f: F, svc: Tracking, p: CurrentPrincipal) -> Response:
 
 @mlflow.get("/metrics/get-history-bulk-interval", dependencies=SEARCH_SLOT)
 def get_metric_history_bulk(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSONResponse:
-    metrics = svc.metric_history_bulk(
+    metrics = svc.metric_history_sampled(
         p,
         [str(r) for r in f.many("run_ids")],
         f.required("metric_key"),
-        f.integer("start_step"),
-        f.integer("end_step"),
-        f.integer("max_results") or 25_000,
+        (f.integer("start_step"), f.integer("end_step")),
+        f.integer("max_results", default=MAX_SAMPLED_POINTS) or 0,
     )
     return proto_json({"metrics": [_proto.metric_json(m) for m in metrics]})
 
@@ -359,7 +359,7 @@ def create_logged_model(
     f: F, svc: Tracking, ctx: Annotated[AuditContext, Depends(audited("logged_model.create"))]
 ) -> ProtoJSONResponse:
     spec = LoggedModelSpec(
-        name=f.text("name") or "model",
+        name=f.text("name") or "",
         model_type=f.text("model_type"),
         source_run_id=f.text("source_run_id"),
         params=dict(_proto.pairs_of(f.objects("params"), "param")),

@@ -21,7 +21,7 @@ from shamal.registry._entities import (
     Stage,
     VersionStatus,
 )
-from shamal.registry._rules import parse_stage, parse_version
+from shamal.registry._rules import is_prompt, parse_stage, parse_version
 from shamal.registry._service import (
     MODELS_PAGE_DEFAULT,
     MODELS_PAGE_MAX,
@@ -47,6 +47,7 @@ __all__ = [
     "Stage",
     "VersionStatus",
     "check_max_results",
+    "is_prompt",
     "parse_stage",
     "parse_version",
 ]

@@ -50,6 +50,9 @@ class ModelVersion:
     ``source`` is what the caller registered; ``storage_location`` is where the
     files are, as the source resolver found it (what download URIs answer).
     ``model_id`` is the logged model the version was promoted from, if any.
+    ``run_verified`` is False when ``run_id`` named a run its creator could not read (or that
+    did not exist, or that does not hold the version's files): the id is kept as given, as a
+    stock MLflow server keeps it, but lineage does not follow it.
     ``formats`` (MLflow flavours) and ``signature`` (input, output and parameter schemas)
     are what its ``MLmodel`` declared when it was registered.
     """
@@ -72,6 +75,7 @@ class ModelVersion:
     aliases: tuple[str, ...] = ()
     formats: tuple[str, ...] = ()
     signature: Mapping[str, Any] | None = None
+    run_verified: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ def check_model_name(name: str, field: str = "name") -> str:
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidParameter(f"'{field}' is longer than {MAX_NAME_LENGTH} characters.")
     if "/" in name or ":" in name:
-        raise InvalidParameter(f"Invalid '{field}': registered model names cannot contain / or :.")
+        raise InvalidParameter(f"Invalid model name '{name}'. Names cannot contain '/' or ':'.")
     if not _printable(name):
         raise InvalidParameter(f"Invalid '{field}': it contains control or invisible characters.")
     normal = posixpath.normpath(name)
@@ -87,20 +87,20 @@ def parse_version(value: Any) -> int:
         NotFound: an integer no version can have (0, negative, past the column's range):
             a stock server looks it up and finds nothing.
     """
-    if isinstance(value, bool):
-        raise InvalidParameter("Parameter 'version' must be an integer.")
-    if isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, str):
-        text = value.strip()
-    else:
-        raise InvalidParameter("Parameter 'version' must be an integer.")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidParameter(_not_an_integer("version", value))
+    text = str(value) if isinstance(value, int) else value.strip()
     if not _VERSION_RE.fullmatch(text):
-        raise InvalidParameter("Parameter 'version' must be an integer.")
+        raise InvalidParameter(_not_an_integer("version", value))
     number = int(text)
     if not 1 <= number <= MAX_VERSION:
         raise NotFound(f"Model version {number} does not exist.")
     return number
+
+
+def _not_an_integer(field: str, value: Any) -> str:
+    """A stock server's words for a field that is not an integer (the value cut short)."""
+    return f"Parameter '{field}' must be an integer, got '{str(value)[:64]}'."
 
 
 def parse_stage(value: str) -> Stage:
@@ -108,7 +108,10 @@ def parse_stage(value: str) -> Stage:
     stage = _STAGES.get(value.strip().lower()) if isinstance(value, str) else None
     if stage is None:
         allowed = ", ".join(s.value for s in Stage)
-        raise InvalidParameter(f"Invalid model version stage; use one of {allowed}.")
+        shown = str(value)[:64]
+        raise InvalidParameter(
+            f"Invalid Model Version stage: {shown}. Value must be one of {allowed}."
+        )
     return stage
 
 
@@ -121,8 +124,8 @@ def check_alias_name(alias: str) -> str:
         raise InvalidParameter(f"Alias names are at most {MAX_ALIAS_LENGTH} characters long.")
     if not _ALIAS_RE.fullmatch(alias):
         raise InvalidParameter(
-            f"Invalid alias name {alias!r}: use only letters, digits, underscores (_) "
-            "and dashes (-)."
+            f"Invalid alias name: '{alias}'. Names may only contain alphanumerics, "
+            "underscores (_), and dashes (-)."
         )
     return alias
 
@@ -137,7 +140,7 @@ def check_alias(alias: str) -> str:
     if alias.lower() == LATEST_ALIAS:
         raise InvalidParameter("'latest' alias name (case insensitive) is reserved.")
     if _VERSION_ALIAS_RE.fullmatch(alias):
-        raise InvalidParameter("Alias names of the form v<number> are reserved for versions.")
+        raise InvalidParameter(f"Version alias name '{alias}' is reserved.")
     return alias
 
 

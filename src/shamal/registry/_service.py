@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from shamal.artifacts import safe_relpath
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
 from shamal.errors import InvalidParameter, NotFound
@@ -69,7 +70,8 @@ class ModelSources(Protocol):
     def resolve_model_source(self, principal: Principal, source: str) -> str: ...
 
     def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
-        """The run that produced a logged model (None if it names none).
+        """The run that produced a logged model (None if it names none, or names a run
+        its creator could not read: such a link is unverified and no lineage).
 
         Raises:
             NotFound: no such logged model, or not visible to the principal.
@@ -116,7 +118,9 @@ class DatasetUse:
 class VersionLineage:
     """Where a version came from: its logged model, the run that made it and what that run
     read. ``run_visible`` is False when the version names a run the caller cannot see (or
-    that was deleted): the chain stops there, saying so rather than leaking anything."""
+    that was deleted): the chain stops there, saying so rather than leaking anything.
+    ``run_verified`` is False when the run was only claimed (see
+    :attr:`ModelVersion.run_verified`): the chain stops there too, whoever asks."""
 
     version: ModelVersion
     run_id: str | None
@@ -124,6 +128,7 @@ class VersionLineage:
     experiment_id: str | None
     run_visible: bool
     datasets: tuple[DatasetUse, ...]
+    run_verified: bool = True
 
 
 _ARTIFACTS = "mlflow-artifacts:/"
@@ -231,7 +236,12 @@ class RegistryService:
         ref = _store.find_model(s, name, lock=lock)
         if ref.orphaned and not principal.user.is_admin:
             raise _store.model_not_found(name)
-        principal.require_owner_role(ref.team_id, needed, f"registered model {name!r}")
+        principal.require_owner_role(
+            ref.team_id,
+            needed,
+            f"registered model {name!r}",
+            missing=_store.model_not_found(name).message,
+        )
         return ref
 
     @staticmethod
@@ -506,9 +516,15 @@ class RegistryService:
         refuses. A prompt version (tagged ``mlflow.prompt.is_prompt`` = ``true``) has
         no files: its source must be one of MLflow's placeholders (``prompt-template``).
 
+        As on a stock server, ``run_id`` (and a ``runs:/<run_id>/...`` source) may name a
+        run the caller cannot read, or that does not exist: the version keeps the id as
+        given, with ``run_verified`` False and no files behind such a source, and lineage
+        does not follow it. Another team's run is taken exactly as an unknown one.
+
         Raises:
             InvalidParameter: a refused source, or malformed input.
-            NotFound: no such model, or a source naming a run or model that is not visible.
+            NotFound: no such model, or a ``models:/`` source naming a logged model or
+                version that is not visible.
         """
         principal = ctx.require_principal()
         if not source:
@@ -548,61 +564,97 @@ class RegistryService:
         A prompt version has no files: its template is in its tags, its source one of
         MLflow's placeholders. A ``models:/<name>/...`` source copies another version: its
         files, formats and lineage. Any other source goes to the source resolver; the run
-        (or logged model) the draft names must then hold what it resolves to.
+        (or logged model) the draft names must then hold what it resolves to, or be one the
+        caller cannot read (then the link is kept unverified, see :meth:`_check_lineage`).
         """
         source = draft.source
         reference = _registry_reference(source)
         if _rules.is_prompt(draft.tags):
             return draft, _rules.check_prompt_source(source)
         if reference is not None:  # a copy of another version (`copy_model_version`)
-            origin = self._referenced_version(principal, *reference)
-            if _rules.is_prompt(self.get_registered_model(principal, origin.name).tags):
-                raise InvalidParameter("A prompt version cannot be the source of a model version.")
-            for field, claimed, actual in (
-                ("run_id", draft.run_id, origin.run_id),
-                ("model_id", draft.model_id, origin.model_id),
-            ):
-                if claimed is not None and claimed != actual:
-                    raise InvalidParameter(
-                        f"Invalid model version source: the {field} request parameter must "
-                        "match the version it copies."
-                    )
-            copied = replace(
-                draft,
-                run_id=origin.run_id,
-                model_id=origin.model_id,
-                formats=origin.formats,
-                signature=origin.signature,
-            )
-            return copied, origin.storage_location or origin.source
-        location = self._sources.resolve_model_source(principal, source)
-        self._check_lineage(principal, draft, location)
-        card = self._card(principal, location)
-        return replace(draft, formats=card.formats, signature=card.signature), location
+            return self._copied(principal, draft, reference)
+        location = self._resolve_source(principal, source)
+        verified = self._check_lineage(principal, draft, location)
+        card = self._card(principal, location) if location else ModelCard()
+        located = replace(
+            draft, formats=card.formats, signature=card.signature, run_verified=verified
+        )
+        return located, location
 
-    def _check_lineage(self, principal: Principal, draft: ModelVersion, location: str) -> None:
-        """A version that names a logged model (or else a run) must have its files inside
-        that model's (run's) artifacts, as a stock server requires: no version can claim to
-        come from a run that did not make it. A version that names neither claims nothing."""
+    def _copied(
+        self,
+        principal: Principal,
+        draft: ModelVersion,
+        reference: tuple[str, str | None, str | None],
+    ) -> tuple[ModelVersion, str]:
+        """A version that copies the one ``models:/<name>/...`` names: its files, formats
+        and lineage (checked or not, as the original's)."""
+        origin = self._referenced_version(principal, *reference)
+        if _rules.is_prompt(self.get_registered_model(principal, origin.name).tags):
+            raise InvalidParameter("A prompt version cannot be the source of a model version.")
+        for claimed, actual in (
+            (draft.run_id, origin.run_id),
+            (draft.model_id, origin.model_id),
+        ):
+            if claimed is not None and claimed != actual:
+                raise InvalidParameter(
+                    f"Invalid model version source: '{draft.source}'. The run_id and model_id "
+                    "request parameters must match the referenced model version."
+                )
+        copied = replace(
+            draft,
+            run_id=origin.run_id,
+            run_verified=origin.run_verified,
+            model_id=origin.model_id,
+            formats=origin.formats,
+            signature=origin.signature,
+        )
+        return copied, origin.storage_location or origin.source
+
+    def _resolve_source(self, principal: Principal, source: str) -> str:
+        """Where the source's files are; ``""`` for ``runs:/<run_id>/<path>`` naming a run
+        the caller cannot read (or that does not exist): a stock server takes such a source
+        as given, and so does Shamal, reading no file of it and never handing out a
+        location for it (its download URI is the source itself, which the run's own access
+        rules then guard)."""
+        try:
+            return self._sources.resolve_model_source(principal, source)
+        except NotFound:
+            if not source.startswith("runs:/"):
+                raise
+        run_id, _, path = source.removeprefix("runs:/").partition("/")
+        _rules.check_reference_id(run_id, "source", _RUN_ID_LENGTH)
+        if path.strip("/"):
+            safe_relpath(path)
+        return ""
+
+    def _check_lineage(self, principal: Principal, draft: ModelVersion, location: str) -> bool:
+        """Whether the run the draft names is its checked origin.
+
+        A version that names a logged model must have its files inside that model's
+        artifacts, and one that names a run the caller can read inside that run's, as a
+        stock server requires: no version can claim to come from a run that did not make
+        it. A ``run_id`` the caller cannot read (unknown, another team's, or none to check it
+        against) is taken as a stock server takes it, as a claim: False, and lineage does
+        not follow it. Another team's run answers exactly as an unknown one does.
+
+        Raises:
+            InvalidParameter: the files are not inside the named logged model's artifacts, or
+                not inside the artifacts of a run the caller can read.
+        """
         if draft.model_id is not None:
-            field, root = "model_id", self._artifact_root(principal, model_id=draft.model_id)
-        elif draft.run_id is not None and self._runs is not None:
-            field, root = "run_id", self._artifact_root(principal, run_id=draft.run_id)
-        else:
-            return
-        if root is None or (location != root and not location.startswith(root + "/")):
-            raise InvalidParameter(
-                f"Invalid model version source: the {field} request parameter must identify "
-                "the resource that holds the source."
-            )
-        if draft.model_id is not None and draft.run_id is not None:
+            root = self._artifact_root(principal, model_id=draft.model_id)
+            _require_inside(location, root, "model_id", draft.source)
             # Named with its logged model, a version's run is the one that made that model.
             made_by = self._sources.logged_model_run(principal, draft.model_id)
-            if draft.run_id != made_by:
-                raise InvalidParameter(
-                    "Invalid model version source: the run_id request parameter must be the "
-                    "run that produced the logged model named by model_id."
-                )
+            return draft.run_id is None or draft.run_id == made_by
+        if draft.run_id is None:
+            return True
+        root = self._artifact_root(principal, run_id=draft.run_id)
+        if root is None:
+            return False
+        _require_inside(location, root, "run_id", draft.source)
+        return True
 
     def _artifact_root(
         self, principal: Principal, *, model_id: str | None = None, run_id: str | None = None
@@ -659,6 +711,8 @@ class RegistryService:
     def version_lineage(self, principal: Principal, name: str, version: int) -> VersionLineage:
         """The version (viewer), the run that produced it and the datasets that run read."""
         found = self.get_model_version(principal, name, version)
+        if not found.run_verified:
+            return VersionLineage(found, found.run_id, None, None, False, (), run_verified=False)
         if found.run_id is None or self._runs is None:
             return VersionLineage(found, found.run_id, None, None, False, ())
         try:
@@ -863,6 +917,15 @@ class RegistryService:
                 s, filters, order, _visibility(principal), offset, limit, prompts=prompts
             )
         return Page(tuple(versions), _next_token(offset, limit, more))
+
+
+def _require_inside(location: str, root: str | None, field: str, source: str) -> None:
+    """Refuse a version whose files are not inside ``root`` (what ``field`` names)."""
+    if not location or root is None or (location != root and not location.startswith(root + "/")):
+        raise InvalidParameter(
+            f"Invalid model version source: '{source}'. The {field} request parameter must "
+            "identify the resource that contains the source."
+        )
 
 
 def _refuse_team_tag(key: str) -> None:

@@ -68,12 +68,36 @@ Visibility = frozenset[str] | None
 
 
 def model_not_found(name: str) -> NotFound:
-    """The one message for a missing model and for another team's model (existence hidden)."""
-    return NotFound(f"registered model {name!r} does not exist")
+    """The one message for a missing model and for another team's model (existence hidden),
+    in a stock server's words (MLflow's clients and tests match on them)."""
+    return NotFound(f"Registered Model with name={name} not found")
 
 
 def version_not_found(name: str, version: int) -> NotFound:
-    return NotFound(f"version {version} of registered model {name!r} does not exist")
+    return NotFound(f"Model Version (name={name}, version={version}) not found")
+
+
+def _name_taken(s: Session, name: str, prompt: bool) -> AlreadyExists | None:
+    """The refusal of a new model (or prompt, or new name) ``name`` when a model has it, in
+    a stock server's words: they tell a prompt from a model."""
+    taken = s.scalar(select(RegisteredModelRow.id).where(RegisteredModelRow.name == name))
+    if taken is None:
+        return None
+    flag = s.scalar(
+        select(RegisteredModelTagRow.value).where(
+            RegisteredModelTagRow.model_id == taken, RegisteredModelTagRow.key == PROMPT_TAG
+        )
+    )
+    old = "prompt" if (flag or "").lower() == "true" else "registered model"
+    new = "prompt" if prompt else "registered model"
+    if old != new:
+        return AlreadyExists(
+            f"Tried to create a {new} with name {name!r}, but the name is already taken by a "
+            f"{old}. A model and a prompt cannot have the same name."
+        )
+    return AlreadyExists(
+        f"{'Prompt' if prompt else 'Registered Model'} (name={name}) already exists."
+    )
 
 
 def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
@@ -190,8 +214,9 @@ def insert_model(
     Raises:
         AlreadyExists: the name is taken (a concurrent create loses on the unique constraint).
     """
-    if s.scalar(select(RegisteredModelRow.id).where(RegisteredModelRow.name == name)):
-        raise AlreadyExists(f"registered model {name!r} already exists")
+    taken = _name_taken(s, name, tags.get(PROMPT_TAG, "").lower() == "true")
+    if taken is not None:
+        raise taken
     model_id = uuid.uuid4().hex
     s.add(
         RegisteredModelRow(
@@ -226,7 +251,7 @@ def rename_model(s: Session, ref: ModelRef, new_name: str, now: int) -> ModelRef
     if new_name != ref.name and s.scalar(
         select(RegisteredModelRow.id).where(RegisteredModelRow.name == new_name)
     ):
-        raise AlreadyExists(f"registered model {new_name!r} already exists")
+        raise AlreadyExists(f"Registered Model (name={new_name}) already exists.")
     s.execute(
         update(RegisteredModelRow)
         .where(RegisteredModelRow.id == ref.id)
@@ -420,6 +445,7 @@ def insert_version(s: Session, ref: ModelRef, version: ModelVersion) -> None:
             source=version.source,
             storage_location=version.storage_location,
             run_id=version.run_id,
+            run_verified=version.run_verified,
             run_link=version.run_link,
             status=version.status.value,
             status_message=version.status_message,
@@ -642,6 +668,7 @@ def _version(
         source=row.source,
         storage_location=row.storage_location,
         run_id=row.run_id,
+        run_verified=row.run_verified,
         run_link=row.run_link,
         status=VersionStatus(row.status),
         status_message=row.status_message,
@@ -705,8 +732,9 @@ def versions_from(
     visible: Visibility,
     limit: int,
 ) -> list[ModelVersion]:
-    """Versions (of models ``visible`` allows) made from one of ``run_ids`` or of the logged
-    models ``model_ids``, newest first, at most ``limit``."""
+    """Versions (of models ``visible`` allows) made from one of ``run_ids`` (links checked
+    when the version was made: an unverified ``run_id`` is a claim, not lineage) or of the
+    logged models ``model_ids``, newest first, at most ``limit``."""
     if not run_ids and not model_ids:
         return []
     query = (
@@ -714,7 +742,7 @@ def versions_from(
         .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
         .where(
             or_(
-                ModelVersionRow.run_id.in_(list(run_ids)),
+                and_(ModelVersionRow.run_id.in_(list(run_ids)), ModelVersionRow.run_verified),
                 ModelVersionRow.logged_model_id.in_(list(model_ids)),
             ),
             _visible(visible),
@@ -780,5 +808,5 @@ def alias_version(s: Session, ref: ModelRef, alias: str) -> int:
     """
     version = _alias_target(s, ref, alias)
     if version is None:
-        raise NotFound(f"registered model {ref.name!r} has no alias {alias!r}")
+        raise NotFound(f"Registered model alias {alias} not found.")
     return version

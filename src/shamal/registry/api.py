@@ -140,7 +140,9 @@ class LineageOut(BaseModel):
     """Where a version came from: dataset -> run -> logged model -> this version.
 
     ``run_visible`` is false when the run was deleted or belongs to a team you cannot see;
-    the chain stops there."""
+    the chain stops there. ``run_verified`` is false when the run was only claimed: its
+    creator could not read it when the version was made (it did not exist, or was another
+    team's), so ``run_id`` is kept as sent and the chain stops there too."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -148,6 +150,7 @@ class LineageOut(BaseModel):
     run_name: str | None
     experiment_id: str | None
     run_visible: bool
+    run_verified: bool
     logged_model_id: str | None
     datasets: list[DatasetUseOut]
 
@@ -170,6 +173,7 @@ class VersionDetailOut(VersionOut):
                     "run_name": found.run_name,
                     "experiment_id": found.experiment_id,
                     "run_visible": found.run_visible,
+                    "run_verified": found.run_verified,
                     "logged_model_id": version.model_id,
                     "datasets": [asdict(d) for d in found.datasets],
                 },

@@ -166,8 +166,14 @@ class Principal:
                 return self.roles.get(name)
         return None
 
-    def require_owner_role(self, team_id: str | None, needed: Role, what: str) -> None:
+    def require_owner_role(
+        self, team_id: str | None, needed: Role, what: str, *, missing: str | None = None
+    ) -> None:
         """Access to an object owned by the team ``team_id`` (None: open to every account).
+
+        Args:
+            missing: the message a caller gets for such an object that does not exist; a
+                hidden one then reads the same (else "<what> does not exist").
 
         Raises:
             NotFound: the object's team is not one of the principal's (existence hidden).
@@ -177,7 +183,7 @@ class Principal:
             return
         role = self.role_in_team_id(team_id)
         if role is None:
-            raise NotFound(f"{what} does not exist")
+            raise NotFound(missing or f"{what} does not exist")
         if role < needed:
             raise PermissionDenied(f"this action on {what} needs the {needed.label} role")
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import text
 
 import shamal
@@ -23,7 +23,7 @@ from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
-from shamal.mlflow import registry_router, tracking_router, webhooks_router
+from shamal.mlflow import MLFLOW_VERSION, registry_router, tracking_router, webhooks_router
 from shamal.monitoring import api as monitoring_api
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
@@ -175,9 +175,25 @@ def _add_probes(app: FastAPI) -> None:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/version", tags=["probes"], summary="The server's version")
-    def version() -> dict[str, str]:
-        return {"version": shamal.__version__}
+    @app.get(
+        "/version",
+        tags=["probes"],
+        summary="The MLflow version the server speaks",
+        description=(
+            "As a stock MLflow server answers its own version: MLflow 3 clients read it "
+            "before features that need a recent server (``log_spans``). Shamal's own "
+            "version is in the ``X-Shamal-Version`` header."
+        ),
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+                "headers": {"X-Shamal-Version": {"schema": {"type": "string"}}},
+            }
+        },
+    )
+    def version() -> PlainTextResponse:
+        return PlainTextResponse(MLFLOW_VERSION, headers={"X-Shamal-Version": shamal.__version__})
 
     @app.get(
         "/ready",

@@ -30,10 +30,12 @@ from shamal.tracking._filters import (
 )
 from shamal.tracking._model_service import DEFAULT_LOGGED_MODEL_RESULTS, MAX_LOGGED_MODEL_RESULTS
 from shamal.tracking._paging import check_page_size, resume_token
+from shamal.tracking._sampling import MAX_SAMPLED_POINTS
 from shamal.tracking._search import compare, sort_key
 from shamal.tracking._service import MAX_SEARCH, LoggedData, TrackingService, view_type
 
 __all__ = [
+    "MAX_SAMPLED_POINTS",
     "DEFAULT_LOGGED_MODEL_RESULTS",
     "EXPERIMENTS",
     "LOGGED_MODELS",

@@ -110,6 +110,9 @@ class LoggedModel:
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
     metrics: tuple[Metric, ...] = ()
+    #: False: ``source_run_id`` named a run the creator could not read (kept as given, as a
+    #: stock server keeps it; lineage does not follow it).
+    source_run_verified: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,7 @@ class LoggedModelSpec:
     source_run_id: str | None = None
     params: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
+    source_run_verified: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
 from shamal.db import Database
-from shamal.errors import InvalidParameter
+from shamal.errors import InvalidParameter, NotFound, PermissionDenied
 from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.tracking import _store
 from shamal.tracking._access import RunAccess, UnknownExperiments
@@ -26,6 +29,16 @@ from shamal.tracking._search import logged_models_query
 DEFAULT_LOGGED_MODEL_RESULTS = 100
 #: ... and it has no cap of its own: the proto field's int32 range is the only one.
 MAX_LOGGED_MODEL_RESULTS = 2**31 - 1
+#: The tag listing the registered versions made from a logged model, as MLflow names it.
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"
+#: What a ``source_run_id`` may be: an id minted by some MLflow server (it is stored as given).
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,32}")
+
+
+def unnamed_model_name() -> str:
+    """The name of a logged model created without one: unique, as a stock server's random
+    names are, so that searches by name never mix two unnamed models."""
+    return f"model-{secrets.token_hex(6)}"
 
 
 class LoggedModelService:
@@ -39,14 +52,34 @@ class LoggedModelService:
     def get(self, principal: Principal, model_id: str, needed: Role = Role.VIEWER) -> LoggedModel:
         with self._db.unit_of_work(write=False) as s:
             model, team_id = _store.logged_model_row(s, model_id)
-        principal.require_owner_role(team_id, needed, f"Logged model '{model_id}'")
+        principal.require_owner_role(
+            team_id,
+            needed,
+            f"Logged model '{model_id}'",
+            missing=f"Logged model with ID '{model_id[:80]}' not found.",
+        )
         return model
 
     def create(self, ctx: AuditContext, experiment_id: str, spec: LoggedModelSpec) -> LoggedModel:
+        """A pending logged model in the experiment (member); one without a name gets a
+        unique generated one.
+
+        ``source_run_id`` is kept as given, as a stock server keeps it; the link is verified
+        only when the caller may write that run. A run that does not exist, or that the
+        caller may not write (another team's run answers just as an unknown one does), is
+        taken as a claim: ``source_run_verified`` is False and lineage does not follow it.
+
+        Raises:
+            InvalidParameter: a ``source_run_id`` that is not an id.
+            NotFound: no such experiment, or not visible.
+        """
         principal = ctx.require_principal()
         self._tracking.experiment(principal, experiment_id, Role.MEMBER)
+        if not spec.name:
+            spec = replace(spec, name=unnamed_model_name())
         if spec.source_run_id:
-            self._tracking.run_info(principal, spec.source_run_id, Role.MEMBER)
+            verified = self._may_claim_run(principal, spec.source_run_id)
+            spec = replace(spec, source_run_verified=verified)
         ctx.target = f"experiment:{experiment_id}/logged_model"
 
         def work(s: Session) -> LoggedModel:
@@ -57,6 +90,16 @@ class LoggedModelService:
             return model
 
         return self._db.run(work)
+
+    def _may_claim_run(self, principal: Principal, run_id: str) -> bool:
+        """Whether a logged model may be linked to ``run_id`` as its verified source."""
+        if not _RUN_ID_RE.fullmatch(run_id):
+            raise InvalidParameter("Parameter 'source_run_id' is not a valid id.")
+        try:
+            self._tracking.run_info(principal, run_id, Role.MEMBER)
+        except (NotFound, PermissionDenied):
+            return False
+        return True
 
     def finalize(self, ctx: AuditContext, model_id: str, status: str) -> LoggedModel:
         """Set a logged model's status: any value of the proto enum, as on a stock server
@@ -93,6 +136,23 @@ class LoggedModelService:
         self.get(principal, model_id, Role.MEMBER)
         self._db.run(lambda s: _store.set_logged_model_tags(s, model_id, tags))
         return self.get(principal, model_id)
+
+    def record_model_version(
+        self, principal: Principal, model_id: str, name: str, version: int
+    ) -> None:
+        """Add ``{name, version}`` to the model's ``mlflow.modelVersions`` tag (a JSON
+        list), as a stock server does when a version is registered from a logged model.
+
+        The registry has already checked the version's creation (it read this model to
+        make it), so reading the model (viewer) is enough: the tag records a fact of the
+        registry, not a change the caller chose.
+
+        Raises:
+            NotFound: no such model, or not visible.
+        """
+        self.get(principal, model_id)
+        entry = {"name": name, "version": version}
+        self._db.run(lambda s: _store.append_to_tag_list(s, model_id, MODEL_VERSIONS_TAG, entry))
 
     def delete_tag(self, principal: Principal, model_id: str, key: str) -> None:
         self.get(principal, model_id, Role.MEMBER)

@@ -49,6 +49,7 @@ from shamal.tracking._paging import (
     history_page,
     page_of,
 )
+from shamal.tracking._sampling import MAX_SAMPLED_POINTS
 from shamal.tracking._search import experiments_query, runs_query
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 8000
 MAX_EXPERIMENT_TAG_VALUE = 20_000
 MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
+#: The most runs one sampled history read names, as on a stock server.
+MAX_SAMPLED_RUNS = 100
 MAX_SEARCH = {"runs": 50_000, "experiments": 50_000, "history": 1_000_000}
 _KEY_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,250}$")
 LifecycleView = Literal["active", "deleted", "all"]
@@ -227,13 +230,20 @@ class TrackingService:
     ) -> Experiment:
         with self._db.unit_of_work(write=False) as s:
             exp = _store.get_experiment(s, experiment_id)
-        principal.require_owner_role(exp.team_id, needed, f"Experiment {experiment_id}")
+        principal.require_owner_role(
+            exp.team_id,
+            needed,
+            f"Experiment {experiment_id}",
+            missing=f"No Experiment with id={experiment_id} exists",
+        )
         return exp
 
     def run_info(self, principal: Principal, run_id: str, needed: Role = Role.VIEWER) -> RunInfo:
         with self._db.unit_of_work(write=False) as s:
             info, team_id = _store.run_row(s, run_id)
-        principal.require_owner_role(team_id, needed, f"Run '{run_id}'")
+        principal.require_owner_role(
+            team_id, needed, f"Run '{run_id}'", missing=f"Run with id={run_id} not found"
+        )
         return info
 
     def searched_experiment_ids(
@@ -303,7 +313,12 @@ class TrackingService:
     def experiment_by_name(self, principal: Principal, name: str) -> Experiment:
         with self._db.unit_of_work(write=False) as s:
             exp = _store.get_experiment_by_name(s, name)
-        principal.require_owner_role(exp.team_id, Role.VIEWER, f"experiment '{name}'")
+        principal.require_owner_role(
+            exp.team_id,
+            Role.VIEWER,
+            f"experiment '{name}'",
+            missing=f"Could not find experiment with name '{name}'",
+        )
         return exp
 
     def search_experiments(
@@ -473,7 +488,9 @@ class TrackingService:
 
         def work(s: Session) -> None:
             stage, team_id = _store.run_access(s, run_id)
-            principal.require_owner_role(team_id, Role.MEMBER, f"Run '{run_id}'")
+            principal.require_owner_role(
+                team_id, Role.MEMBER, f"Run '{run_id}'", missing=f"Run with id={run_id} not found"
+            )
             if stage != "active":
                 raise InvalidParameter(
                     f"The run {run_id} must be in the 'active' state. Current state is {stage}."
@@ -591,23 +608,38 @@ class TrackingService:
         with self._db.unit_of_work(write=False) as s:
             return _store.metric_points(s, run_id, key, first, last)
 
-    def metric_history_bulk(
+    def metric_history_sampled(
         self,
         principal: Principal,
         run_ids: Sequence[str],
         key: str,
-        start: int | None,
-        end: int | None,
-        max_results: int,
+        steps: tuple[int | None, int | None],
+        max_results: int = MAX_SAMPLED_POINTS,
     ) -> list[Metric]:
-        if not run_ids or len(run_ids) > 100:
-            raise InvalidParameter("Give between 1 and 100 run ids.")
+        """Each run's history of ``key`` sampled to at most ``max_results`` points, as a
+        stock server samples ``get-history-bulk-interval`` (by point, both ends kept; see
+        :mod:`shamal.tracking._sampling`), run after run in the order given.
+
+        Args:
+            steps: (start, end) inclusive, both or neither.
+
+        Raises:
+            InvalidParameter: no runs or more than 100, ``max_results`` outside 1..2500, one
+                end of the step range without the other, or a start after the end (each
+                in a stock server's words).
+            NotFound: a run that does not exist or that the caller cannot see.
+        """
+        _check_sampled_read(run_ids, steps, max_results)
         for run_id in run_ids:
             self.run_info(principal, run_id)
+        start, end = steps
+        bounds = None if start is None or end is None else (start, end)
         with self._db.unit_of_work(write=False) as s:
-            return _store.metric_history_bulk(
-                s, run_ids, key, start, end, min(max_results, 100_000)
-            )
+            return [
+                point
+                for run_id in run_ids
+                for point in _store.sampled_metric_history(s, run_id, key, bounds, max_results)
+            ]
 
     def search_runs(
         self,
@@ -644,8 +676,9 @@ class TrackingService:
         return f"{info.artifact_uri}/{clean}" if clean else info.artifact_uri
 
     def logged_model_run(self, principal: Principal, model_id: str) -> str | None:
-        """See :class:`shamal.registry.ModelSources`."""
-        return self.models.get(principal, model_id).source_run_id
+        """See :class:`shamal.registry.ModelSources`: a verified source run only."""
+        model = self.models.get(principal, model_id)
+        return model.source_run_id if model.source_run_verified else None
 
     def resolve_model_source(self, principal: Principal, source: str) -> str:
         """Where a model version's files are: only URIs Shamal minted, readable by the caller.
@@ -669,6 +702,30 @@ class TrackingService:
         raise InvalidParameter(
             "Model version sources must be runs:/<run_id>/<path>, models:/<model_id> or an "
             "mlflow-artifacts:/ location of this server."
+        )
+
+
+def _check_sampled_read(
+    run_ids: Sequence[str], steps: tuple[int | None, int | None], max_results: int
+) -> None:
+    if not run_ids:
+        raise InvalidParameter("Missing value for required parameter 'run_ids'.")
+    if len(run_ids) > MAX_SAMPLED_RUNS:
+        raise InvalidParameter(
+            f"GetMetricHistoryBulkInterval request must specify at most {MAX_SAMPLED_RUNS} "
+            f"run_ids. Received {len(run_ids)} run_ids."
+        )
+    if not 1 <= max_results <= MAX_SAMPLED_POINTS:
+        raise InvalidParameter(f"max_results must be between 1 and {MAX_SAMPLED_POINTS}.")
+    start, end = steps
+    if (start is None) != (end is None):
+        raise InvalidParameter(
+            "If either start step or end step are specified, both must be specified."
+        )
+    if start is not None and end is not None and start > end:
+        raise InvalidParameter(
+            "end_step must be greater than start_step. "
+            f"Found start_step={start} and end_step={end}."
         )
 
 

@@ -41,7 +41,7 @@ from shamal.db.models import (
     RunRow,
     RunTagRow,
 )
-from shamal.errors import InvalidParameter, NotFound
+from shamal.errors import AlreadyExists, InvalidParameter, NotFound
 from shamal.tracking._entities import (
     Dataset,
     DatasetInput,
@@ -54,6 +54,7 @@ from shamal.tracking._entities import (
     RunInfo,
 )
 from shamal.tracking._prepared import PreparedStatement, Row
+from shamal.tracking._sampling import sampled_positions
 
 ARTIFACT_SCHEME = "mlflow-artifacts:/"
 
@@ -133,6 +134,9 @@ def _experiment_tags(s: Session, ids: Sequence[int]) -> dict[int, dict[str, str]
 def insert_experiment(
     s: Session, name: str, tags: Mapping[str, str], team_id: str | None, now: int
 ) -> Experiment:
+    if s.scalar(select(ExperimentRow.experiment_id).where(ExperimentRow.name == name)) is not None:
+        # A stock server's words (a concurrent create still loses on the unique constraint).
+        raise AlreadyExists(f"Experiment(name={name}) already exists.")
     row = ExperimentRow(
         name=name,
         artifact_location="",
@@ -625,22 +629,35 @@ def metric_points(
         result.close()
 
 
-def metric_history_bulk(
-    s: Session, run_ids: Sequence[str], key: str, start: int | None, end: int | None, limit: int
+def sampled_metric_history(
+    s: Session, run_id: str, key: str, steps: tuple[int, int] | None, max_results: int
 ) -> list[Metric]:
-    query = select(
-        MetricRow.run_id, MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan
-    ).where(MetricRow.run_id.in_(list(run_ids)), MetricRow.key == key)
-    if start is not None:
-        query = query.where(MetricRow.step >= start)
-    if end is not None:
-        query = query.where(MetricRow.step <= end)
-    rows = s.execute(
-        query.order_by(MetricRow.run_id, MetricRow.step, MetricRow.timestamp).limit(limit)
-    )
+    """The points of one run's metric that a sampled read keeps (see
+    :func:`~shamal.tracking._sampling.sampled_positions`), between ``steps`` (inclusive) when
+    given, in (step, timestamp, value, is-NaN) order: the primary key's."""
+    where = [MetricRow.run_id == run_id, MetricRow.key == key]
+    if steps is not None:
+        where += [MetricRow.step >= steps[0], MetricRow.step <= steps[1]]
+    order = (MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
+    columns = (MetricRow.step, MetricRow.timestamp, MetricRow.value, MetricRow.is_nan)
+    total = s.scalar(select(func.count()).select_from(MetricRow).where(*where)) or 0
+    positions = sampled_positions(total, max_results)
+    if len(positions) == total:  # every point: no need to number them
+        rows = s.execute(select(*columns).where(*where).order_by(*order)).all()
+    else:
+        numbered = (
+            select(*columns, (func.row_number().over(order_by=order) - 1).label("position"))
+            .where(*where)
+            .subquery()
+        )
+        rows = s.execute(
+            select(numbered.c.step, numbered.c.timestamp, numbered.c.value, numbered.c.is_nan)
+            .where(numbered.c.position.in_(positions))
+            .order_by(numbered.c.position)
+        ).all()
     return [
-        Metric(key, math.nan if nan else value, ts, step, run_id=rid)
-        for rid, step, ts, value, nan in rows
+        Metric(key, math.nan if nan else value, ts, step, run_id=run_id)
+        for step, ts, value, nan in rows
     ]
 
 
@@ -796,6 +813,7 @@ def _logged_models(s: Session, rows: Sequence[LoggedModelRow]) -> list[LoggedMod
             status=r.status,
             model_type=r.model_type,
             source_run_id=r.source_run_id,
+            source_run_verified=r.source_run_verified,
             status_message=r.status_message,
             creator_id=r.creator_id,
             tags=tags[r.model_id],
@@ -823,6 +841,7 @@ def insert_logged_model(
         status="LOGGED_MODEL_PENDING",
         model_type=spec.model_type,
         source_run_id=spec.source_run_id,
+        source_run_verified=spec.source_run_verified,
         creator_id=creator_id,
     )
     s.add(row)
@@ -868,6 +887,29 @@ def set_logged_model_tags(s: Session, model_id: str, tags: Mapping[str, str]) ->
             index_elements=["model_id", "key"], set_={"value": stmt.excluded.value}
         )
         s.execute(stmt, [{"model_id": model_id, "key": k, "value": v} for k, v in tags.items()])
+
+
+def append_to_tag_list(s: Session, model_id: str, key: str, entry: Mapping[str, Any]) -> None:
+    """Add ``entry`` to the JSON list the logged model's tag ``key`` holds (made if absent;
+    a value that is not a JSON list starts a new one), once: the model's row is locked, so
+    two versions registered at once both stay."""
+    row = s.get(LoggedModelRow, model_id, with_for_update=True, populate_existing=True)
+    if row is None:
+        raise NotFound(f"Logged model with ID '{model_id[:80]}' not found.")
+    held = s.scalar(
+        select(LoggedModelTagRow.value).where(
+            LoggedModelTagRow.model_id == model_id, LoggedModelTagRow.key == key
+        )
+    )
+    try:
+        entries = json.loads(held) if held else []
+    except ValueError:
+        entries = []
+    if not isinstance(entries, list):
+        entries = []
+    if entry not in entries:
+        entries.append(dict(entry))
+    set_logged_model_tags(s, model_id, {key: json.dumps(entries)})
 
 
 def delete_logged_model_tag(s: Session, model_id: str, key: str) -> None:

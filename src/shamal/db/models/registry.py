@@ -6,7 +6,16 @@ an UPDATE in the creating transaction: unique and gapless under concurrency.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, ForeignKeyConstraint, Integer, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Integer,
+    String,
+    Text,
+    true,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shamal.db.models._base import Base
@@ -52,6 +61,9 @@ class ModelVersionRow(Base):
     source: Mapped[str] = mapped_column(String(1024))
     storage_location: Mapped[str] = mapped_column(String(1024), default="")
     run_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # False: the run was unknown or unreadable to the creator when the version was made, so
+    # the link is the caller's claim alone and lineage does not follow it.
+    run_verified: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     run_link: Mapped[str] = mapped_column(String(1024), default="")
     status: Mapped[str] = mapped_column(String(32), default="READY")
     status_message: Mapped[str] = mapped_column(Text, default="")

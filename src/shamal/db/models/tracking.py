@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     text,
+    true,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -178,6 +179,8 @@ class LoggedModelRow(Base):
     lifecycle_stage: Mapped[str] = mapped_column(String(16), default="active")
     model_type: Mapped[str | None] = mapped_column(String(500), nullable=True)
     source_run_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # False: the creator could not read that run; the link is a claim lineage does not follow.
+    source_run_verified: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     status_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     creator_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
