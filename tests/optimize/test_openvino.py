@@ -234,8 +234,9 @@ def test_choosing_retimes_the_contenders_head_to_head(tmp_path: Path) -> None:
     for name, rival in (("best", "close"), ("close", "best")):
         assert again[name].note == f"timed again head to head with {rival}"
         assert [(t.batch, t.threads) for t in again[name].timings] == [(1, 2), (32, 2)]
-        # Microseconds for this MLP, not the milliseconds it was given.
-        assert all(t.p50_ms < 3.0 for t in again[name].timings)
+        # Measured on the MLP, not the figures the contenders were given.
+        given = {ms for pair in separate.values() for ms in pair}
+        assert all(t.p50_ms > 0 and t.p50_ms not in given for t in again[name].timings)
 
 
 def _other_cpu() -> CpuInfo:

@@ -269,9 +269,7 @@ def median_ms(call: Callable[[], object], repeats: int, budget_s: float) -> floa
     times: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(times) < repeats and (len(times) < 3 or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
+        times.append(_seconds(call))
     return statistics.median(times) * 1000.0
 
 
