@@ -1,0 +1,191 @@
+"""Traces through the stock ``mlflow`` client and a plain OpenTelemetry SDK exporter, against
+a live Shamal on SQLite and PostgreSQL (issue 26, point 4).
+
+``@mlflow.trace`` and ``mlflow.start_span`` log each span to ``/v1/traces`` as it ends and
+the trace's info when it ends; ``mlflow.get_trace``, ``mlflow.search_traces``, the client's
+tag and delete calls read and change them; another team sees nothing. Spans exported by the
+OpenTelemetry SDK's own OTLP/HTTP exporter are read back by the mlflow client.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import mlflow
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities.trace_location import MlflowExperimentLocation
+from mlflow.exceptions import MlflowException
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from tests.live import LiveServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def experiment(mlflow_env: LiveServer) -> Iterator[str]:
+    """A new experiment that ``@mlflow.trace`` logs to, with the client's default export (a
+    batch span processor, then an async queue: see :func:`_traced`); the tracer is reset
+    afterwards, so no other test inherits its destination."""
+    experiment_id = MlflowClient().create_experiment(f"traces-{uuid.uuid4().hex[:8]}")
+    mlflow.tracing.reset()
+    mlflow.tracing.set_destination(MlflowExperimentLocation(experiment_id=experiment_id))
+    yield experiment_id
+    mlflow.tracing.reset()
+
+
+@mlflow.trace(span_type="LLM")
+def _llm(question: str) -> str:
+    return question.upper()
+
+
+@mlflow.trace(span_type="CHAIN")
+def _answer(question: str) -> str:
+    with mlflow.start_span(name="retrieve", span_type="RETRIEVER") as span:
+        span.set_inputs({"query": question})
+        span.set_outputs(["doc-1"])
+    return _llm(question)
+
+
+def _traced(question: str) -> str:
+    _answer(question)
+    # The client's own way to wait until the spans and the trace's info have been sent.
+    mlflow.flush_trace_async_logging()
+    trace_id = mlflow.get_last_active_trace_id()
+    assert trace_id is not None
+    return trace_id
+
+
+def test_traced_functions_are_recorded_and_read_back(experiment: str) -> None:
+    trace_id = _traced("why")
+    trace = mlflow.get_trace(trace_id)
+    assert trace is not None
+    assert trace.info.experiment_id == experiment
+    assert trace.info.state.value == "OK"
+    assert [s.name for s in trace.data.spans] == ["_answer", "retrieve", "_llm"]
+    root, retrieve, llm = trace.data.spans
+    assert (root.inputs, root.outputs) == ({"question": "why"}, "WHY")
+    assert (retrieve.inputs, retrieve.outputs) == ({"query": "why"}, ["doc-1"])
+    assert (root.span_type, retrieve.span_type, llm.span_type) == ("CHAIN", "RETRIEVER", "LLM")
+    assert retrieve.parent_id == root.span_id == llm.parent_id
+    assert trace.info.request_preview is not None
+    assert "why" in trace.info.request_preview
+    assert trace.info.execution_time_ms is not None
+
+    client = MlflowClient()
+    same = client.get_trace(trace_id)
+    assert [s.span_id for s in same.data.spans] == [s.span_id for s in trace.data.spans]
+
+
+def test_search_tags_and_delete_through_the_client(experiment: str) -> None:
+    first, second = _traced("a"), _traced("b")
+    client = MlflowClient()
+    client.set_trace_tag(first, "reviewed", "yes")
+    found = mlflow.search_traces(
+        locations=[experiment], filter_string="tags.reviewed = 'yes'", return_type="list"
+    )
+    assert [t.info.trace_id for t in found] == [first]
+    assert [s.name for s in found[0].data.spans] == ["_answer", "retrieve", "_llm"]
+    everything = mlflow.search_traces(
+        locations=[experiment], order_by=["timestamp_ms ASC"], return_type="list"
+    )
+    assert [t.info.trace_id for t in everything] == [first, second]
+    spans = mlflow.search_traces(
+        locations=[experiment], filter_string="span.name = 'retrieve'", return_type="list"
+    )
+    assert {t.info.trace_id for t in spans} == {first, second}
+    client.delete_trace_tag(first, "reviewed")
+    assert "reviewed" not in client.get_trace(first).info.tags
+
+    assert client.delete_traces(experiment, trace_ids=[first]) == 1
+    left = mlflow.search_traces(locations=[experiment], return_type="list")
+    assert [t.info.trace_id for t in left] == [second]
+    with pytest.raises(MlflowException) as gone:
+        client.get_trace(first)
+    assert gone.value.error_code == "RESOURCE_DOES_NOT_EXIST"
+
+
+def _account(server: LiveServer, team: str, user: str, role: str | None) -> str:
+    admin = {"Authorization": f"Bearer {server.token}"}
+    assert httpx.post(f"{server.url}/api/v1/users", json={"name": user}, headers=admin)
+    if role is not None:
+        joined = httpx.put(
+            f"{server.url}/api/v1/teams/{team}/members/{user}", json={"role": role}, headers=admin
+        )
+        assert joined.is_success, joined.text
+    made = httpx.post(
+        f"{server.url}/api/v1/tokens", json={"name": "t", "user": user}, headers=admin
+    )
+    assert made.is_success, made.text
+    secret: str = made.json()["secret"]
+    return secret
+
+
+def test_another_team_sees_no_trace(
+    mlflow_env: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    team = f"nlp-{uuid.uuid4().hex[:6]}"
+    admin = {"Authorization": f"Bearer {mlflow_env.token}"}
+    assert httpx.post(f"{mlflow_env.url}/api/v1/teams", json={"name": team}, headers=admin)
+    member = _account(mlflow_env, team, f"m-{team}", "member")
+    outsider = _account(mlflow_env, team, f"o-{team}", None)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", member)
+    experiment = MlflowClient().create_experiment(f"team-traces-{team}", tags={"shamal.team": team})
+    mlflow.tracing.reset()
+    mlflow.tracing.set_destination(MlflowExperimentLocation(experiment_id=experiment))
+    try:
+        trace_id = _traced("secret")
+    finally:
+        mlflow.tracing.reset()
+    assert len(mlflow.search_traces(locations=[experiment], return_type="list")) == 1
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", outsider)
+    assert mlflow.search_traces(locations=[experiment], return_type="list") == []
+    client = MlflowClient()
+    with pytest.raises(MlflowException) as hidden:
+        client.get_trace(trace_id)
+    assert hidden.value.error_code == "RESOURCE_DOES_NOT_EXIST"
+    with pytest.raises(MlflowException) as refused:
+        client.set_trace_tag(trace_id, "k", "v")
+    assert refused.value.error_code == "RESOURCE_DOES_NOT_EXIST"
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", member)
+    assert "k" not in MlflowClient().get_trace(trace_id).info.tags
+
+
+def test_a_plain_opentelemetry_exporter_records_traces(
+    experiment: str, mlflow_env: LiveServer
+) -> None:
+    """The OpenTelemetry SDK's OTLP/HTTP exporter, pointed at `/v1/traces` with the
+    experiment header and a bearer token: the mlflow client reads what it sent."""
+    exporter = OTLPSpanExporter(
+        endpoint=f"{mlflow_env.url}/v1/traces",
+        headers={
+            "x-mlflow-experiment-id": experiment,
+            "Authorization": f"Bearer {mlflow_env.token}",
+        },
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("shamal-tests")
+    with tracer.start_as_current_span("handle request") as root:
+        root.set_attribute("http.route", "/ask")
+        with tracer.start_as_current_span("query db") as child:
+            child.set_attribute("db.rows", 3)
+    provider.shutdown()
+
+    trace_id = f"tr-{root.get_span_context().trace_id:032x}"
+    trace = MlflowClient().get_trace(trace_id)
+    assert trace.info.experiment_id == experiment
+    assert trace.info.state.value == "OK"
+    assert [s.name for s in trace.data.spans] == ["handle request", "query db"]
+    assert trace.data.spans[0].attributes["http.route"] == "/ask"
+    assert trace.data.spans[1].attributes["db.rows"] == 3
+    found = mlflow.search_traces(
+        locations=[experiment], filter_string="span.name = 'query db'", return_type="list"
+    )
+    assert [t.info.trace_id for t in found] == [trace_id]
