@@ -439,3 +439,88 @@ def test_unimplemented_genai_endpoints_answer_endpoint_not_found(api: TestClient
         body = answer.json()
         assert body["error_code"] == "ENDPOINT_NOT_FOUND", (method, path)
         assert isinstance(body["message"], str)
+
+
+# ---------------------------------------------------------------------- MLflow 2's API, insights
+def test_mlflow_2_start_and_end_trace(api: TestClient) -> None:
+    exp = _experiment(api)
+    started = api.post(
+        f"{V2}/traces",
+        json={
+            "experiment_id": exp,
+            "timestamp_ms": 1000,
+            "request_metadata": [{"key": "meta1", "value": "apple"}],
+            "tags": [{"key": "tag1", "value": "football"}, {"key": "tag2", "value": "golf"}],
+        },
+    )
+    assert started.status_code == 200, started.text
+    info = started.json()["trace_info"]
+    tid = info["request_id"]
+    assert (info["timestamp_ms"], info["status"], info.get("execution_time_ms")) == (
+        1000,
+        "IN_PROGRESS",
+        None,
+    )
+    ended = api.patch(
+        f"{V2}/traces/{tid}",
+        json={
+            "timestamp_ms": 3000,
+            "status": "OK",
+            "request_metadata": [{"key": "meta2", "value": "grape"}],
+            "tags": [{"key": "tag1", "value": "soccer"}],
+        },
+    )
+    assert ended.status_code == 200, ended.text
+    done = api.get(f"{V2}/traces/{tid}/info").json()["trace_info"]
+    assert (done["execution_time_ms"], done["status"]) == (2000, "OK")
+    assert {m["key"]: m["value"] for m in done["request_metadata"]} == {
+        "meta1": "apple",
+        "meta2": "grape",
+    }
+    tags = {t["key"]: t["value"] for t in done["tags"] if not t["key"].startswith("mlflow.")}
+    assert tags == {"tag1": "soccer", "tag2": "golf"}
+    refused = api.patch(f"{V2}/traces/{tid}", json={"timestamp_ms": 4000, "status": "DONE"})
+    assert refused.status_code == 400
+    assert api.get(f"{V2}/traces/{tid}/info").json()["trace_info"]["execution_time_ms"] == 2000
+
+
+def test_full_text_search_and_filter_correlation(api: TestClient) -> None:
+    exp = _experiment(api)
+    made = []
+    for i, (env, kind) in enumerate(
+        [("prod", "TOOL")] * 6 + [("dev", "TOOL")] + [("dev", "LLM")] * 3
+    ):
+        trace = new_trace_id()
+        span = SpanSpec(f"step-{i}", trace, attributes={"note": f"value{i} I like it"})
+        assert _export(api, exp, protobuf_of(span)).status_code == 200
+        tid = mlflow_id(trace)
+        for key, value in (("env", env), ("kind", kind)):
+            api.patch(f"{V2}/traces/{tid}/tags", json={"key": key, "value": value})
+        made.append(tid)
+    assert _ids(_search(api, exp, filter="trace.text LIKE '%value3 %'")) == [made[3]]
+    assert len(_ids(_search(api, exp, filter="trace.text ILIKE '%i LIKE it%'"))) == 10
+    assert _search(api, exp, filter="trace.text LIKE '%nothing here%'") == {"traces": []}
+
+    def correlate(first: str, second: str) -> dict[str, Any]:
+        answer = api.post(
+            f"{V3}/traces/calculate-filter-correlation",
+            json={"experiment_ids": [exp], "filter_string1": first, "filter_string2": second},
+        )
+        assert answer.status_code == 200, answer.text
+        result: dict[str, Any] = answer.json()
+        return result
+
+    prod = correlate("tags.env = 'prod'", "tags.kind = 'TOOL'")
+    assert (prod["total_count"], prod["filter1_count"], prod["filter2_count"]) == (10, 6, 7)
+    assert prod["joint_count"] == 6
+    assert 0.69 < prod["npmi"] < 0.70  # ln(10/7) / ln(10/6)
+    assert -1 < prod["npmi_smoothed"] < prod["npmi"]
+    never = correlate("tags.env = 'prod'", "tags.kind = 'LLM'")
+    assert (never["joint_count"], never["npmi"]) == (0, -1.0)
+    none = correlate("tags.env = 'staging'", "tags.kind = 'TOOL'")
+    assert none["npmi"] == "NaN"
+    bad = api.post(
+        f"{V3}/traces/calculate-filter-correlation",
+        json={"experiment_ids": [exp], "filter_string1": "nope.x = 1", "filter_string2": "x"},
+    )
+    assert bad.json()["error_code"] == "INVALID_PARAMETER_VALUE"

@@ -9,6 +9,7 @@ OpenTelemetry SDK's own OTLP/HTTP exporter are read back by the mlflow client.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import httpx
 import mlflow
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import SpanEvent, TraceData
 from mlflow.entities.trace_location import MlflowExperimentLocation
 from mlflow.exceptions import MlflowException
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -189,3 +191,23 @@ def test_a_plain_opentelemetry_exporter_records_traces(
         locations=[experiment], filter_string="span.name = 'query db'", return_type="list"
     )
     assert [t.info.trace_id for t in found] == [trace_id]
+
+
+def test_the_trace_artifact_is_the_clients_own_trace_data(
+    experiment: str, mlflow_env: LiveServer
+) -> None:
+    """`get-trace-artifact` (what the stock UI reads) answers the spans exactly as the
+    client's own ``Span.to_dict`` writes them."""
+    with mlflow.start_span(name="test") as span:
+        span.set_attributes({"fruit": "apple", "count": 3})
+        span.add_event(SpanEvent("test_event", timestamp=99999, attributes={"foo": "bar"}))
+    mlflow.flush_trace_async_logging()
+    answer = httpx.get(
+        f"{mlflow_env.url}/ajax-api/2.0/mlflow/get-trace-artifact",
+        params={"request_id": span.trace_id},
+        headers={"Authorization": f"Bearer {mlflow_env.token}"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-disposition"] == "attachment; filename=traces.json"
+    data = TraceData.from_dict(json.loads(answer.text))
+    assert [s.to_dict() for s in data.spans] == [span.to_dict()]

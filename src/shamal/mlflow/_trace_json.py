@@ -9,6 +9,7 @@ exactly as they were stored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from shamal.errors import InvalidParameter
 from shamal.traces import Trace, TraceInfo
 
-__all__ = ["trace_info_json", "trace_info_of", "trace_json"]
+__all__ = [
+    "legacy_status",
+    "legacy_trace_info_json",
+    "trace_data_json",
+    "trace_info_json",
+    "trace_info_of",
+    "trace_json",
+]
 
 #: What protobuf's JSON parsers of times raise for text they cannot read.
 _UNPARSED = (ValueError, TypeError, IndexError, OverflowError, AttributeError)
@@ -165,3 +173,87 @@ def trace_json(trace: Trace) -> dict[str, Any]:
         "trace_info": trace_info_json(trace.info),
         "spans": [orjson.loads(span.content) for span in trace.spans],
     }
+
+
+# ---------------------------------------------------------------------- MLflow 2's TraceInfo
+#: MLflow 2's ``TraceStatus`` names for the states (the unset one is spelled differently).
+_LEGACY = {"STATE_UNSPECIFIED": "TRACE_STATUS_UNSPECIFIED"}
+_LEGACY_NUMBERS = {0: "TRACE_STATUS_UNSPECIFIED", 1: "OK", 2: "ERROR", 3: "IN_PROGRESS"}
+
+
+def legacy_status(value: Any) -> str:
+    """A ``TraceStatus`` (name or number) as the state the traces domain keeps."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = _LEGACY_NUMBERS.get(value, "")
+    if value == "TRACE_STATUS_UNSPECIFIED":
+        return "STATE_UNSPECIFIED"
+    if value not in ("OK", "ERROR", "IN_PROGRESS"):
+        raise InvalidParameter("Invalid trace status; one of OK, ERROR, IN_PROGRESS.")
+    return str(value)
+
+
+def legacy_trace_info_json(info: TraceInfo) -> dict[str, Any]:
+    """MLflow 2's ``TraceInfo`` (``request_id``, epoch milliseconds, key-value lists)."""
+    return {
+        "request_id": info.trace_id,
+        "experiment_id": info.experiment_id,
+        "timestamp_ms": info.request_time,
+        "execution_time_ms": info.execution_duration,
+        "status": _LEGACY.get(info.state, info.state),
+        "request_metadata": [{"key": k, "value": v} for k, v in info.metadata.items()],
+        "tags": [{"key": k, "value": v} for k, v in info.tags.items()],
+    }
+
+
+# ---------------------------------------------------------------------- MLflow's span dicts
+def _plain(value: Any) -> Any:
+    """An OTLP ``AnyValue`` in protobuf JSON as the plain value it holds."""
+    if not isinstance(value, dict) or not value:
+        return None
+    kind, held = next(iter(value.items()))
+    if kind == "int_value":
+        return int(held)
+    if kind == "array_value":
+        return [_plain(v) for v in held.get("values", [])]
+    if kind == "kvlist_value":
+        return {kv.get("key"): _plain(kv.get("value")) for kv in held.get("values", [])}
+    return held
+
+
+def _span_dict(span: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored span (OTLP protobuf JSON) as MLflow writes a span in ``traces.json``:
+    attributes as JSON text, as MLflow keeps them."""
+    status = span.get("status", {})
+    return {
+        "trace_id": span.get("trace_id"),
+        "span_id": span.get("span_id"),
+        "parent_span_id": span.get("parent_span_id") or None,
+        "name": span.get("name", ""),
+        "start_time_unix_nano": int(span.get("start_time_unix_nano", 0)),
+        "end_time_unix_nano": int(span.get("end_time_unix_nano", 0)) or None,
+        "events": [
+            {
+                "name": event.get("name", ""),
+                "time_unix_nano": int(event.get("time_unix_nano", 0)),
+                "attributes": {
+                    kv.get("key"): _plain(kv.get("value")) for kv in event.get("attributes", [])
+                },
+            }
+            for event in span.get("events", [])
+        ],
+        "status": {
+            "code": status.get("code", "STATUS_CODE_UNSET"),
+            "message": status.get("message", ""),
+        },
+        "attributes": {
+            kv.get("key"): json.dumps(_plain(kv.get("value")), ensure_ascii=False)
+            for kv in span.get("attributes", [])
+        },
+        "links": [],
+    }
+
+
+def trace_data_json(trace: Trace) -> bytes:
+    """A trace's spans as MLflow's ``traces.json`` artifact: ``{"spans": [...]}``."""
+    spans = [_span_dict(orjson.loads(span.content)) for span in trace.spans]
+    return json.dumps({"spans": spans}, ensure_ascii=False).encode()

@@ -11,6 +11,7 @@ have no route: they answer ``ENDPOINT_NOT_FOUND``, as a server without them does
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -25,11 +26,19 @@ from shamal.mlflow._fields import (
     read_fields,
 )
 from shamal.mlflow._otlp import decode_export_request, inflate
-from shamal.mlflow._trace_json import trace_info_json, trace_info_of, trace_json
+from shamal.mlflow._trace_json import (
+    legacy_status,
+    legacy_trace_info_json,
+    trace_data_json,
+    trace_info_json,
+    trace_info_of,
+    trace_json,
+)
+from shamal.mlflow._tracking_json import pairs_of
 from shamal.mlflow.tracking_api import SEARCH_SLOT
 from shamal.security import AuditContext, Principal
 from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
-from shamal.traces import DEFAULT_SEARCH_RESULTS, MAX_SEARCH_RESULTS, TraceService
+from shamal.traces import DEFAULT_SEARCH_RESULTS, MAX_SEARCH_RESULTS, TraceInfo, TraceService
 from shamal.tracking import check_page_size, resume_token
 
 __all__ = ["EXPERIMENT_ID_HEADER", "OTLP_TRACES_PATH", "router"]
@@ -87,9 +96,77 @@ def _locations(f: Fields) -> list[str]:
 # The fixed paths first: `/traces/{trace_id}` would take `get` and `batchGet` as ids.
 @traces.post("/traces")
 def start_trace(f: F, svc: Traces, p: Writer) -> ProtoJSONResponse:
-    """StartTraceV3: the client sends it when the trace ends, after its spans."""
+    """StartTraceV3 (the client sends it when the trace ends, after its spans); a body
+    without ``trace`` is MLflow 2's StartTrace, which opens a trace to end later."""
+    if f.raw("trace") is None and f.raw("experiment_id") is not None:
+        return _start_legacy_trace(f, svc, p)
     saved = svc.start(p, trace_info_of(f.raw("trace")))
     return proto_json({"trace": {"trace_info": trace_info_json(saved)}})
+
+
+def _start_legacy_trace(f: Fields, svc: TraceService, p: Principal) -> ProtoJSONResponse:
+    info = TraceInfo(
+        trace_id=f"tr-{uuid.uuid4().hex}",
+        experiment_id=f.required("experiment_id"),
+        request_time=f.integer("timestamp_ms", default=svc.now_ms()) or 0,
+        state="IN_PROGRESS",
+        metadata=dict(pairs_of(f.objects("request_metadata"), "request_metadata")),
+        tags=dict(pairs_of(f.objects("tags"), "tag")),
+    )
+    return proto_json({"trace_info": legacy_trace_info_json(svc.start(p, info))})
+
+
+@traces.patch("/traces/{trace_id}")
+def end_trace(trace_id: str, f: F, svc: Traces, p: Writer) -> ProtoJSONResponse:
+    """MLflow 2's EndTrace."""
+    info = svc.end(
+        p,
+        trace_id,
+        end_ms=f.integer("timestamp_ms", default=svc.now_ms()) or 0,
+        state=legacy_status(f.raw("status")),
+        metadata=dict(pairs_of(f.objects("request_metadata"), "request_metadata")),
+        tags=dict(pairs_of(f.objects("tags"), "tag")),
+    )
+    return proto_json({"trace_info": legacy_trace_info_json(info)})
+
+
+@traces.get("/get-trace-artifact")
+def get_trace_artifact(f: F, svc: Traces, p: CurrentPrincipal) -> Response:
+    """The trace's spans as MLflow's ``traces.json`` (the stock UI reads a trace so)."""
+    trace = svc.trace(p, f.required("request_id"), allow_partial=True)
+    return Response(
+        trace_data_json(trace),
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": "attachment; filename=traces.json"},
+    )
+
+
+@traces.get("/traces/{trace_id}/info")
+def get_legacy_trace_info(trace_id: str, svc: Traces, p: CurrentPrincipal) -> ProtoJSONResponse:
+    """MLflow 2's GetTraceInfo."""
+    return proto_json({"trace_info": legacy_trace_info_json(svc.info(p, trace_id))})
+
+
+@traces.post("/traces/calculate-filter-correlation")
+def calculate_filter_correlation(f: F, svc: Traces, p: Searcher) -> ProtoJSONResponse:
+    """How two filters' traces go together (NPMI), as a stock server's trace insights."""
+    found = svc.correlation(
+        p,
+        _strings(f, "experiment_ids"),
+        f.required("filter_string1"),
+        f.required("filter_string2"),
+        f.text("base_filter"),
+    )
+    return proto_json(
+        {
+            "npmi": found.npmi,
+            "npmi_smoothed": found.npmi_smoothed,
+            "filter1_count": found.filter1_count,
+            "filter2_count": found.filter2_count,
+            "joint_count": found.joint_count,
+            "total_count": found.total_count,
+        }
+    )
 
 
 @traces.get("/traces/get")

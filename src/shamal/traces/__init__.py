@@ -14,6 +14,7 @@ from shamal.traces._entities import (
     Trace,
     TraceInfo,
 )
+from shamal.traces._npmi import Correlation
 from shamal.traces._service import (
     DEFAULT_SEARCH_RESULTS,
     MAX_BATCH_FULL_TRACES,
@@ -39,6 +40,7 @@ __all__ = [
     "MAX_TRACE_BYTES",
     "SPAN_STATUSES",
     "TRACE_STATES",
+    "Correlation",
     "Span",
     "Trace",
     "TraceInfo",

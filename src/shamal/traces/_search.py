@@ -75,6 +75,25 @@ def _run_matches(c: Comparison) -> ColumnElement[bool]:
     )
 
 
+def _any_span(matches: ColumnElement[bool]) -> ColumnElement[bool]:
+    """EXISTS a span of the trace that ``matches``."""
+    owner = TraceSpanRow.trace_id == TraceRow.trace_id
+    return select(TraceSpanRow.span_id).where(owner, matches).exists()
+
+
+def _attribute(c: Comparison) -> ColumnElement[bool]:
+    if c.key == "name":
+        return _keyed(TraceTagRow, TRACE_NAME_TAG, c)
+    if c.key == "run_id":
+        return _run_matches(c)
+    if c.key == "text":
+        return _any_span(compare(TraceSpanRow.content, c.op, c.value, numeric=False))
+    if c.key not in _COLUMNS:  # the grammar lets through only the keys above
+        raise InvalidParameter("unsupported trace search key")
+    column, numeric = _COLUMNS[c.key]
+    return compare(column, c.op, c.value, numeric=numeric)
+
+
 def condition(c: Comparison) -> ColumnElement[bool]:
     """The SQL condition of one clause of a trace filter."""
     if c.entity == "tag":
@@ -82,20 +101,8 @@ def condition(c: Comparison) -> ColumnElement[bool]:
     if c.entity == "metadata":
         return _keyed(TraceMetadataRow, c.key, c)
     if c.entity == "span":
-        matches = compare(_SPAN_COLUMNS[c.key], c.op, c.value, numeric=False)
-        return (
-            select(TraceSpanRow.span_id)
-            .where(TraceSpanRow.trace_id == TraceRow.trace_id, matches)
-            .exists()
-        )
-    if c.key == "name":
-        return _keyed(TraceTagRow, TRACE_NAME_TAG, c)
-    if c.key == "run_id":
-        return _run_matches(c)
-    if c.key not in _COLUMNS:  # the grammar lets through only the keys above
-        raise InvalidParameter("unsupported trace search key")
-    column, numeric = _COLUMNS[c.key]
-    return compare(column, c.op, c.value, numeric=numeric)
+        return _any_span(compare(_SPAN_COLUMNS[c.key], c.op, c.value, numeric=False))
+    return _attribute(c)
 
 
 def ordering(order_by: Sequence[OrderBy]) -> list[UnaryExpression[Any]]:

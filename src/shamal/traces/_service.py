@@ -22,6 +22,7 @@ from shamal.errors import InvalidParameter, NotFound
 from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.traces import _store
 from shamal.traces._entities import TRACE_STATES, Span, Trace, TraceInfo
+from shamal.traces._npmi import Correlation, correlation
 from shamal.tracking import (
     TRACES,
     Experiment,
@@ -118,6 +119,10 @@ class TraceService:
         self._audit = audit
         self._runs = runs
 
+    def now_ms(self) -> int:
+        """The clock of the experiments' owner, in milliseconds since the epoch."""
+        return self._runs.now_ms()
+
     # ------------------------------------------------------------------ access
     def _writable(self, principal: Principal, experiment_id: str) -> Experiment:
         exp = self._runs.experiment(principal, experiment_id, Role.MEMBER)
@@ -200,6 +205,24 @@ class TraceService:
         return self._db.run(
             lambda s: _store.save_info(s, info, exp.artifact_location), retry_unique=True
         )
+
+    def end(
+        self,
+        principal: Principal,
+        trace_id: str,
+        *,
+        end_ms: int,
+        state: str,
+        metadata: Mapping[str, str],
+        tags: Mapping[str, str],
+    ) -> TraceInfo:
+        """End a trace started by MLflow 2's API (``EndTrace``): its duration runs to
+        ``end_ms``; metadata and tags are added."""
+        if state not in TRACE_STATES:
+            raise InvalidParameter(f"Invalid trace state; one of {', '.join(TRACE_STATES)}.")
+        metadata, tags = checked_pairs("metadata", metadata), checked_pairs("tag", tags)
+        self._reach(principal, trace_id, Role.MEMBER)
+        return self._db.run(lambda s: _store.end_trace(s, trace_id, end_ms, state, metadata, tags))
 
     def log_spans(self, principal: Principal, experiment_id: str, spans: Sequence[Span]) -> int:
         """Store spans (OTLP ingestion) in one transaction: all of them, or none.
@@ -371,6 +394,28 @@ class TraceService:
             for info in infos
             if allow_partial or len(spans[info.trace_id]) >= max(_expected_spans(info), 1)
         ]
+
+    def correlation(
+        self,
+        principal: Principal,
+        experiment_ids: Sequence[str],
+        filter1: str,
+        filter2: str,
+        base_filter: str | None = None,
+    ) -> Correlation:
+        """How the traces matching ``filter1`` and ``filter2`` go together (NPMI), among
+        those of the experiments the principal may read that match ``base_filter``."""
+        base = parse_filter(base_filter, TRACES)
+        first = base + parse_filter(filter1, TRACES)
+        second = base + parse_filter(filter2, TRACES)
+        ids = self._runs.searched_experiment_ids(principal, experiment_ids, unknown="skip")
+        with self._db.unit_of_work(write=False) as s:
+            return correlation(
+                _store.count(s, ids, base),
+                _store.count(s, ids, first),
+                _store.count(s, ids, second),
+                _store.count(s, ids, first + second),
+            )
 
     def search(
         self,

@@ -235,6 +235,40 @@ def save_info(s: Session, info: TraceInfo, experiment_root: str) -> TraceInfo:
     return get_info(s, info.trace_id)
 
 
+def end_trace(
+    s: Session,
+    trace_id: str,
+    end_ms: int,
+    state: str,
+    metadata: Mapping[str, str],
+    tags: Mapping[str, str],
+) -> TraceInfo:
+    """End a trace started by the legacy API: its duration and state, and more metadata
+    and tags."""
+    row = s.get(TraceRow, trace_id, with_for_update=True)
+    if row is None:
+        raise not_found(trace_id)
+    row.execution_duration = max(0, end_ms - row.request_time)
+    row.state = state
+    s.flush()
+    set_tags(s, trace_id, tags)
+    _upsert(s, TraceMetadataRow, _pairs(trace_id, metadata), ("trace_id", "key"))
+    return get_info(s, trace_id)
+
+
+def count(s: Session, experiment_ids: Sequence[int], clauses: Sequence[Comparison]) -> int:
+    """How many traces of ``experiment_ids`` satisfy every clause."""
+    if not experiment_ids:
+        return 0
+    query = (
+        select(func.count())
+        .select_from(TraceRow)
+        .where(TraceRow.experiment_id.in_(list(experiment_ids)))
+        .where(*[condition(c) for c in clauses])
+    )
+    return s.scalar(query) or 0
+
+
 def _preview(value: str | None) -> str | None:
     return None if value is None else value[:MAX_PREVIEW]
 

@@ -334,7 +334,8 @@ LOGGED_MODELS: Final = dataclasses.replace(
 )
 #: MLflow 3's trace search. ``name`` is the trace's ``mlflow.traceName`` tag and ``run_id``
 #: its ``mlflow.sourceRun`` metadata (or a link made by ``link-to-run``), as on a stock
-#: server; ``span.*`` matches a trace with at least one such span.
+#: server; ``span.*`` matches a trace with at least one such span, and ``text`` one with a
+#: span whose stored content matches the pattern.
 TRACES: Final = dataclasses.replace(
     _grammar(
         "traces",
@@ -348,6 +349,8 @@ TRACES: Final = dataclasses.replace(
             ("attribute", "timestamp_ms"): _NUMBER,
             ("attribute", "execution_time_ms"): _NUMBER,
             ("attribute", "end_time_ms"): _NUMBER,
+            # Full text: a trace with a span whose content (name, attributes, events) matches.
+            ("attribute", "text"): Rule("string", frozenset({"LIKE", "ILIKE"})),
             ("span", "name"): _STRING_OR_LIST,
             ("span", "type"): _STRING_OR_LIST,
             ("span", "status"): _STRING_OR_LIST,
