@@ -20,6 +20,7 @@ from tests.traces.otlp import (
     mlflow_id,
     new_trace_id,
     protobuf_of,
+    request_of,
 )
 
 V3 = "/api/3.0/mlflow"
@@ -524,3 +525,49 @@ def test_full_text_search_and_filter_correlation(api: TestClient) -> None:
         json={"experiment_ids": [exp], "filter_string1": "nope.x = 1", "filter_string2": "x"},
     )
     assert bad.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+
+
+def test_parser_bombs_and_filter_injections_are_refused(api: TestClient) -> None:
+    exp = _experiment(api)
+    trace = new_trace_id()
+    deep_json = b'{"resourceSpans": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    # An attribute value nested 200 kvlists deep: past protobuf's recursion limit.
+    request = request_of(SpanSpec("a", trace))
+    value = request.resource_spans[0].scope_spans[0].spans[0].attributes.add().value
+    for _ in range(200):
+        value = value.kvlist_value.values.add().value
+    value.string_value = "bottom"
+    for body, content_type in (
+        (deep_json, "application/json"),
+        (request.SerializeToString(), "application/x-protobuf"),
+    ):
+        answer = _export(api, exp, body, content_type=content_type)
+        assert answer.status_code == 400, answer.text
+    tid = mlflow_id(trace)
+    assert api.post(f"{V3}/traces", json=_trace_info(tid, exp, tags={"k": "v"})).status_code == 200
+    for hostile in (
+        "name = 'x' OR 1=1",
+        "tags.k = 'v'; DROP TABLE traces; --",
+        "tags.k = 'v' UNION SELECT key FROM trace_tags",
+        "request_id IN (" + ",".join(f"'{i}'" for i in range(10_001)) + ")",
+        "(" * 5000 + "name = 'x'" + ")" * 5000,
+        " AND ".join(["name = 'x'"] * 2000),
+        "tags.`\x00` = 'v'",
+        "= = =",
+    ):
+        refused = api.post(
+            f"{V3}/traces/search",
+            json={"locations": [{"mlflow_experiment": {"experiment_id": exp}}], "filter": hostile},
+        )
+        assert refused.json()["error_code"] == "INVALID_PARAMETER_VALUE", hostile[:40]
+    for order in ("timestamp_ms; DROP TABLE traces", "CASE WHEN 1=1 THEN name END", "1"):
+        refused = api.post(
+            f"{V3}/traces/search",
+            json={
+                "locations": [{"mlflow_experiment": {"experiment_id": exp}}],
+                "order_by": [order],
+            },
+        )
+        assert refused.json()["error_code"] == "INVALID_PARAMETER_VALUE", order
+    # Legal quoting still works, and the table is still there.
+    assert _ids(_search(api, exp, filter="tags.`k` = 'v' AND tags.\"k\" LIKE 'v%'")) == [tid]
