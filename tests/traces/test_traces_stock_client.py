@@ -10,6 +10,7 @@ OpenTelemetry SDK's own OTLP/HTTP exporter are read back by the mlflow client.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -211,3 +212,49 @@ def test_the_trace_artifact_is_the_clients_own_trace_data(
     assert answer.headers["content-disposition"] == "attachment; filename=traces.json"
     data = TraceData.from_dict(json.loads(answer.text))
     assert [s.to_dict() for s in data.spans] == [span.to_dict()]
+
+
+def test_client_started_traces_paging_runs_and_bulk_deletes(experiment: str) -> None:
+    """The client's own trace calls: ``start_trace``/``end_trace``, ``update_current_trace``,
+    search pages followed by token, a trace made inside a run found by its ``run_id``, and
+    deletes by age with ``max_traces``."""
+    client = MlflowClient()
+    made = []
+    start_ns = time.time_ns() - 60 * 10**9  # a second apart, so that the order is certain
+    for i, (name, status) in enumerate((("t1", "OK"), ("t2", "OK"), ("t3", "ERROR"))):
+        at = start_ns + i * 10**9
+        root = client.start_trace(name=name, experiment_id=experiment, start_time_ns=at)
+        client.end_trace(trace_id=root.trace_id, status=status, end_time_ns=at + 10**6)
+        made.append(root.trace_id)
+    mlflow.flush_trace_async_logging()
+    newest_first = client.search_traces(locations=[experiment])
+    assert [t.info.trace_id for t in newest_first] == made[::-1]
+    ok = client.search_traces(
+        locations=[experiment], filter_string="status = 'OK'", order_by=["timestamp ASC"]
+    )
+    assert [t.info.trace_id for t in ok] == made[:2]
+    first = client.search_traces(locations=[experiment], max_results=2)
+    assert [t.info.trace_id for t in first] == made[:0:-1]
+    assert first.token is not None
+    rest = client.search_traces(locations=[experiment], page_token=first.token)
+    assert ([t.info.trace_id for t in rest], rest.token) == ([made[0]], None)
+
+    with mlflow.start_span(name="tagged"):
+        mlflow.update_current_trace(tags={"tag1": "football"}, metadata={"meta1": "apple"})
+    run = client.create_run(experiment)
+    with mlflow.start_run(run_id=run.info.run_id), mlflow.start_span(name="in-run") as in_run:
+        pass
+    mlflow.flush_trace_async_logging()
+    tagged = client.search_traces(locations=[experiment], filter_string="tags.tag1 = 'football'")
+    assert [t.info.trace_metadata["meta1"] for t in tagged] == ["apple"]
+    by_run = client.search_traces(
+        locations=[experiment], filter_string=f"attribute.run_id = '{run.info.run_id}'"
+    )
+    assert [t.info.trace_id for t in by_run] == [in_run.trace_id]
+
+    assert client.delete_traces(experiment, max_timestamp_millis=10**15, max_traces=1) == 1
+    left = {t.info.trace_id for t in client.search_traces(locations=[experiment])}
+    assert made[0] not in left
+    assert len(left) == 4
+    assert client.delete_traces(experiment, max_timestamp_millis=10**15) == 4
+    assert list(client.search_traces(locations=[experiment])) == []
