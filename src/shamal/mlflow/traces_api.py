@@ -5,8 +5,10 @@ The stock client logs a trace in two steps: each span, as it ends, to `/v1/trace
 OTLP ``ExportTraceServiceRequest`` whose ``x-mlflow-experiment-id`` header names the
 experiment), then the trace's info, when the trace ends, to `StartTraceV3`. Any
 OpenTelemetry exporter pointed at `/v1/traces` with that header (and a bearer token)
-records traces the same way. Assessments, evaluation datasets, scorers and trace metrics
-have no route: they answer ``ENDPOINT_NOT_FOUND``, as a server without them does.
+records traces the same way. Beside MLflow 3's calls: MLflow 2's StartTrace, EndTrace and
+GetTraceInfo, filter correlations (NPMI) and ``get-trace-artifact`` (the spans as the
+``traces.json`` the stock UI reads). Assessments, evaluation datasets, scorers and trace
+metrics have no route: they answer ``ENDPOINT_NOT_FOUND``, as a server without them does.
 """
 
 from __future__ import annotations
