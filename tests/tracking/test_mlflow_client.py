@@ -278,7 +278,7 @@ def test_server_info_unknown_endpoints_and_missing_things(mlflow_env: LiveServer
     assert info.status_code == 200
     assert info.json()["workspaces_enabled"] is False
     headers = {"Authorization": f"Bearer {mlflow_env.token}"}
-    unknown = httpx.get(f"{mlflow_env.url}/api/2.0/mlflow/traces/unknown-thing", headers=headers)
+    unknown = httpx.get(f"{mlflow_env.url}/api/2.0/mlflow/no-such-endpoint", headers=headers)
     assert (unknown.status_code, unknown.json()["error_code"]) == (404, "ENDPOINT_NOT_FOUND")
     missing = httpx.get(
         f"{mlflow_env.url}/api/2.0/mlflow-artifacts/artifacts/0/nope/x.txt", headers=headers

@@ -5,7 +5,8 @@ One home for everything MLflow-shaped, so the domains keep only their rules:
 * request fields as the dialect sends them, and protobuf-style JSON answers (:mod:`._fields`);
 * the JSON shapes of tracking's and the registry's entities (:mod:`._tracking_json`,
   :mod:`._registry_json`);
-* the routers: tracking (with the artifacts proxy), the model registry and its webhooks.
+* the routers: tracking (with the artifacts proxy), the model registry and its webhooks,
+  and MLflow 3's traces with OTLP span ingestion (:mod:`.traces_api`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from shamal.mlflow._fields import MLFLOW_PREFIXES, MLFLOW_VERSION, is_mlflow_path, mlflow_status
 from shamal.mlflow.registry_api import PREFIXES as REGISTRY_PREFIXES
 from shamal.mlflow.registry_api import router as registry_router
+from shamal.mlflow.traces_api import router as traces_router
 from shamal.mlflow.tracking_api import router as tracking_router
 from shamal.mlflow.webhooks_api import router as webhooks_router
 
@@ -24,5 +26,6 @@ __all__ = [
     "mlflow_status",
     "registry_router",
     "tracking_router",
+    "traces_router",
     "webhooks_router",
 ]

@@ -23,7 +23,13 @@ from shamal.features import api as features_api
 from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
-from shamal.mlflow import MLFLOW_VERSION, registry_router, tracking_router, webhooks_router
+from shamal.mlflow import (
+    MLFLOW_VERSION,
+    registry_router,
+    traces_router,
+    tracking_router,
+    webhooks_router,
+)
 from shamal.monitoring import api as monitoring_api
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
@@ -92,6 +98,7 @@ def _bind(app: FastAPI, platform: Platform) -> None:
     app.state.events = platform.events
     app.state.references = platform.references
     app.state.monitors = platform.monitors
+    app.state.traces = platform.traces
 
 
 def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
@@ -151,6 +158,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(tracking_router)
     app.include_router(registry_router)
     app.include_router(webhooks_router)
+    app.include_router(traces_router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)

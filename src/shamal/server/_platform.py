@@ -45,6 +45,7 @@ from shamal.security import (
     WitnessFile,
     load_or_create_key,
 )
+from shamal.traces import TraceService
 from shamal.tracking import TrackingService
 from shamal.tune import TuneService
 
@@ -83,6 +84,7 @@ class Platform:
     pipeline_triggers: PipelineTriggers
     references: ReferenceService
     monitors: MonitorService
+    traces: TraceService
     admin_secret: str | None = None
 
     def close(self) -> None:
@@ -235,6 +237,7 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
         pipeline_triggers=PipelineTriggers(db, security, pipelines, events, utc_now),
         references=references,
         monitors=monitors,
+        traces=TraceService(db, audit, tracking),
         admin_secret=admin_secret,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shamal.tracking._access import RunAccess, UnknownExperiments
 from shamal.tracking._entities import (
     Dataset,
     DatasetInput,
@@ -20,6 +21,7 @@ from shamal.tracking._filters import (
     MODEL_VERSIONS,
     REGISTERED_MODELS,
     RUNS,
+    TRACES,
     Comparison,
     Grammar,
     OrderBy,
@@ -45,6 +47,7 @@ __all__ = [
     "MODEL_VERSIONS",
     "REGISTERED_MODELS",
     "RUNS",
+    "TRACES",
     "Comparison",
     "Dataset",
     "DatasetInput",
@@ -57,8 +60,10 @@ __all__ = [
     "Metric",
     "OrderBy",
     "Run",
+    "RunAccess",
     "RunInfo",
     "TrackingService",
+    "UnknownExperiments",
     "check_page_size",
     "compare",
     "decode_page_token",

@@ -5,7 +5,7 @@ clauses), an ``order_by`` list a list of :class:`OrderBy`; the compilers in
 ``tracking._search`` and ``registry._search`` turn them into SQLAlchemy expressions
 with bound parameters. What each searchable thing allows is a :class:`Grammar`
 (``RUNS``, ``EXPERIMENTS``, ``REGISTERED_MODELS``, ``MODEL_VERSIONS``,
-``LOGGED_MODELS``): a whitelist of (entity, key, comparator, value type).
+``LOGGED_MODELS``, ``TRACES``): a whitelist of (entity, key, comparator, value type).
 
 Grammar (keywords and comparators are case-insensitive)::
 
@@ -52,6 +52,7 @@ __all__ = [
     "MODEL_VERSIONS",
     "REGISTERED_MODELS",
     "RUNS",
+    "TRACES",
     "Comparison",
     "DatasetFilter",
     "Entity",
@@ -69,7 +70,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Entity = Literal["metric", "param", "tag", "attribute", "dataset"]
+Entity = Literal["metric", "param", "tag", "attribute", "dataset", "metadata", "span"]
 Op = Literal[
     "=", "!=", ">", ">=", "<", "<=", "LIKE", "ILIKE", "IN", "NOT IN", "IS NULL", "IS NOT NULL"
 ]
@@ -111,6 +112,10 @@ _ENTITIES: Final[Mapping[str, Entity]] = MappingProxyType(
         "run": "attribute",
         "dataset": "dataset",
         "datasets": "dataset",
+        # A trace's metadata and its spans: only the TRACES grammar has keys for them.
+        "metadata": "metadata",
+        "request_metadata": "metadata",
+        "span": "span",
     }
 )
 _SYMBOLS: Final[tuple[Op, ...]] = ("!=", ">=", "<=", "=", ">", "<")
@@ -189,6 +194,8 @@ class Grammar:
             ``=``, ``!=``, ``IN`` and ``NOT IN`` compare a decimal integer in canonical
             form (``'06'`` -> ``'6'``), as a stock server matches them; ``LIKE`` and
             ``ILIKE`` patterns stay as written.
+        prefixes: entity prefixes only this grammar knows (lower-case) -> entity
+            (``trace.status`` is ``attribute.status`` for traces, and unknown to runs).
     """
 
     name: str
@@ -200,6 +207,7 @@ class Grammar:
     lowercase_lists: frozenset[str] = frozenset()
     quoted_integers: frozenset[str] = frozenset()
     integer_text: frozenset[str] = frozenset()
+    prefixes: Mapping[str, Entity] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
 
 def _grammar(
@@ -324,6 +332,51 @@ LOGGED_MODELS: Final = dataclasses.replace(
     ),
     integer_text=frozenset({"experiment_id"}),
 )
+#: MLflow 3's trace search. ``name`` is the trace's ``mlflow.traceName`` tag and ``run_id``
+#: its ``mlflow.sourceRun`` metadata (or a link made by ``link-to-run``), as on a stock
+#: server; ``span.*`` matches a trace with at least one such span, and ``text`` one with a
+#: span whose stored content matches the pattern.
+TRACES: Final = dataclasses.replace(
+    _grammar(
+        "traces",
+        {"tag": _STRING_OR_NULL, "metadata": _STRING_OR_NULL},
+        {
+            ("attribute", "request_id"): _STRING_OR_LIST,
+            ("attribute", "client_request_id"): _STRING_OR_LIST,
+            ("attribute", "status"): _STRING_OR_LIST,
+            ("attribute", "name"): _STRING_OR_LIST,
+            ("attribute", "run_id"): _STRING_OR_LIST,
+            ("attribute", "timestamp_ms"): _NUMBER,
+            ("attribute", "execution_time_ms"): _NUMBER,
+            ("attribute", "end_time_ms"): _NUMBER,
+            # Full text: a trace with a span whose content (name, attributes, events) matches.
+            ("attribute", "text"): Rule("string", frozenset({"LIKE", "ILIKE"})),
+            ("span", "name"): _STRING_OR_LIST,
+            ("span", "type"): _STRING_OR_LIST,
+            ("span", "status"): _STRING_OR_LIST,
+        },
+        {
+            "trace_id": "request_id",
+            "state": "status",
+            "timestamp": "timestamp_ms",
+            "request_time": "timestamp_ms",
+            "execution_time": "execution_time_ms",
+            "execution_duration": "execution_time_ms",
+            "end_time": "end_time_ms",
+        },
+        set(),
+        {
+            "experiment_id",
+            "timestamp_ms",
+            "execution_time_ms",
+            "end_time_ms",
+            "status",
+            "request_id",
+            "client_request_id",
+        },  # fmt: skip
+    ),
+    prefixes=MappingProxyType({"trace": "attribute"}),
+)
 
 
 def _error(what: str, message: str, pos: int | None = None) -> InvalidParameter:
@@ -414,8 +467,11 @@ class _Scanner:
             if len(out) > limit:
                 raise self.error(too_long)
 
-    def identifier(self) -> tuple[Entity | None, str]:
-        """``[entity "."] key``: the entity (None when absent) and the unquoted key."""
+    def identifier(self, prefixes: Mapping[str, Entity] | None = None) -> tuple[Entity | None, str]:
+        """``[entity "."] key``: the entity (None when absent) and the unquoted key.
+
+        ``prefixes``: entity prefixes the searched thing knows beside the common ones.
+        """
         self.at_end()
         if self.peek() in ('"', "`"):
             return None, self._key_token()
@@ -424,7 +480,7 @@ class _Scanner:
             raise self.error("expected an identifier")
         if self.peek() != ".":
             return None, first
-        entity = _ENTITIES.get(first.lower())
+        entity = _ENTITIES.get(first.lower()) or (prefixes or {}).get(first.lower())
         if entity is None:
             raise self.error("unknown entity prefix")
         self.pos += 1
@@ -660,7 +716,7 @@ def _is_integer_text(grammar: Grammar, entity: Entity, key: str) -> bool:
 
 def _clause(scanner: _Scanner, grammar: Grammar) -> Comparison:
     start = scanner.pos
-    entity, key, rule = _resolve(*scanner.identifier(), grammar)
+    entity, key, rule = _resolve(*scanner.identifier(grammar.prefixes), grammar)
     if rule is None:
         scanner.pos = start
         raise scanner.error("unknown or unsupported key")
@@ -739,7 +795,7 @@ def _clauses(scanner: _Scanner, grammar: Grammar) -> list[Comparison]:
 
 def _sort_key(scanner: _Scanner, grammar: Grammar) -> tuple[Entity, str]:
     """The identifier at the cursor as a sort key the grammar allows, normalized."""
-    entity, key = scanner.identifier()
+    entity, key = scanner.identifier(grammar.prefixes)
     resolved: Entity = entity or "attribute"
     if resolved == "attribute":
         key = grammar.aliases.get(key.lower(), key.lower())

@@ -70,6 +70,13 @@ from shamal.db.models.security import (
     TeamRow,
     UserRow,
 )
+from shamal.db.models.traces import (
+    TraceMetadataRow,
+    TraceRow,
+    TraceRunLinkRow,
+    TraceSpanRow,
+    TraceTagRow,
+)
 from shamal.db.models.tracking import (
     DatasetRow,
     ExperimentRow,
@@ -148,6 +155,11 @@ __all__ = [
     "TeamInvitationRow",
     "TeamMemberRow",
     "TeamRow",
+    "TraceMetadataRow",
+    "TraceRow",
+    "TraceRunLinkRow",
+    "TraceSpanRow",
+    "TraceTagRow",
     "UTCDateTime",
     "UserRow",
     "WebhookDeliveryRow",
