@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -502,3 +503,53 @@ def test_the_domains_lists_fit_80_columns_and_keep_every_column_at_200(
     wide_header = next(line for line in wide.splitlines() if line.startswith("┃"))
     assert {c.strip() for c in header.split("┃")} <= {c.strip() for c in wide_header.split("┃")}
     assert narrow.count("\n│ ") >= wide.count("\n│ ")
+
+
+def _optimize_report() -> Any:
+    from shamal.optimize import OptimizeReport, VariantReport
+    from shamal.optimize._measure import Fidelity, Timing
+
+    fidelity = Fidelity(
+        "accuracy", 0.9312, 0.9301, 0.0123, 0.999, 0.998, 512, "the dataset", False, ""
+    )  # fmt: skip
+    variants = tuple(
+        VariantReport(
+            name,
+            Path("/nonexistent"),
+            12_345_678,
+            fidelity,
+            tuple(Timing(b, t, 1.25 * b * t, 800.0 * b / t) for b in (1, 8, 32) for t in (1, 4)),
+            "cpu",
+        )
+        for name in ("original", "onnx-fp32", "openvino-int8-static-quantized")
+    )
+    source = "models:/resnet50-classifier/3"
+    return OptimizeReport(source, "torch", "image-classification", variants)
+
+
+def test_the_optimize_report_at_80_columns_is_compact_and_cuts_nothing() -> None:
+    from shamal.cli.optimize import _report_tables
+
+    report = _optimize_report()
+    console = Console(width=80, record=True, color_system=None)
+    console.print(*_report_tables(report, (1, 8, 32), (1, 4), 80), sep="\n")
+    text = console.export_text()
+    _fits_80_columns_whole(text)
+    columns = _down_the_columns(text)
+    words = " ".join(text.split())
+    for variant in report.variants:
+        assert variant.name in columns, text
+        assert f"{variant.name}: OK; fidelity accuracy 0.9312 -> 0.9301" in words, text
+        for timing in variant.timings:
+            row = f"│ {timing.threads} │ {timing.batch} │ {timing.p50_ms:.2f} │"
+            assert row in " ".join(text.replace("│", " │ ").split()), text
+    wide = Console(width=200, record=True, color_system=None)
+    wide.print(*_report_tables(report, (1, 8, 32), (1, 4), 200), sep="\n")
+    text = wide.export_text()
+    assert "…" not in text
+    header = next(line for line in text.splitlines() if "┃ variant" in line)
+    for column in ("b1 p50 ms", "b32 items/s", "fidelity", "verdict"):
+        assert f"┃ {column} " in header, text
+    row = next(line for line in text.splitlines() if line.startswith("│ openvino-int8-static"))
+    for cell in ("12.3 MB", "40.00", "accuracy 0.9312"):
+        assert cell in row, text
