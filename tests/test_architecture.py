@@ -182,9 +182,29 @@ def _forbidden_to(source: str) -> set[str]:
     return {
         module
         for c in _contracts()
-        if c["type"] == "forbidden" and c["source_modules"] == [source]
+        if c["type"] == "forbidden" and source in c["source_modules"]
         for module in c["forbidden_modules"]
     }
+
+
+#: The user's side (code in a job, scripts, the CLI's HTTP client) and the neutral leaves
+#: every package may use; everything else in the layers is the server's side.
+_USER_SIDE = {"shamal.client", "shamal.data", "shamal.train"}
+_NEUTRAL = {"shamal.errors", "shamal.clock", "shamal.config", "shamal.lazy"}
+
+
+def test_the_users_side_is_forbidden_every_server_package() -> None:
+    (platform,) = [c for c in _contracts() if c["type"] == "layers" and not c.get("containers")]
+    server_side = _named(platform["layers"]) - _USER_SIDE - _NEUTRAL - {"shamal.jobs"}
+    for source in sorted(_USER_SIDE):
+        forbidden = _forbidden_to(source)
+        open_to = {
+            p for p in server_side if not any(p == f or p.startswith(f"{f}.") for f in forbidden)
+        }
+        assert not open_to, f"{source} may import server packages: {sorted(open_to)}"
+    # jobs' code snapshots are the client's (a standard-library module); the rest of jobs is
+    # private to it, and the training runtime may not import jobs at all.
+    assert "shamal.jobs" in _forbidden_to("shamal.train")
 
 
 def test_the_scheduler_halves_and_jobs_are_held_apart() -> None:
