@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -362,3 +363,193 @@ def test_user_list_at_80_and_200_columns(
     header = next(line for line in wide.splitlines() if "┃ name " in line)
     for column in ("kind", "is admin", "disabled", "created at"):
         assert f"┃ {column} " in header, wide
+
+
+# ------------------------------------------------------- the other domains' lists, live
+
+_MLFLOW = "/api/2.0/mlflow"
+_LONG_RUN = "resnet50-lr0.{}-bs256-augmented-mixup-cutmix-label-smoothing"
+
+
+@pytest.fixture(scope="module")
+def tracked(server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An experiment whose name and runs' names are longer than a narrow console's columns,
+    with params and metrics; a registered model of one run; a dataset; a webhook."""
+    with ShamalClient(server.url, server.token) as api:
+        experiment = api.request(
+            "POST", f"{_MLFLOW}/experiments/create",
+            json={"name": "imagenet-resnet50-hyperparameter-sweep-with-mixup"},
+        )["experiment_id"]  # fmt: skip
+        runs = []
+        for i in range(2):
+            run = api.request(
+                "POST", f"{_MLFLOW}/runs/create",
+                json={"experiment_id": experiment, "run_name": _LONG_RUN.format(i)},
+            )["run"]["info"]["run_id"]  # fmt: skip
+            batch = {
+                "run_id": run,
+                "params": [{"key": "optimizer_configuration", "value": f"sgd-momentum-0.9-{i}"}],
+                "metrics": [
+                    {"key": key, "value": 0.5 + i / 10, "timestamp": 1, "step": 0}
+                    for key in ("val_accuracy", "val_loss")
+                ],
+            }
+            api.request("POST", f"{_MLFLOW}/runs/log-batch", json=batch)
+            ended = {"run_id": run, "status": "FINISHED"}
+            api.request("POST", f"{_MLFLOW}/runs/update", json=ended)
+            runs.append(run)
+        model = "imagenet-resnet50-classifier-for-production"
+        api.request("POST", f"{_MLFLOW}/registered-models/create", json={"name": model})
+        api.request(
+            "POST", f"{_MLFLOW}/model-versions/create",
+            json={"name": model, "source": f"runs:/{runs[0]}/model", "run_id": runs[0]},
+        )  # fmt: skip
+        rows = tmp_path_factory.mktemp("tables-data") / "customers.csv"
+        rows.write_text("customer_id,region\n" + "".join(f"{i},r{i % 3}\n" for i in range(9)))
+        dataset = "customer-transactions-europe-west"
+        api.create_dataset(dataset, description="Customer transactions for the churn model")
+        api.ingest_file(dataset, rows)
+        api.create_webhook(
+            "notify-the-model-review-channel",
+            "https://hooks.example.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX",
+            "model_version_registered",
+        )
+    return {"experiment": experiment, "runs": runs, "model": model, "dataset": dataset}
+
+
+def _header_cells(text: str) -> list[str]:
+    """A table's header, column by column, each cell's folded lines joined: what a reader
+    reads down the column."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    columns: list[str] = []
+    for line in lines[top + 1 : end]:
+        cells = [cell.strip() for cell in line.strip("┃").split("┃")]
+        columns += [""] * (len(cells) - len(columns))
+        columns = [joined + cell for joined, cell in zip(columns, cells, strict=True)]
+    return columns
+
+
+def _down_the_columns(text: str) -> str:
+    """A table's body read down each column, folded lines joined: a name folded over two
+    lines reads whole here, one cut with '…' does not."""
+    columns: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            columns += [""] * (len(cells) - len(columns))
+            columns = [joined + cell for joined, cell in zip(columns, cells, strict=True)]
+    return "\n".join(columns)
+
+
+@pytest.mark.slow
+def test_runs_compare_at_80_columns_folds_names_instead_of_cutting_them(
+    shamal: Callable[..., str], tracked: dict[str, Any]
+) -> None:
+    narrow = shamal(80, "runs", "compare", *tracked["runs"])
+    _fits_80_columns_whole(narrow)
+    header = _header_cells(narrow)
+    for i, run in enumerate(tracked["runs"]):
+        assert any(cell.startswith(_LONG_RUN.format(i)) and run[:12] in cell for cell in header)
+    for value in ("sgd-momentum-0.9-0", "sgd-momentum-0.9-1"):
+        assert value in narrow, narrow
+    wide = shamal(200, "runs", "compare", *tracked["runs"])
+    for i in range(2):
+        assert _LONG_RUN.format(i) in wide, wide  # on one line
+
+
+@pytest.mark.slow
+def test_experiments_compare_at_80_columns_keeps_every_name_whole(
+    shamal: Callable[..., str], tracked: dict[str, Any]
+) -> None:
+    narrow = shamal(80, "experiments", "compare", tracked["experiment"], "0")
+    _fits_80_columns_whole(narrow)
+    (named,) = [c for c in _header_cells(narrow) if c.endswith(f"id {tracked['experiment']}")]
+    assert named.startswith("imagenet-resnet50-hyperparameter-sweep-with-mixup"), narrow
+    wide = shamal(200, "experiments", "compare", tracked["experiment"], "0")
+    assert "imagenet-resnet50-hyperparameter-sweep-with-mixup" in wide
+    assert _LONG_RUN.format(1) in wide  # the best run of val_accuracy, named whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "essential"),
+    [
+        (("runs", "list", "{experiment}"), ("{run0}", "FINISHED")),
+        (("models", "list"), ("{model}",)),
+        (("data", "list"), ("{dataset}",)),
+        (("data", "versions", "{dataset}"), ()),
+        (("webhooks", "list"), ("notify-the-model-review-channel",)),
+        (("events", "list"), ("model_version_registered",)),
+        (("audit", "list"), ()),
+    ],
+)
+def test_the_domains_lists_fit_80_columns_and_keep_every_column_at_200(
+    shamal: Callable[..., str],
+    tracked: dict[str, Any],
+    command: tuple[str, ...],
+    essential: tuple[str, ...],
+) -> None:
+    names = {"run0": tracked["runs"][0][:12], **tracked}
+    args = [part.format(**names) for part in command]
+    narrow, wide = shamal(80, *args), shamal(200, *args)
+    _fits_80_columns_whole(narrow)
+    for cell in essential:
+        assert cell.format(**names) in _down_the_columns(narrow), narrow
+    assert "…" not in wide, wide
+    # A wide console shows at least the columns a narrow one does, and the same rows.
+    header = next(line for line in narrow.splitlines() if line.startswith("┃"))
+    wide_header = next(line for line in wide.splitlines() if line.startswith("┃"))
+    assert {c.strip() for c in header.split("┃")} <= {c.strip() for c in wide_header.split("┃")}
+    assert narrow.count("\n│ ") >= wide.count("\n│ ")
+
+
+def _optimize_report() -> Any:
+    from shamal.optimize import OptimizeReport, VariantReport
+    from shamal.optimize._measure import Fidelity, Timing
+
+    fidelity = Fidelity(
+        "accuracy", 0.9312, 0.9301, 0.0123, 0.999, 0.998, 512, "the dataset", False, ""
+    )  # fmt: skip
+    variants = tuple(
+        VariantReport(
+            name,
+            Path("/nonexistent"),
+            12_345_678,
+            fidelity,
+            tuple(Timing(b, t, 1.25 * b * t, 800.0 * b / t) for b in (1, 8, 32) for t in (1, 4)),
+            "cpu",
+        )
+        for name in ("original", "onnx-fp32", "openvino-int8-static-quantized")
+    )
+    source = "models:/resnet50-classifier/3"
+    return OptimizeReport(source, "torch", "image-classification", variants)
+
+
+def test_the_optimize_report_at_80_columns_is_compact_and_cuts_nothing() -> None:
+    from shamal.cli.optimize import _report_tables
+
+    report = _optimize_report()
+    console = Console(width=80, record=True, color_system=None)
+    console.print(*_report_tables(report, (1, 8, 32), (1, 4), 80), sep="\n")
+    text = console.export_text()
+    _fits_80_columns_whole(text)
+    columns = _down_the_columns(text)
+    words = " ".join(text.split())
+    for variant in report.variants:
+        assert variant.name in columns, text
+        assert f"{variant.name}: OK; fidelity accuracy 0.9312 -> 0.9301" in words, text
+        for timing in variant.timings:
+            row = f"│ {timing.threads} │ {timing.batch} │ {timing.p50_ms:.2f} │"
+            assert row in " ".join(text.replace("│", " │ ").split()), text
+    wide = Console(width=200, record=True, color_system=None)
+    wide.print(*_report_tables(report, (1, 8, 32), (1, 4), 200), sep="\n")
+    text = wide.export_text()
+    assert "…" not in text
+    header = next(line for line in text.splitlines() if "┃ variant" in line)
+    for column in ("b1 p50 ms", "b32 items/s", "fidelity", "verdict"):
+        assert f"┃ {column} " in header, text
+    row = next(line for line in text.splitlines() if line.startswith("│ openvino-int8-static"))
+    for cell in ("12.3 MB", "40.00", "accuracy 0.9312"):
+        assert cell in row, text

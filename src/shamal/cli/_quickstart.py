@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,17 @@ import httpx
 from rich.console import Console
 from rich.panel import Panel
 
+from shamal.cli._quickstart_wine import (
+    MODEL,
+    QUICKSTART_TEAM,
+    SERVED_AS,
+    TRAINING_DATA,
+    Served,
+    wine_csv,
+    wine_measurements,
+)
 from shamal.client import ShamalClient
 from shamal.errors import AlreadyExists, ServiceUnavailable
-
-QUICKSTART_TEAM = "quickstart"
-#: The registered model the quickstart trains, serves and retrains.
-MODEL = "quickstart-wine"
 
 
 def wait_until_up(client: ShamalClient, deadline_s: float = 60.0) -> None:
@@ -39,8 +43,7 @@ def wait_until_up(client: ShamalClient, deadline_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-#: The quickstart's training data as a dataset, and the expectations every version must meet.
-TRAINING_DATA = "wine"
+#: The expectations every version of the quickstart's training data must meet.
 WINE_SUITE = """
 version: 1
 expectations:
@@ -72,44 +75,6 @@ version: 1
 columns:
   taster: {action: hmac, purpose: quickstart}
 """
-
-
-#: When the lab measured the samples: one an hour, the last an hour before this instant.
-MEASURED_FROM = "2026-06-01T00:00:00+00:00"
-
-
-def wine_measurements() -> list[str]:
-    """The 13 measurements' names, as feature names (letters, digits and '_')."""
-    from sklearn.datasets import load_wine
-
-    return [name.replace("/", "_") for name in load_wine().feature_names]
-
-
-def wine_csv(folder: Path) -> Path:
-    """scikit-learn's wine data as the CSV a lab would export: each sample's id and when it
-    was measured, its 13 measurements, the class, and who tasted it (made up, but personal:
-    it is pseudonymized at ingestion)."""
-    import csv
-    from datetime import datetime, timedelta
-
-    from sklearn.datasets import load_wine
-
-    wine = load_wine()
-    start = datetime.fromisoformat(MEASURED_FROM)
-    path = folder / "wine.csv"
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["sample_id", "measured_at", *wine_measurements(), "target", "taster"])
-        for index, (row, label) in enumerate(zip(wine.data, wine.target, strict=True)):
-            when = (start + timedelta(hours=index)).isoformat()
-            writer.writerow(
-                [index, when, *(repr(float(v)) for v in row), int(label), taster(index)]
-            )
-    return path
-
-
-def taster(index: int) -> str:
-    return f"taster{index % 7}@winery.example"
 
 
 def ingest_training_data(client: ShamalClient, folder: Path) -> list[str]:
@@ -307,17 +272,6 @@ def submit_a_training_job(client: ShamalClient) -> list[str]:
         f"submitted job [bold]{job['id'][:12]}[/] (the PyTorch example: checkpoints, resumes "
         f"when preempted); follow it: shamal job logs -f {job['id'][:12]}"
     ]
-
-
-SERVED_AS = "wine"
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """Where the quickstart's `shamal serve` answers, and its callers' token."""
-
-    http_port: int
-    caller: str
 
 
 #: The `shamal serve` children this process started; stopped at exit, or by the caller.

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from rich.tree import Tree
 
-from shamal.cli._quickstart import (
+from shamal.cli._quickstart_wine import (
     MODEL,
     QUICKSTART_TEAM,
     SERVED_AS,

@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.cells import cell_len
+from rich.console import RenderableType
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shamal.cli._common import JsonOption, client, console, err_console, handle_errors
+from shamal.cli._tables import table_width
 from shamal.client import ShamalClient
 from shamal.errors import InvalidParameter
 
@@ -76,22 +80,28 @@ def _table(report: OptimizeReport, batches: tuple[int, ...], threads: tuple[int,
         header_style="bold",
     )
     for column in ("variant", "threads", "size"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for batch in batches:
-        table.add_column(f"b{batch} p50 ms", justify="right")
-        table.add_column(f"b{batch} items/s", justify="right")
-    table.add_column("fidelity")
-    table.add_column("verdict")
+        table.add_column(f"b{batch} p50 ms", justify="right", no_wrap=True)
+        table.add_column(f"b{batch} items/s", justify="right", no_wrap=True)
+    table.add_column("fidelity", overflow="fold")
+    table.add_column("verdict", overflow="fold")
     for v in report.variants:
         for count in threads:
-            cells = [v.name, str(count), _size(v.size_bytes)]
-            for batch in batches:
-                t = v.timing(batch, count)
-                cells += [f"{t.p50_ms:.2f}", f"{t.items_per_s:.0f}"] if t else ["-", "-"]
+            cells = _figures(v, count, batches)
             first = count == threads[0]
             cells += [_fidelity_text(v) if first else "", _verdict_text(v) if first else ""]
             table.add_row(*cells)
     return table
+
+
+def _figures(v: VariantReport, count: int, batches: tuple[int, ...]) -> list[str]:
+    """A variant's name, thread count, size and timings, as the full table's row shows them."""
+    cells = [v.name, str(count), _size(v.size_bytes)]
+    for batch in batches:
+        t = v.timing(batch, count)
+        cells += [f"{t.p50_ms:.2f}", f"{t.items_per_s:.0f}"] if t else ["-", "-"]
+    return cells
 
 
 def _size(size: int) -> str:
@@ -101,6 +111,55 @@ def _size(size: int) -> str:
 def _default_output(model_uri: str) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_uri.removeprefix("models:/")).strip("-.")
     return Path("optimized") / (slug or "model")
+
+
+TEXT_WIDTH = 24
+"""The fewest columns the full table's fidelity and verdict may wrap in."""
+
+
+def _report_tables(
+    report: OptimizeReport, batches: tuple[int, ...], threads: tuple[int, ...], width: int
+) -> list[RenderableType]:
+    """The report as it fits a console ``width`` columns wide, with nothing cut with '…':
+    the full table (:func:`_table`) when its names and figures fit whole with room for the
+    fidelity and verdict to wrap in; otherwise a compact layout, one row per variant, thread
+    count and batch (its columns do not multiply with the batches), and each variant's
+    fidelity and verdict below as a line that wraps."""
+    headers = ["variant", "threads", "size"]
+    headers += [f"b{batch} {unit}" for batch in batches for unit in ("p50 ms", "items/s")]
+    rows = [_figures(v, count, batches) for v in report.variants for count in threads]
+    widths = [max(cell_len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    if table_width([*widths, TEXT_WIDTH, TEXT_WIDTH]) <= width:
+        return [_table(report, batches, threads)]
+    return [_compact_table(report, batches, threads), *_verdict_lines(report)]
+
+
+def _compact_table(
+    report: OptimizeReport, batches: tuple[int, ...], threads: tuple[int, ...]
+) -> Table:
+    table = Table(
+        title=f"{report.source} ({report.kind}, {report.task})",
+        title_justify="left",
+        header_style="bold",
+    )
+    table.add_column("variant", overflow="fold")
+    table.add_column("size", no_wrap=True)
+    for column in ("threads", "batch", "p50 ms", "items/s"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for v in report.variants:
+        for row, (count, batch) in enumerate((c, b) for c in threads for b in batches):
+            t = v.timing(batch, count)
+            figures = [f"{t.p50_ms:.2f}", f"{t.items_per_s:.0f}"] if t else ["-", "-"]
+            named = [v.name, _size(v.size_bytes)] if row == 0 else ["", ""]
+            table.add_row(*named, str(count), str(batch), *figures)
+    return table
+
+
+def _verdict_lines(report: OptimizeReport) -> list[str]:
+    return [
+        f"{escape(v.name)}: {_verdict_text(v)}; fidelity {escape(_fidelity_text(v))}"
+        for v in report.variants
+    ]
 
 
 def _run(location: Path, dest: Path, request: OptimizeRequest, quiet: bool) -> OptimizeReport:
@@ -307,7 +366,7 @@ def optimize(
     if as_json:
         console.print_json(json.dumps({**report.to_json(), "registered": registered}))
     else:
-        console.print(_table(report, batches, counts))
+        console.print(*_report_tables(report, batches, counts, console.width), sep="\n")
         _print_choice(report)
         if registered:
             console.print(f"registered models:/{registered['name']}/{registered['version']}")

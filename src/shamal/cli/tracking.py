@@ -153,11 +153,13 @@ def compare_experiments(
 
 
 def _comparison_table(title: str, headers: Iterable[str]) -> Table:
-    """A table with a row label column, then one right-aligned column per thing compared."""
+    """A table with a row label column, then one right-aligned column per thing compared.
+    Every cell folds (a run's name, a long param) rather than being cut with '…': nothing
+    compared is left out in a narrow terminal, and a name reads whole."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("")
+    table.add_column("", overflow="fold")
     for header in headers:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")
     return table
 
 
