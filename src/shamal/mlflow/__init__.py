@@ -5,7 +5,9 @@ One home for everything MLflow-shaped, so the domains keep only their rules:
 * request fields as the dialect sends them, and protobuf-style JSON answers (:mod:`._fields`);
 * the JSON shapes of tracking's and the registry's entities (:mod:`._tracking_json`,
   :mod:`._registry_json`);
-* the routers: tracking (with the artifacts proxy), the model registry and its webhooks.
+* the routers: tracking (with the artifacts proxy), the model registry and its webhooks;
+* what MLflow's own UI calls beyond those (GraphQL, bulk histories, dataset summaries,
+  artifact files for its viewers): :mod:`.ui_api`, with :mod:`._graphql`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from shamal.mlflow._fields import MLFLOW_PREFIXES, MLFLOW_VERSION, is_mlflow_pat
 from shamal.mlflow.registry_api import PREFIXES as REGISTRY_PREFIXES
 from shamal.mlflow.registry_api import router as registry_router
 from shamal.mlflow.tracking_api import router as tracking_router
+from shamal.mlflow.ui_api import router as ui_router
 from shamal.mlflow.webhooks_api import router as webhooks_router
 
 __all__ = [
@@ -24,5 +27,6 @@ __all__ = [
     "mlflow_status",
     "registry_router",
     "tracking_router",
+    "ui_router",
     "webhooks_router",
 ]

@@ -24,6 +24,7 @@ from shamal.jobs import api as jobs_api
 from shamal.jobs import snapshot
 from shamal.lineage import api as lineage_api
 from shamal.mlflow import MLFLOW_VERSION, registry_router, tracking_router, webhooks_router
+from shamal.mlflow import ui_router as mlflow_ui_router
 from shamal.monitoring import api as monitoring_api
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
@@ -151,6 +152,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(tracking_router)
     app.include_router(registry_router)
     app.include_router(webhooks_router)
+    app.include_router(mlflow_ui_router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)
