@@ -46,7 +46,10 @@ for name, scale in [("first", 1.0), ("second", 2.0)]:
         if name == "first":
             X = np.array([[1.0], [2.0], [3.0]])
             model = LinearRegression().fit(X, np.array([2.0, 4.0, 6.0]))
-            mlflow.sklearn.log_model(model, name="model", registered_model_name={MODEL!r})
+            info = mlflow.sklearn.log_model(
+                model, name="model", registered_model_name={MODEL!r}
+            )
+            ids["model_id"] = info.model_id
         ids[name] = run.info.run_id
 ids["experiment"] = run.info.experiment_id
 print("IDS " + json.dumps(ids))
@@ -267,6 +270,19 @@ def test_the_registered_model_and_its_version_render(driver: Any, site: Site) ->
     network = _open(driver, site, f"/models/{MODEL}/versions/1")
     _wait(driver, _shows("Version 1", "Source Run", "first", "Schema"))
     _wait(driver, _settled(network, "model-versions/get-artifact"))
+    _no_failed_request(driver, network)
+
+
+def test_a_logged_models_files_render_in_the_artifact_view(driver: Any, site: Site) -> None:
+    from selenium.webdriver.common.by import By
+
+    model = site.ids["model_id"]
+    route = f"/experiments/{site.experiment}/models/{model}/artifacts?workflowType=machine_learning"
+    network = _open(driver, site, route)
+    _wait(driver, _shows("MLmodel", "requirements.txt"))
+    driver.find_element(By.XPATH, "//*[normalize-space(text())='MLmodel']").click()
+    _wait(driver, _shows("flavors", "sklearn"))
+    assert network.calls(f"logged-models/{model}/artifacts/files")
     _no_failed_request(driver, network)
 
 

@@ -113,6 +113,7 @@ def test_the_ui_calls_meet_the_session_roles_and_teams(
 
     found = browser.get(f"{AJAX}/experiments/search", params={"max_results": 25})
     assert found.status_code == 200
+    assert found.headers["x-content-type-options"] == "nosniff"
     names = [e["name"] for e in found.json()["experiments"]]
     assert "blue-work" in names
     assert "red-secrets" not in names
