@@ -7,6 +7,7 @@ mlflow client's "View run at" links. The same pages in the real Chromium:
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +364,58 @@ def test_with_the_stock_ui_off_links_stay_in_shamal_ui(
     assert off.status_code == 404
     assert "mlflow-ui extra" in off.text
     assert browser.get(f"{AJAX}/experiments/search").status_code == 404
+
+
+UI_ROUTES = [
+    ("POST", "/graphql"),
+    ("GET", "/ajax-api/2.0/mlflow/metrics/get-history-bulk"),
+    ("POST", "/ajax-api/2.0/mlflow/experiments/search-datasets"),
+    ("GET", "/get-artifact"),
+    ("GET", "/ajax-api/2.0/mlflow/get-artifact"),
+    ("GET", "/model-versions/get-artifact"),
+    ("GET", "/ajax-api/2.0/mlflow/logged-models/m-0/artifacts/files"),
+    ("GET", "/ajax-api/2.0/mlflow/gateway-proxy"),
+]
+_VARIABLES = ["data", "input", "runId", "experimentIds", "metricKey", "maxResults", "filter"]
+
+
+def test_fuzzed_ui_calls_never_cause_a_server_error(api: TestClient) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.tracking.test_mlflow_hostile import bodies, values
+
+    experiment = _experiment(api, "fuzzed")
+    run = _run(api, experiment, "r", metrics={"loss": [1.0, 2.0]})
+    queries = st.one_of(
+        st.just(GET_RUN),
+        st.just(SAMPLED),
+        st.text(max_size=60),
+        st.sampled_from(["{ test { output } }", "mutation { testMutation { output } }", "{"]),
+    )
+    variables = st.dictionaries(st.sampled_from(_VARIABLES), values, max_size=4)
+
+    @given(route=st.sampled_from(UI_ROUTES), body=bodies, query=queries, given_vars=variables)
+    @settings(
+        max_examples=150,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(route: tuple[str, str], body: dict[str, Any], query: str, given_vars: Any) -> None:
+        method, path = route
+        if path == "/graphql":
+            given_vars.setdefault("data", {"runId": run, "runIds": [run], "metricKey": "loss"})
+            body = {"query": query, "variables": given_vars}
+        if method == "GET":
+            params = {k: str(v) for k, v in body.items() if v is not None}
+            answer = api.request(method, path, params=params)
+        else:
+            answer = api.request(
+                method, path, content=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
+        assert answer.status_code < 500, (method, path, body, answer.text)
+        assert "internal error" not in answer.text.lower(), (path, body, answer.text)
+
+    check()

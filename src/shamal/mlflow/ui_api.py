@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shamal.artifacts import download_headers, download_slot, safe_relpath, search_slot
-from shamal.errors import InvalidParameter, NotFound, NotImplementedFeature
+from shamal.errors import InvalidParameter, NotFound
 from shamal.mlflow import _graphql
 from shamal.mlflow._fields import Fields, ProtoJSONResponse, proto_json, read_fields
 from shamal.registry import RegistryService, parse_version
@@ -218,5 +218,5 @@ def gateway_proxy(p: CurrentPrincipal, f: F) -> ProtoJSONResponse:
     """Shamal runs no AI gateway: the list of its endpoints is empty, and nothing else is
     answered through it."""
     if (f.text("gateway_path") or "").strip("/") + "/" != _GATEWAY_ENDPOINTS:
-        raise NotImplementedFeature("Shamal has no AI gateway to send this request to.")
+        raise NotFound("Shamal runs no AI gateway: nothing answers at this gateway path.")
     return proto_json({"endpoints": []})
