@@ -27,7 +27,6 @@ from graphql import (
     FragmentDefinitionNode,
     FragmentSpreadNode,
     GraphQLError,
-    GraphQLScalarType,
     GraphQLSchema,
     InlineFragmentNode,
     OperationDefinitionNode,
@@ -196,17 +195,38 @@ class Services:
     registry: RegistryService
 
 
-def _long_string(value: Any) -> str:
-    return str(value)
+#: The fields MLflow's schema types ``LongString``: int64 values sent as their digits, so
+#: JavaScript's numbers do not round them. Resolvers write them as strings themselves (the
+#: scalar passes values through, in every graphql-core version).
+LONG_FIELDS = frozenset(
+    {
+        "creationTime",
+        "lastUpdateTime",
+        "startTime",
+        "endTime",
+        "timestamp",
+        "step",
+        "fileSize",
+        "creationTimestamp",
+        "lastUpdatedTimestamp",
+    }
+)
 
 
-def _long_input(value: Any) -> int:
+def _long(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _integer(value: Any, name: str) -> int | None:
+    """An integer input sent as a number or as its digits (``LongString``); None if unset."""
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise GraphQLError("LongString takes an integer or its digits")
+        raise InvalidParameter(f"Parameter '{name}' must be an integer.")
     try:
         return int(value)
     except ValueError:
-        raise GraphQLError("LongString takes an integer or its digits") from None
+        raise InvalidParameter(f"Parameter '{name}' must be an integer.") from None
 
 
 def _camel(name: str) -> str:
@@ -216,8 +236,12 @@ def _camel(name: str) -> str:
 
 def camel_keys(value: Mapping[str, Any]) -> dict[str, Any]:
     """A protobuf-JSON object with its keys as GraphQL's fields name them (``run_id`` ->
-    ``runId``), all the way down."""
-    return {_camel(k): _camel_value(v) for k, v in value.items()}
+    ``runId``), all the way down, and its int64 fields as strings."""
+    out = {}
+    for key, item in value.items():
+        name = _camel(key)
+        out[name] = _long(item) if name in LONG_FIELDS else _camel_value(item)
+    return out
 
 
 def _camel_value(value: Any) -> Any:
@@ -326,8 +350,8 @@ def metric_history_bulk_interval(s: Services, args: Mapping[str, Any]) -> dict[s
             {
                 "key": m.key,
                 "value": _finite(m.value),
-                "timestamp": m.timestamp,
-                "step": m.step,
+                "timestamp": str(m.timestamp),
+                "step": str(m.step),
                 "runId": m.run_id,
             }
             for m in metrics
@@ -341,7 +365,9 @@ def list_artifacts(s: Services, args: Mapping[str, Any]) -> dict[str, Any]:
     root, files = s.tracking.files.list_run(s.principal, run_id, given.get("path") or "")
     return {
         "rootUri": root,
-        "files": [{"path": f.path, "isDir": f.is_dir, "fileSize": f.file_size} for f in files],
+        "files": [
+            {"path": f.path, "isDir": f.is_dir, "fileSize": _long(f.file_size)} for f in files
+        ],
     }
 
 
@@ -351,7 +377,7 @@ def search_model_versions(s: Services, args: Mapping[str, Any]) -> dict[str, Any
         s.principal,
         filter_string=given.get("filter"),
         order_by=[str(o) for o in given.get("orderBy") or []],
-        max_results=given.get("maxResults") or MAX_RUN_MODEL_VERSIONS,
+        max_results=_integer(given.get("maxResults"), "max_results") or MAX_RUN_MODEL_VERSIONS,
         page_token=given.get("pageToken"),
     )
     return {
@@ -413,13 +439,8 @@ def _root_field(resolver: Resolver) -> Callable[..., Any]:
 
 @cache
 def schema() -> GraphQLSchema:
-    """The schema, built once, with the root fields' resolvers and ``LongString``'s
-    conversions."""
+    """The schema, built once, with the root fields' resolvers."""
     built = build_schema(SCHEMA_SDL)
-    long_string = built.type_map["LongString"]
-    assert isinstance(long_string, GraphQLScalarType)
-    long_string.serialize = _long_string  # type: ignore[method-assign]
-    long_string.parse_value = _long_input  # type: ignore[method-assign]
     for type_name, resolvers in (("Query", QUERIES), ("Mutation", MUTATIONS)):
         root = built.type_map[type_name]
         for field_name, resolver in resolvers.items():
