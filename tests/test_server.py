@@ -17,7 +17,7 @@ from shamal.security import Principal
 from shamal.security.api import audit_action_of, audit_exemption_of, require_principal
 from shamal.server import PUBLIC_ROUTES, Platform, create_app, make_listener
 from shamal.webui import PUBLIC_ROUTES as UI_PUBLIC_ROUTES
-from shamal.webui import UIRoute, csrf_protected, session_principal
+from shamal.webui import UIRoute, csrf_protected, same_origin_protected, session_principal
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -39,14 +39,15 @@ def api_routes(app: FastAPI) -> list[Any]:
 
 def _ui_route_problems(rc: Any) -> list[str]:
     """A web UI page needs the session (the cookie re-authenticated); a form post the
-    session's CSRF token. The sign-in form checks its own (and audits every try)."""
+    session's CSRF token, and a call MLflow's own UI makes by script the browser's word that
+    it comes from this site. The sign-in form checks its own (and audits every try)."""
     if rc.path in UI_PUBLIC_ROUTES:
         return []
     calls = list(_calls(rc.dependant))
     problems = []
     if session_principal not in calls:
         problems.append(f"{sorted(rc.methods)} {rc.path}: no session dependency")
-    if rc.methods & MUTATING and csrf_protected not in calls:
+    if rc.methods & MUTATING and not {csrf_protected, same_origin_protected} & set(calls):
         problems.append(f"{sorted(rc.methods)} {rc.path}: no CSRF check")
     return problems
 

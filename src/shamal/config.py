@@ -442,6 +442,12 @@ class Settings(BaseSettings):
         "or a model's files, through the Shamal API and the MLflow-artifacts proxy, refusals "
         "included; off by default: one entry per download",
     )
+    mlflow_ui: bool = Field(
+        default=True,
+        description="serve MLflow's own UI under /mlflow/, behind the web UI's sign-in, and "
+        "open the mlflow client's 'View run at' links there, when the mlflow package (the "
+        "mlflow-ui extra) is installed; false keeps /mlflow/ off and the links in Shamal's UI",
+    )
 
     @field_validator("data_stores")
     @classmethod

@@ -78,7 +78,8 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("webui-home")
-    with LiveServer(home, args=["--sign-in-link"]) as server:
+    # MLflow's own UI off: the client's links open Shamal's pages (test_mlflow_ui.py has it on).
+    with LiveServer(home, env={"SHAMAL_MLFLOW_UI": "false"}, args=["--sign-in-link"]) as server:
         made = Site(server)
         with made.admin:
             made.experiment = made.mlflow("experiments/create", {"name": "browser-journeys"})[

@@ -99,7 +99,10 @@ def test_wrong_tokens_and_foreign_return_paths_are_refused(
     for where in ["https://evil.example/", "//evil.example/ui/", "/ui/../api/v1/tokens"]:
         answer = sign_in(browser, admin_token, next=where)
         assert answer.headers["location"] == "/ui/experiments", where
-    # The MLflow client's fragment leads to its page; a made-up one does not.
+    # The MLflow client's fragment leads to its page (Shamal's, with MLflow's own UI off:
+    # test_mlflow_ui_api.py has it on); a made-up one does not.
+    app_state = browser.app.state  # type: ignore[attr-defined]
+    app_state.settings = app_state.settings.model_copy(update={"mlflow_ui": False})
     link = sign_in(browser, admin_token, fragment=f"#/experiments/12/runs/{'c' * 32}")
     assert link.headers["location"] == f"/ui/experiments/12/runs/{'c' * 32}"
     odd = sign_in(browser, admin_token, fragment="#/experiments/1/../../api")

@@ -30,6 +30,7 @@ from shamal.mlflow import (
     tracking_router,
     webhooks_router,
 )
+from shamal.mlflow import ui_router as mlflow_ui_router
 from shamal.monitoring import api as monitoring_api
 from shamal.pipelines import api as pipelines_api
 from shamal.pipelines import promotion_router
@@ -159,6 +160,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(registry_router)
     app.include_router(webhooks_router)
     app.include_router(traces_router)
+    app.include_router(mlflow_ui_router)
     app.include_router(security_api.router)
     app.include_router(artifacts_api.router)
     app.include_router(tracking_api.router)

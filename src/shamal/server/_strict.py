@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shamal.errors import InvalidParameter
 from shamal.mlflow import is_mlflow_path
 from shamal.server._errors import error_response
+from shamal.webui import STOCK_UI_PATH
 
 
 def _takes_many(annotation: Any) -> bool:
@@ -48,8 +49,11 @@ async def reject_unknown_query(request: Request) -> None:
     ``async`` although it awaits nothing: FastAPI runs a plain-def dependency in a worker
     thread, a round trip on every request.
     """
-    if not request.query_params or is_mlflow_path(request.url.path):
-        return  # the MLflow dialect reads GET fields from the query itself
+    path = request.url.path
+    if not request.query_params or is_mlflow_path(path) or path.startswith(STOCK_UI_PATH):
+        # The MLflow dialect reads GET fields from the query itself; MLflow's own UI's calls
+        # are handed, query and all, to the route of their path, which checks them then.
+        return
     dependant = getattr(request.scope.get("route"), "dependant", None)
     if dependant is None:
         return

@@ -68,6 +68,9 @@ MAX_EXPERIMENT_TAG_VALUE = 20_000
 MAX_BATCH = {"metrics": 1000, "params": 100, "tags": 100, "total": 1000}
 #: The most runs one sampled history read names, as on a stock server.
 MAX_SAMPLED_RUNS = 100
+#: ``experiments/search-datasets``: experiments a call names, summaries it answers (stock).
+MAX_DATASET_SEARCH_EXPERIMENTS = 20
+MAX_DATASET_SUMMARIES = 1000
 MAX_SEARCH = {"runs": 50_000, "experiments": 50_000, "history": 1_000_000}
 _KEY_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,250}$")
 LifecycleView = Literal["active", "deleted", "all"]
@@ -562,6 +565,30 @@ class TrackingService:
             raise InvalidParameter("name the data read with a URI of 1 to 1000 characters")
         with self._db.unit_of_work(write=False) as s:
             return _store.runs_reading(s, uri, visible_teams(principal), limit)
+
+    def dataset_summaries(
+        self, principal: Principal, experiment_ids: Sequence[str]
+    ) -> list[tuple[str, str, str, str | None]]:
+        """(experiment id, name, digest, context) of each dataset the runs of these
+        experiments read (those the caller may see; at most 1,000), as a stock server's
+        ``experiments/search-datasets`` lists them.
+
+        Raises:
+            InvalidParameter: no experiment, more than 20, or an id that is not an integer.
+        """
+        if not experiment_ids:
+            raise InvalidParameter(
+                "SearchDatasets request must specify at least one experiment_id."
+            )
+        if len(experiment_ids) > MAX_DATASET_SEARCH_EXPERIMENTS:
+            raise InvalidParameter(
+                "SearchDatasets request cannot specify more than "
+                f"{MAX_DATASET_SEARCH_EXPERIMENTS} experiment_ids. "
+                f"Received {len(experiment_ids)} experiment_ids."
+            )
+        ids = self.searched_experiment_ids(principal, experiment_ids, "skip")
+        with self._db.unit_of_work(write=False) as s:
+            return _store.dataset_summaries(s, ids, MAX_DATASET_SUMMARIES)
 
     def log_outputs(
         self, principal: Principal, run_id: str, outputs: Sequence[tuple[str, int]]

@@ -676,6 +676,34 @@ def _dataset_inputs(s: Session, run_ids: Sequence[str]) -> dict[str, list[Datase
     return found
 
 
+#: The context tag of a run's dataset input ("training", "eval"), as MLflow names it.
+DATASET_CONTEXT_TAG = "mlflow.data.context"
+
+
+def dataset_summaries(
+    s: Session, experiment_ids: Sequence[int], limit: int
+) -> list[tuple[str, str, str, str | None]]:
+    """(experiment id, name, digest, context) of the datasets the runs of these experiments
+    read, each once, at most ``limit``: what MLflow's UI lists to filter runs by dataset."""
+    if not experiment_ids:
+        return []
+    rows = s.execute(
+        select(DatasetRow.experiment_id, DatasetRow.name, DatasetRow.digest, RunInputRow.tags)
+        .join(RunInputRow, RunInputRow.dataset_id == DatasetRow.dataset_id)
+        .where(DatasetRow.experiment_id.in_(experiment_ids))
+        .order_by(DatasetRow.experiment_id, DatasetRow.name, DatasetRow.digest)
+    )
+    found: dict[tuple[str, str, str, str | None], None] = {}
+    for experiment_id, name, digest, tags in rows:
+        context = next(
+            (t["value"] for t in json.loads(tags) if t["key"] == DATASET_CONTEXT_TAG), None
+        )
+        found.setdefault((str(experiment_id), name, digest, context), None)
+        if len(found) >= limit:
+            break
+    return list(found)
+
+
 def _model_links(s: Session, run_ids: Sequence[str]) -> dict[str, list[tuple[str, str, int]]]:
     found: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
     rows = s.execute(

@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from shamal.errors import NotFound, Unauthenticated
 from shamal.security import AuditContext, AuditLog
+from shamal.webui._common import STOCK_UI_PATH, mlflow_link_target
 from shamal.webui._render import page, redirect, static_file
 from shamal.webui._seal import SESSION_MAX_AGE_S, new_nonce
 from shamal.webui._session import (
@@ -29,20 +30,23 @@ from shamal.webui._session import (
 
 logger = logging.getLogger(__name__)
 
-#: The fragments the stock MLflow client prints ("View run at", "View experiment at").
-_MLFLOW_FRAGMENT = re.compile(r"^#/experiments/([0-9]{1,18})(?:/runs/([0-9a-f]{32}))?/?$")
 _SIGN_IN_PATH = "/ui/sign-in"
+#: A route of MLflow's own UI kept across signing in (``/mlflow/#/models/m1``): its
+#: address is a fragment of plain path characters.
+_STOCK_UI_ROUTE = re.compile(r"^#/[A-Za-z0-9/_.~%-]{0,300}$")
 
 
-def mlflow_fragment_path(fragment: str) -> str | None:
-    """The UI page of an MLflow UI fragment (``#/experiments/1/runs/<id>``), or None."""
-    found = _MLFLOW_FRAGMENT.match(fragment or "")
-    if found is None:
-        return None
-    experiment, run = found.groups()
-    if run:
-        return f"/ui/experiments/{experiment}/runs/{run}"
-    return f"/ui/experiments/{experiment}"
+def after_sign_in(request: Request, next_path: str, fragment: str) -> str:
+    """Where signing in leads: the page of an MLflow link's fragment; MLflow's own UI at
+    the route its address named, when that is where the person was going; else ``next``,
+    when it is one of the UI's own pages."""
+    target = mlflow_link_target(request, fragment)
+    if target is not None:
+        return target
+    back = safe_return_path(next_path)
+    if back == STOCK_UI_PATH and _STOCK_UI_ROUTE.match(fragment or ""):
+        return back + fragment
+    return back
 
 
 def _set_cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
@@ -131,7 +135,7 @@ async def sign_in(
         return sign_in_form(request, next_path or None, message, 401)
     ctx = AuditContext(action="ui.sign_in", actor=principal.name, principal=principal, target="ui")
     await run_in_threadpool(audit.record_outcome, ctx, "ok")
-    target = mlflow_fragment_path(fragment) or safe_return_path(next_path)
+    target = after_sign_in(request, next_path, fragment)
     response = redirect(target)
     _set_cookie(response, request, SESSION_COOKIE, seal.seal(token.strip()), SESSION_MAX_AGE_S)
     _set_cookie(response, request, SIGN_IN_COOKIE, "", 0)

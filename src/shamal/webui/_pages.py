@@ -19,7 +19,7 @@ from shamal.artifacts import PrincipalSlots
 from shamal.errors import InvalidParameter
 from shamal.security import Principal
 from shamal.tracking import Experiment, Run, TrackingService
-from shamal.webui._common import Route, context, service_of
+from shamal.webui._common import STOCK_UI_PATH, Route, context, service_of, stock_ui
 from shamal.webui._render import page, redirect
 from shamal.webui._session import SessionPrincipal
 
@@ -78,13 +78,15 @@ async def experiments_page(
         experiments=found.items,
         next_page_token=found.next_page_token,
         follow_hash=follow_hash,
+        stock_ui=STOCK_UI_PATH if stock_ui(request) is not None else "",
     )
     return page("experiments.html", values)
 
 
 async def home(request: Request, principal: SessionPrincipal) -> Response:
     """``/``: the experiments list, whose script follows an MLflow link's fragment
-    (``#/experiments/1/runs/<id>``) to the matching page. Signed out, the sign-in form,
+    (``#/experiments/1/runs/<id>``) to the matching page: MLflow's own UI's when it is
+    installed (``/mlflow/#/experiments/...``), else Shamal's. Signed out, the sign-in form,
     which keeps the fragment for after signing in."""
     return await experiments_page(request, principal, None, follow_hash=True)
 

@@ -23,6 +23,7 @@ from shamal.webui import (
     _jobs,
     _jobs_usage,
     _lineage,
+    _mlflow_ui,
     _models,
     _monitors,
     _pages,
@@ -49,15 +50,23 @@ PAGE_MODULES = (
     _deployments,
     _monitors,
     _audit,
+    _mlflow_ui,
 )
 
-#: Pages anyone may open: the sign-in form and the static files it needs.
-PUBLIC_ROUTES = frozenset({"/ui/sign-in", "/ui/static/{name}"})
+#: Pages anyone may open: the sign-in form and the static files it needs (and those of
+#: MLflow's own UI, a public release).
+PUBLIC_ROUTES = frozenset({"/ui/sign-in", "/ui/static/{name}", "/mlflow/static-files/{path:path}"})
 API_PREFIX = "/ui/api/"
 
 
+def _is_api(path: str) -> bool:
+    """A call made by script (answered in JSON), not a page: ``/ui/api/...`` and every call
+    MLflow's own UI makes under ``/mlflow/``."""
+    return path.startswith(API_PREFIX) or (path.startswith("/mlflow/") and path != "/mlflow/")
+
+
 def _error_page(request: Request, status: int, message: str) -> Response:
-    if request.url.path.startswith(API_PREFIX):
+    if _is_api(request.url.path):
         body = {"error_code": "UI_ERROR", "message": message}
         return JSONResponse(body, status_code=status, headers=SECURITY_HEADERS)
     principal = getattr(request.state, "principal", None)
@@ -68,7 +77,7 @@ def _error_page(request: Request, status: int, message: str) -> Response:
 
 
 def _signed_out(request: Request, exc: SignedOut) -> Response:
-    if request.url.path.startswith(API_PREFIX):
+    if _is_api(request.url.path):
         return _error_page(request, Unauthenticated.status, "signed out: sign in again")
     return _auth.sign_out_response(request, exc.return_to)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -20,8 +21,9 @@ SESSION_COOKIE = "shamal_session"
 #: The sign-in form's pre-session cookie: its CSRF token is bound to this nonce.
 SIGN_IN_COOKIE = "shamal_sign_in"
 CSRF_FIELD = "csrf"
-#: Where a person may be sent back to after signing in: the UI's own pages, nothing else.
-_RETURN_PATH = re.compile(r"^/ui/[A-Za-z0-9/_.-]{0,300}$")
+#: Where a person may be sent back to after signing in: the UI's own pages (and MLflow's
+#: own UI, ``/mlflow/``), nothing else.
+_RETURN_PATH = re.compile(r"^/(?:ui/[A-Za-z0-9/_.-]{0,300}|mlflow/)$")
 
 
 class SignedOut(Exception):
@@ -120,6 +122,27 @@ async def csrf_protected(request: Request, principal: SessionPrincipal) -> Princ
 CsrfChecked = Annotated[Principal, Depends(csrf_protected)]
 
 
+async def same_origin_protected(request: Request, principal: SessionPrincipal) -> Principal:
+    """A dependency of every state-changing call MLflow's own UI makes with the session
+    cookie (``/mlflow/ajax-api/...``, ``/mlflow/graphql``): it has no form to carry a
+    synchronizer token, so the browser must say the call came from this site. Its
+    ``Origin`` names this host and, where it sends one, ``Sec-Fetch-Site`` is
+    ``same-origin``; the cookie, SameSite=Strict, is not sent cross-site in the first place.
+
+    Raises:
+        CsrfRefused: no ``Origin``, another origin's, or a cross-site fetch.
+    """
+    origin = request.headers.get("origin", "")
+    host = request.headers.get("host", "")
+    site = request.headers.get("sec-fetch-site", "same-origin")
+    if not host or urlsplit(origin).netloc != host or site != "same-origin":
+        raise CsrfRefused
+    return principal
+
+
 def csrf_of(request: Request) -> str:
     """The synchronizer token the forms of this request's session carry."""
     return session_seal(request).csrf_token(request.cookies.get(SESSION_COOKIE, ""))
+
+
+SameOrigin = Annotated[Principal, Depends(same_origin_protected)]
