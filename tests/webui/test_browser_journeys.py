@@ -310,6 +310,43 @@ def test_promote_an_alias_as_a_maintainer_and_be_refused_as_a_viewer(
     journeys.shot(driver, "model")
 
 
+#: Run before a page's own scripts: counts its fetches and holds each until released.
+HOLD_FETCHES = """
+window.__fetches = 0;
+window.__release = [];
+const realFetch = window.fetch.bind(window);
+window.fetch = (...args) => {
+  window.__fetches += 1;
+  return new Promise(resolve => window.__release.push(() => resolve(realFetch(...args))));
+};
+"""
+
+
+def test_a_live_part_keeps_one_poll_however_often_the_tab_comes_back(
+    driver: Any, journeys: Journeys
+) -> None:
+    """The queue's rows follow the server by polling (live.js); the tab shown again while
+    a poll is in flight must not start a second loop (loops would multiply, and with them
+    requests and memory, on a page left open)."""
+    _sign_in(driver, journeys, journeys.server.token)
+    hold = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOLD_FETCHES})
+    try:
+        driver.get(journeys.url + "/ui/jobs")
+        assert _by_css(driver, "tbody[data-live]")
+        _wait(driver, lambda d: d.execute_script("return window.__fetches") == 1)
+        for _ in range(5):  # the tab hidden and shown again, while the poll is held
+            driver.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
+        assert driver.execute_script("return window.__fetches") == 1
+        driver.execute_script("window.__release.splice(0).forEach(go => go())")
+        live = _by_css(driver, "tbody[data-live]")
+        _wait(driver, lambda _: live.get_attribute("data-live-state"))  # the poll came back
+        assert driver.execute_script("return window.__fetches") == 1  # the next is 2 s off
+    finally:
+        driver.execute_cdp_cmd(
+            "Page.removeScriptToEvaluateOnNewDocument", {"identifier": hold["identifier"]}
+        )
+
+
 def _pages(site: Journeys) -> list[str]:
     experiment, run = site.ids["experiment"], site.ids["run"]
     return [
