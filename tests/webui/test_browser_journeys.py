@@ -1,8 +1,10 @@
 """Journeys over the platform's pages in a real browser (Debian's Chromium, headless, through
 its chromedriver, against a real server process): follow lineage from a deployment down to
 its data, watch a job's log as it is written, promote an alias as a maintainer and be refused
-as a viewer; and axe-core's accessibility rules on every page, none of them broken at the
-serious or critical level.
+as a viewer; axe-core's accessibility rules on every page, none of them broken at the
+serious or critical level, and nothing of a page's own blocked by its Content-Security-Policy;
+no write form on any page a viewer sees; live parts that keep a single poll however often the
+tab is hidden and shown.
 
 Screenshots of the main pages are taken on the way; with ``UI_SCREENSHOTS=DIR`` they are
 also written to ``DIR`` (``docs/screenshots`` holds the README's).
@@ -310,41 +312,66 @@ def test_promote_an_alias_as_a_maintainer_and_be_refused_as_a_viewer(
     journeys.shot(driver, "model")
 
 
-#: Run before a page's own scripts: counts its fetches and holds each until released.
+#: Run before a page's own scripts: counts its fetches and holds each until released, and
+#: counts the polls it schedules (live.js and job-log.js both name theirs ``tick``).
 HOLD_FETCHES = """
 window.__fetches = 0;
+window.__ticks = 0;
 window.__release = [];
 const realFetch = window.fetch.bind(window);
 window.fetch = (...args) => {
   window.__fetches += 1;
   return new Promise(resolve => window.__release.push(() => resolve(realFetch(...args))));
 };
+const realSetTimeout = window.setTimeout.bind(window);
+window.setTimeout = (fn, ms, ...rest) => {
+  if (fn && fn.name === "tick") window.__ticks += 1;
+  return realSetTimeout(fn, ms, ...rest);
+};
 """
 
 
-def test_a_live_part_keeps_one_poll_however_often_the_tab_comes_back(
-    driver: Any, journeys: Journeys
+def _held_polls_stay_single(driver: Any, polls: int) -> None:
+    """With the page's ``polls`` first requests held in flight, the tab hidden and shown five
+    times starts no other request and schedules no other poll."""
+    _wait(driver, lambda d: d.execute_script("return window.__fetches") == polls)
+    scheduled = driver.execute_script("return window.__ticks")
+    for _ in range(5):
+        driver.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
+    assert driver.execute_script("return [window.__fetches, window.__ticks]") == [
+        polls,
+        scheduled,
+    ]
+    driver.execute_script("window.__release.splice(0).forEach(go => go())")
+
+
+def test_live_parts_keep_one_poll_however_often_the_tab_comes_back(
+    driver: Any, journeys: Journeys, tmp_path: Path
 ) -> None:
-    """The queue's rows follow the server by polling (live.js); the tab shown again while
-    a poll is in flight must not start a second loop (loops would multiply, and with them
-    requests and memory, on a page left open)."""
+    """The queue's rows (live.js), a running job's state (live.js) and its log (job-log.js)
+    follow the server by polling; the tab shown again while a poll is in flight must start
+    no second one (loops would multiply on a page left open, and a log could be appended
+    twice)."""
+    job = journeys.submit_following_job(tmp_path)
     _sign_in(driver, journeys, journeys.server.token)
     hold = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOLD_FETCHES})
     try:
         driver.get(journeys.url + "/ui/jobs")
-        assert _by_css(driver, "tbody[data-live]")
-        _wait(driver, lambda d: d.execute_script("return window.__fetches") == 1)
-        for _ in range(5):  # the tab hidden and shown again, while the poll is held
-            driver.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
-        assert driver.execute_script("return window.__fetches") == 1
-        driver.execute_script("window.__release.splice(0).forEach(go => go())")
         live = _by_css(driver, "tbody[data-live]")
+        _held_polls_stay_single(driver, 1)
         _wait(driver, lambda _: live.get_attribute("data-live-state"))  # the poll came back
-        assert driver.execute_script("return window.__fetches") == 1  # the next is 2 s off
+        driver.get(f"{journeys.url}/ui/jobs/{job}")
+        assert _by_css(driver, "pre.log[data-log]")
+        assert _by_css(driver, "[data-live]")
+        _held_polls_stay_single(driver, 2)  # the log's and the state's
+        log = _by_css(driver, "pre.log")
+        _wait(driver, lambda _: "first line from the job" in log.text)
+        assert log.text.count("first line from the job") == 1
     finally:
         driver.execute_cdp_cmd(
             "Page.removeScriptToEvaluateOnNewDocument", {"identifier": hold["identifier"]}
         )
+        (tmp_path / "exchange" / "go").write_text("go")
 
 
 def _pages(site: Journeys) -> list[str]:
