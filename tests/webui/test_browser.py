@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
@@ -26,6 +27,13 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 JS_LINK = "javascript:alert(1)"
 WAIT_S = 20
+ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
+#: Artifacts whose names or contents are HTML and script: each is shown as text.
+HOSTILE_FILES = {
+    f"{HOSTILE}.txt": HOSTILE.encode(),
+    "page.html": b"<script>window.__xss=1</script><a href='javascript:alert(1)'>go</a>",
+    "logo.svg": b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.__xss=1"/>',
+}
 
 
 class Site:
@@ -68,6 +76,17 @@ class Site:
         self.runs[name] = run_id
         return run_id
 
+    def artifacts(self, run_id: str, files: dict[str, bytes]) -> None:
+        """Upload ``files`` as the run's artifacts, as the MLflow client does."""
+        info = self.admin.get("/api/2.0/mlflow/runs/get", params={"run_id": run_id})
+        root = info.raise_for_status().json()["run"]["info"]["artifact_uri"]
+        for path, data in files.items():
+            where = quote(path, safe="")
+            put = self.admin.put(
+                f"{ARTIFACTS}/{root.removeprefix('mlflow-artifacts:/')}/{where}", content=data
+            )
+            put.raise_for_status()
+
     def token_for(self, user: str) -> tuple[str, str]:
         self.admin.post("/api/v1/users", json={"name": user}).raise_for_status()
         issued = self.admin.post("/api/v1/tokens", json={"name": "ui", "user": user})
@@ -89,7 +108,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             curve[3210] = 9.0  # a spike the chart must show
             made.run("fast", {"lr": "0.1"}, {"stage": "dev"}, curve)
             made.run("slow", {"lr": "0.001"}, {"stage": "dev"}, [2.0 - i / 100 for i in range(50)])
-            made.run(HOSTILE, {HOSTILE: JS_LINK, "link": JS_LINK}, {HOSTILE: HOSTILE}, [1.0, 0.5])
+            hostile = made.run(
+                HOSTILE, {HOSTILE: JS_LINK, "link": JS_LINK}, {HOSTILE: HOSTILE}, [1.0, 0.5]
+            )
+            made.artifacts(hostile, HOSTILE_FILES)
             yield made
 
 
@@ -228,6 +250,12 @@ def test_hostile_names_tags_and_params_render_inert(driver: Any, site: Site) -> 
         f"/ui/experiments/{site.experiment}?param={httpx.QueryParams({'p': HOSTILE})['p']}",
         f"/ui/experiments/{site.experiment}/runs/{hostile}",
         f"/ui/compare?run={hostile}&run={site.runs['slow']}",
+        f"/ui/experiments/{site.experiment}/runs/{hostile}/artifacts",
+        *(
+            f"/ui/experiments/{site.experiment}/runs/{hostile}/artifacts/preview?"
+            + urlencode({"path": name})
+            for name in HOSTILE_FILES
+        ),
     ]
     for page in pages:
         driver.get(site.url + page.replace("<", "%3C").replace(">", "%3E").replace('"', "%22"))
@@ -242,6 +270,11 @@ def test_hostile_names_tags_and_params_render_inert(driver: Any, site: Site) -> 
     driver.get(f"{site.url}/ui/experiments/{site.experiment}/runs/{hostile}")
     assert _by_css(driver, "h1").text == HOSTILE  # shown as the text it is
     assert JS_LINK in _by_css(driver, "main").text
+    driver.get(f"{site.url}/ui/experiments/{site.experiment}/runs/{hostile}/artifacts")
+    assert f"{HOSTILE}.txt" in _by_css(driver, "main").text  # the artifact's name, as text
+    preview = f"/ui/experiments/{site.experiment}/runs/{hostile}/artifacts/preview"
+    driver.get(f"{site.url}{preview}?path=page.html")  # its markup, shown as text
+    assert "<script>window.__xss=1</script>" in _by_css(driver, "main").text
     answer = site.admin.get(f"/ui/experiments/{site.experiment}", follow_redirects=False)
     assert "default-src 'none'" in answer.headers["content-security-policy"]
 

@@ -20,6 +20,7 @@ function follow(pre) {
   let wait = MIN_MS;
   let timer = null;
   let stopped = pre.dataset.done === "1";
+  let busy = false; // a request in flight: no second one may ask for the same offset
 
   function say(text) {
     if (status) status.textContent = text;
@@ -36,13 +37,24 @@ function follow(pre) {
   }
 
   function schedule() {
-    if (!stopped && timer === null && !document.hidden) timer = setTimeout(tick, wait);
+    if (!stopped && !busy && timer === null && !document.hidden) timer = setTimeout(tick, wait);
   }
   // The wait after a piece that said `more` is 0: the next tick asks at once.
 
   async function tick() {
     timer = null;
-    if (document.hidden || stopped) return;
+    if (document.hidden || stopped || busy) return;
+    busy = true;
+    try {
+      await ask();
+    } finally {
+      busy = false;
+    }
+    schedule();
+  }
+
+  // One request for what follows `offset`; `stopped` once the log is whole or signed out.
+  async function ask() {
     try {
       const answer = await fetch(`${url}?offset=${offset}&attempt=${attempt}`, {
         credentials: "same-origin",
@@ -79,7 +91,6 @@ function follow(pre) {
       wait = Math.min(MAX_MS, wait * 2);
       say("The server did not answer; trying again.");
     }
-    schedule();
   }
 
   document.addEventListener("visibilitychange", () => {

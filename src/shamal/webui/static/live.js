@@ -15,10 +15,12 @@ function follow(element) {
   let wait = base;
   let last = element.innerHTML;
   let timer = null;
+  let busy = false; // a fetch in flight: the tab shown again must not start a second loop
 
   async function tick() {
     timer = null;
-    if (document.hidden) return; // resumed by visibilitychange
+    if (document.hidden || busy) return; // resumed by visibilitychange
+    busy = true;
     let final = false;
     try {
       const answer = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
@@ -41,12 +43,14 @@ function follow(element) {
     } catch (error) {
       element.setAttribute("data-live-state", "retrying");
       wait = Math.min(MAX_MS, wait * 2);
+    } finally {
+      busy = false;
     }
     if (!final) timer = setTimeout(tick, wait);
   }
 
   document.addEventListener("visibilitychange", () => {
-    if (!document.hidden && timer === null && element.dataset.liveState !== "final") {
+    if (!document.hidden && timer === null && !busy && element.dataset.liveState !== "final") {
       wait = base;
       tick();
     }
