@@ -4,12 +4,14 @@ MLflow's own REST suite (``bench/mlflow_suite.py``) sends raw requests with fiel
 wrong type and matches on the stock server's message: ``Invalid value 31 for parameter
 'run_id' supplied``, ``Missing value for required parameter 'metrics[0].timestamp'``, fields
 checked in the stock server's order. The same requests here, against a live Shamal on SQLite
-and PostgreSQL, with the stock client's transport where the client sends them itself.
+and PostgreSQL, with the stock client's transport where the client sends them itself; and the
+one logged-model route of the suite Shamal lacked (a model's file, as the UI reads it).
 """
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -142,3 +144,25 @@ def test_an_artifact_path_that_climbs_out_is_an_invalid_path(
     )
     assert answer.status_code == 400
     assert answer.json() == {"error_code": "INVALID_PARAMETER_VALUE", "message": "Invalid path"}
+
+
+def test_a_logged_models_file_is_served_to_the_ui(mlflow_env: LiveServer, tmp_path: Path) -> None:
+    client = MlflowClient(tracking_uri=mlflow_env.url)
+    experiment = client.create_experiment(f"files-{uuid.uuid4().hex[:8]}")
+    model = client.create_logged_model(experiment)
+    (tmp_path / "MLmodel").write_text(f"model_id: {model.model_id}\n")
+    client.log_model_artifacts(model.model_id, str(tmp_path))
+    headers = {"Authorization": f"Bearer {mlflow_env.token}"}
+    url = f"{mlflow_env.url}/ajax-api/2.0/mlflow/logged-models/{model.model_id}/artifacts/files"
+    answer = httpx.get(url, params={"artifact_file_path": "MLmodel"}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.text == f"model_id: {model.model_id}\n"
+    climbing = httpx.get(url, params={"artifact_file_path": "../x"}, headers=headers)
+    assert climbing.status_code == 400
+    missing = httpx.get(
+        url.replace(model.model_id, "m-" + "0" * 32),
+        params={"artifact_file_path": "MLmodel"},
+        headers=headers,
+    )
+    assert missing.status_code == 404
+    assert httpx.get(url, params={"artifact_file_path": "MLmodel"}).status_code == 401

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
 
 from shamal.api import PageBytes
-from shamal.artifacts import search_slot
+from shamal.artifacts import download_headers, safe_relpath, search_slot
 from shamal.errors import InvalidParameter
 from shamal.mlflow import _tracking_json as _proto
 from shamal.mlflow._fields import (
@@ -24,9 +25,16 @@ from shamal.mlflow._fields import (
     proto_json_encoded,
     read_fields,
 )
-from shamal.mlflow.artifacts_api import artifacts_router
+from shamal.mlflow.artifacts_api import DOWNLOAD_SLOT, artifacts_router
 from shamal.security import AuditContext, Principal
-from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
+from shamal.security.api import (
+    CurrentPrincipal,
+    ReadAudit,
+    audited,
+    audited_read,
+    data_plane_write,
+    read_only_post,
+)
 from shamal.tracking import (
     DEFAULT_LOGGED_MODEL_RESULTS,
     MAX_LOGGED_MODEL_RESULTS,
@@ -475,6 +483,26 @@ def list_logged_model_artifacts(
                 for x in files
             ],
         }
+    )
+
+
+@mlflow.get("/logged-models/{model_id}/artifacts/files", dependencies=DOWNLOAD_SLOT)
+def get_logged_model_artifact(
+    model_id: str,
+    f: F,
+    svc: Tracking,
+    p: CurrentPrincipal,
+    reads: Annotated[ReadAudit, Depends(audited_read("artifact.read"))],
+) -> StreamingResponse:
+    """One file of a logged model (``artifact_file_path`` below its root), as a stock server
+    sends it to its UI: the bytes, with the read audited as any artifact download."""
+    model = svc.models.get(p, model_id)
+    root = model.artifact_location.removeprefix("mlflow-artifacts:/")
+    path = f"{root}/{safe_relpath(f.required('artifact_file_path'))}"
+    found, data = svc.files.download(p, path)
+    reads.granted(f"mlflow-artifacts:{path}", digest=found.digest, size=found.size)
+    return StreamingResponse(
+        data, media_type="application/octet-stream", headers=download_headers(found)
     )
 
 
