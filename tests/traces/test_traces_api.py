@@ -341,12 +341,29 @@ def test_another_team_cannot_see_or_touch_traces(api: TestClient) -> None:
     assert search.json() == {"traces": []}
     batch = api.get(f"{V3}/traces/batchGet", params={"trace_ids": [tid]}, headers=out)
     assert batch.json() == {"traces": []}
-    # A trace of the team cannot be taken over by spans sent to the outsider's experiment.
+    # A trace of the team cannot be taken over by spans sent to the outsider's experiment:
+    # they would join the trace where it is, which the outsider may not write (or see).
     own = _experiment(api, out)
     hijack = _export(api, own, protobuf_of(SpanSpec("evil", trace)), out)
-    assert hijack.status_code == 400
+    assert hijack.status_code == 404, hijack.text
     spans_now = api.get(f"{V3}/traces/get", params={"trace_id": tid}, headers=vic).json()
     assert [s["name"] for s in spans_now["trace"]["spans"]] == ["root"]
+
+
+def test_spans_of_a_known_trace_join_it_in_its_own_experiment(api: TestClient) -> None:
+    """As on a stock server: the header names where a new trace goes; spans of a trace that
+    exists are added to it where it is (the sender may write there)."""
+    home, elsewhere = _experiment(api), _experiment(api)
+    trace = new_trace_id()
+    tid = mlflow_id(trace)
+    assert _export(api, home, protobuf_of(SpanSpec("root", trace))).status_code == 200
+    late = _export(api, elsewhere, protobuf_of(SpanSpec("late", trace)))
+    assert late.status_code == 200, late.text
+    info = api.get(f"{V3}/traces/{tid}").json()["trace"]["trace_info"]
+    assert info["trace_location"]["mlflow_experiment"]["experiment_id"] == home
+    got = api.get(f"{V3}/traces/get", params={"trace_id": tid, "allow_partial": "true"}).json()
+    assert sorted(span["name"] for span in got["trace"]["spans"]) == ["late", "root"]
+    assert _ids(_search(api, elsewhere)) == []
 
 
 # ---------------------------------------------------------------------- hostile input

@@ -29,6 +29,7 @@ __all__ = [
     "ProtoJSONResponse",
     "bounded_page",
     "encode_json",
+    "invalid_value",
     "is_mlflow_path",
     "mlflow_status",
     "parse_double",
@@ -52,6 +53,22 @@ MLFLOW_PREFIXES = (
 _MAX_LIST = 10_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _TWO_TO_63 = float(2**63)
+
+
+def invalid_value(name: str, value: Any) -> InvalidParameter:
+    """A value of the wrong type, refused in a stock server's words (MLflow's tests and
+    clients match on them); the value is echoed as JSON, cut at 100 characters."""
+    try:
+        shown = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        shown = repr(value)
+    if len(shown) > 100:
+        shown = shown[:100] + "..."
+    return InvalidParameter(
+        f"Invalid value {shown} for parameter '{name}' supplied: Hint: Value was of type "
+        f"'{type(value).__name__}'. See the API docs for more information about request "
+        "parameters."
+    )
 
 
 def is_mlflow_path(path: str) -> bool:
@@ -82,7 +99,7 @@ class Fields:
                 raise InvalidParameter(f"Missing value for required parameter '{name}'.")
             return None if value is None else ""
         if not isinstance(value, str):
-            raise InvalidParameter(f"Parameter '{name}' must be a string.")
+            raise invalid_value(name, value)
         if len(value) > max_len:
             raise InvalidParameter(f"Parameter '{name}' is longer than {max_len} characters.")
         return value
@@ -101,7 +118,7 @@ class Fields:
                 raise InvalidParameter(f"Missing value for required parameter '{name}'.")
             return default
         if isinstance(value, bool):
-            raise InvalidParameter(f"Parameter '{name}' must be an integer.")
+            raise invalid_value(name, value)
         if isinstance(value, int):
             number = value
         elif isinstance(value, float) and value.is_integer():
@@ -114,9 +131,9 @@ class Fields:
             try:  # isdigit() also says yes to "--1" and to "²", which int() refuses
                 number = int(value)
             except ValueError:
-                raise InvalidParameter(f"Parameter '{name}' must be an integer.") from None
+                raise invalid_value(name, value) from None
         else:
-            raise InvalidParameter(f"Parameter '{name}' must be an integer.")
+            raise invalid_value(name, value)
         # Every integer of MLflow's protos fits an int64, and so must what the database
         # stores: a bigger one is the caller's mistake (400), not the database's (500).
         if not INT64_MIN <= number <= INT64_MAX:
@@ -155,16 +172,19 @@ class Fields:
         return values
 
     def objects(self, name: str) -> list[Mapping[str, Any]]:
+        raw = self._data.get(name)
+        if name not in self._lists and raw is not None and not isinstance(raw, list):
+            raise invalid_value(name, raw)
         items = self.many(name)
         if not all(isinstance(i, dict) for i in items):
-            raise InvalidParameter(f"Parameter '{name}' must be a list of objects.")
+            raise invalid_value(name, raw if raw is not None else items)
         return items
 
 
 def parse_double(value: Any, name: str) -> float:
     """A double as protobuf JSON sends it: a number, or "NaN" / "Infinity" / "-Infinity"."""
     if isinstance(value, bool):
-        raise InvalidParameter(f"Parameter '{name}' must be a number.")
+        raise invalid_value(name, value)
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
@@ -181,7 +201,7 @@ def parse_double(value: Any, name: str) -> float:
             return float(value)
         except ValueError:
             pass
-    raise InvalidParameter(f"Parameter '{name}' must be a number.")
+    raise invalid_value(name, value)
 
 
 def _json_value(body: bytes) -> Any:

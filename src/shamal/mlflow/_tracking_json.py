@@ -162,16 +162,21 @@ def logged_model_json(m: LoggedModel) -> dict[str, Any]:
     }
 
 
-def metrics_of(items: Sequence[Mapping[str, Any]], default_ts: int) -> list[Metric]:
+def metrics_of(
+    items: Sequence[Mapping[str, Any]], default_ts: int | None, *, batch: bool = False
+) -> list[Metric]:
     """Metrics from a request (``log-batch`` or ``log-metric`` fields).
 
     Raises:
         InvalidParameter: a field is missing or malformed, a timestamp or step is not an
             int64 (MLflow's protobuf type; the database could not store it either), or a
-            timestamp is negative (a stock server refuses it too).
+            timestamp is negative (a stock server refuses it too). In a ``log-batch``
+            (``batch``) each metric needs its key, value and timestamp, named by their place
+            (``metrics[0].timestamp``) as a stock server names them; ``log-metric`` takes an
+            absent timestamp as the server's time.
     """
     out = []
-    for item in items:
+    for index, item in enumerate(items):
         # The shape the stock client sends (float value, int timestamp and step, nothing
         # else) is read directly: a batch is up to 1,000 of them. Anything else takes the
         # general path, which accepts every spelling protobuf JSON allows.
@@ -189,17 +194,23 @@ def metrics_of(items: Sequence[Mapping[str, Any]], default_ts: int) -> list[Metr
         ):
             out.append(Metric(key, value, timestamp, step))
         else:
+            if batch:
+                for field in ("key", "value", "timestamp"):
+                    if item.get(field) in (None, ""):
+                        raise InvalidParameter(
+                            f"Missing value for required parameter 'metrics[{index}].{field}'."
+                        )
             out.append(_metric_of(item, default_ts))
     return out
 
 
-def _metric_of(item: Mapping[str, Any], default_ts: int) -> Metric:
+def _metric_of(item: Mapping[str, Any], default_ts: int | None) -> Metric:
     f = Fields(item)
     key = f.required("key", max_len=250)
     value = parse_double(item.get("value"), "value")
     # 0 is a time like any other (the epoch); only an absent timestamp means "now".
     given = f.integer("timestamp")
-    timestamp = default_ts if given is None else given
+    timestamp = (default_ts or 0) if given is None else given
     if timestamp < 0:
         raise InvalidParameter(
             f"Invalid value {timestamp} for parameter 'timestamp' supplied: metric '{key}'. "

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
 
 from shamal.api import PageBytes
-from shamal.artifacts import search_slot
+from shamal.artifacts import download_headers, safe_relpath, search_slot
+from shamal.errors import InvalidParameter
 from shamal.mlflow import _tracking_json as _proto
 from shamal.mlflow._fields import (
     Fields,
@@ -23,9 +25,16 @@ from shamal.mlflow._fields import (
     proto_json_encoded,
     read_fields,
 )
-from shamal.mlflow.artifacts_api import artifacts_router
+from shamal.mlflow.artifacts_api import DOWNLOAD_SLOT, artifacts_router
 from shamal.security import AuditContext, Principal
-from shamal.security.api import CurrentPrincipal, audited, data_plane_write, read_only_post
+from shamal.security.api import (
+    CurrentPrincipal,
+    ReadAudit,
+    audited,
+    audited_read,
+    data_plane_write,
+    read_only_post,
+)
 from shamal.tracking import (
     DEFAULT_LOGGED_MODEL_RESULTS,
     MAX_LOGGED_MODEL_RESULTS,
@@ -85,33 +94,36 @@ def _run_id(f: Fields) -> str:
 
 @mlflow.post("/runs/log-batch")
 def log_batch(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    run_id = _run_id(f)  # checked first, as a stock server does
     data = LoggedData(
-        metrics=_proto.metrics_of(f.objects("metrics"), svc.now_ms()),
+        metrics=_proto.metrics_of(f.objects("metrics"), None, batch=True),
         params=_proto.pairs_of(f.objects("params"), "param"),
         tags=_proto.pairs_of(f.objects("tags"), "tag"),
     )
-    svc.log(p, _run_id(f), data)
+    svc.log(p, run_id, data)
     return proto_json()
 
 
 @mlflow.post("/runs/log-metric")
 def log_metric(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
+    run_id = _run_id(f)  # checked first, as a stock server does
     fields = ("key", "value", "timestamp", "step", "model_id", "dataset_name", "dataset_digest")
     item = {k: v for k in fields if (v := f.raw(k)) is not None}  # unset is absent
     metrics = _proto.metrics_of([item], svc.now_ms())
     if f.raw("value") is None:
         f.required("value")
-    svc.log(p, _run_id(f), LoggedData(metrics=metrics))
+    svc.log(p, run_id, LoggedData(metrics=metrics))
     return proto_json()
 
 
 @mlflow.post("/runs/log-parameter")
 def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
     # Any length: the service keeps the first MAX_PARAM_VALUE characters, as stock does.
+    run_id, key = _run_id(f), f.required("key")  # in a stock server's order
     value = f.text("value", max_len=_ANY_LENGTH)
     if value is None:
         f.required("value")
-    svc.log(p, _run_id(f), LoggedData(params=[(f.required("key"), value or "")]))
+    svc.log(p, run_id, LoggedData(params=[(key, value or "")]))
     return proto_json()
 
 
@@ -119,8 +131,9 @@ def log_param(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
 def set_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
     # Any length: the service keeps the first MAX_TAG_VALUE characters, as stock does;
     # the request body limit bounds what arrives.
+    run_id, key = _run_id(f), f.required("key")  # in a stock server's order
     value = f.text("value", max_len=_ANY_LENGTH) or ""
-    svc.log(p, _run_id(f), LoggedData(tags=[(f.required("key"), value)]))
+    svc.log(p, run_id, LoggedData(tags=[(key, value)]))
     return proto_json()
 
 
@@ -129,8 +142,9 @@ def set_tag(f: F, svc: Tracking, p: Writer) -> ProtoJSONResponse:
 def create_experiment(
     f: F, svc: Tracking, ctx: Annotated[AuditContext, Depends(audited("experiment.create"))]
 ) -> ProtoJSONResponse:
+    name, location = f.required("name"), f.text("artifact_location")  # a stock server's order
     tags = dict(_proto.pairs_of(f.objects("tags"), "tag"))
-    exp = svc.create_experiment(ctx, f.required("name"), tags, f.text("artifact_location"))
+    exp = svc.create_experiment(ctx, name, tags, location)
     return proto_json({"experiment_id": exp.experiment_id})
 
 
@@ -342,7 +356,13 @@ def get_metric_history_bulk(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJS
 
 @mlflow.get("/artifacts/list")
 def list_run_artifacts(f: F, svc: Tracking, p: CurrentPrincipal) -> ProtoJSONResponse:
-    root, files = svc.files.list_run(p, _run_id(f), f.text("path") or "")
+    run_id = _run_id(f)
+    try:
+        root, files = svc.files.list_run(p, run_id, f.text("path") or "")
+    except InvalidParameter as exc:
+        if exc.message.startswith("Invalid artifact path"):
+            raise InvalidParameter("Invalid path") from None  # a stock server's words
+        raise
     return proto_json(
         {
             "root_uri": root,
@@ -463,6 +483,26 @@ def list_logged_model_artifacts(
                 for x in files
             ],
         }
+    )
+
+
+@mlflow.get("/logged-models/{model_id}/artifacts/files", dependencies=DOWNLOAD_SLOT)
+def get_logged_model_artifact(
+    model_id: str,
+    f: F,
+    svc: Tracking,
+    p: CurrentPrincipal,
+    reads: Annotated[ReadAudit, Depends(audited_read("artifact.read"))],
+) -> StreamingResponse:
+    """One file of a logged model (``artifact_file_path`` below its root), as a stock server
+    sends it to its UI: the bytes, with the read audited as any artifact download."""
+    model = svc.models.get(p, model_id)
+    root = model.artifact_location.removeprefix("mlflow-artifacts:/")
+    path = f"{root}/{safe_relpath(f.required('artifact_file_path'))}"
+    found, data = svc.files.download(p, path)
+    reads.granted(f"mlflow-artifacts:{path}", digest=found.digest, size=found.size)
+    return StreamingResponse(
+        data, media_type="application/octet-stream", headers=download_headers(found)
     )
 
 

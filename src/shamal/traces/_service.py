@@ -189,7 +189,8 @@ class TraceService:
 
         Raises:
             InvalidParameter: a bad id, state, key; the trace is another experiment's.
-            NotFound, PermissionDenied: the experiment is not writable by the principal.
+            NotFound, PermissionDenied: the experiment (or that of a trace the spans join)
+                is not writable by the principal.
         """
         check_trace_id(info.trace_id)
         if info.state not in TRACE_STATES:
@@ -231,8 +232,9 @@ class TraceService:
             How many traces the spans belong to.
 
         Raises:
-            InvalidParameter: too many or too large spans; a trace of another experiment.
-            NotFound, PermissionDenied: the experiment is not writable by the principal.
+            InvalidParameter: too many or too large spans.
+            NotFound, PermissionDenied: the experiment (or that of a trace the spans join)
+                is not writable by the principal.
         """
         if len(spans) > MAX_SPANS_PER_REQUEST:
             raise InvalidParameter(
@@ -244,23 +246,36 @@ class TraceService:
                 raise InvalidParameter(f"A span may be at most {MAX_SPAN_BYTES} bytes as JSON.")
             # A span sent twice in one request: the last one stands, as if sent again later.
             by_trace[check_trace_id(span.trace_id)][span.span_id] = span
-        exp = self._writable(principal, experiment_id)
-        number = int(exp.experiment_id)
+        targets = self._span_targets(principal, experiment_id, list(by_trace))
 
         def work(s: Session) -> None:
             for trace_id in sorted(by_trace):  # one order for every writer: no deadlock
+                number, root = targets[trace_id]
                 _store.log_spans(
-                    s,
-                    number,
-                    exp.artifact_location,
-                    trace_id,
-                    list(by_trace[trace_id].values()),
-                    _LIMITS,
+                    s, number, root, trace_id, list(by_trace[trace_id].values()), _LIMITS
                 )
 
         if by_trace:
             self._db.run(work, retry_unique=True)
         return len(by_trace)
+
+    def _span_targets(
+        self, principal: Principal, experiment_id: str, trace_ids: Sequence[str]
+    ) -> dict[str, tuple[int, str]]:
+        """trace id -> (experiment, its artifact root) that its spans go to.
+
+        A new trace goes to the header's experiment; spans of a trace that exists join it in
+        its own experiment, as a stock server adds them, when the sender may write there too
+        (otherwise the trace answers as a missing one would).
+        """
+        exp = self._writable(principal, experiment_id)
+        header = (int(exp.experiment_id), exp.artifact_location)
+        owners = self._db.run(lambda s: _store.experiments_of(s, trace_ids))
+        roots: dict[int, tuple[int, str]] = {header[0]: header}
+        for owner in set(owners.values()) - set(roots):
+            other = self._writable(principal, str(owner))
+            roots[owner] = (owner, other.artifact_location)
+        return {tid: roots[owners[tid]] if tid in owners else header for tid in trace_ids}
 
     def set_tag(self, principal: Principal, trace_id: str, key: str, value: str) -> None:
         self._reach(principal, trace_id, Role.MEMBER)
