@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from shamal.train._perf import PEAK_FLOPS, Throughput, peak_flops, transformer_flops_per_token
+from shamal.train._plan import Plan, choose_parallelism
 from shamal.train._preempt import REQUEUE_EXIT_CODE, PreemptionGuard, attempt
 from shamal.train._store import ArtifactCheckpointStore, CheckpointStore, LocalCheckpointStore
 from shamal.train._tracking import Tracker
@@ -35,6 +36,7 @@ __all__ = [
     "DistInfo",
     "EarlyStopping",
     "LocalCheckpointStore",
+    "Plan",
     "PreemptionGuard",
     "Resumed",
     "ResumableSampler",
@@ -43,6 +45,7 @@ __all__ = [
     "Tracker",
     "WarmupCosine",
     "attempt",
+    "choose_parallelism",
     "current_device_peak",
     "init_distributed",
     "peak_flops",
