@@ -113,11 +113,6 @@ def test_every_package_has_its_place_in_the_platform_layers() -> None:
     assert not missing, f"not in the layers contract of pyproject.toml: {', '.join(missing)}"
 
 
-#: Packages that other branches are reworking today (issue 19's audit left their contracts to
-#: them); each still lacks its contract, so the entry is removed when the contract comes.
-_LAYERED_ELSEWHERE = {"shamal.train"}
-
-
 def test_every_package_of_several_modules_has_exhaustive_layers_of_its_own() -> None:
     containers = {
         c["containers"][0]: c for c in _contracts() if c["type"] == "layers" and c.get("containers")
@@ -125,7 +120,7 @@ def test_every_package_of_several_modules_has_exhaustive_layers_of_its_own() -> 
     missing, partial = [], []
     for package in _all_packages():
         name, children = _dotted(package), _children(package)
-        if package == SRC or len(children) < 2 or name in _LAYERED_ELSEWHERE:
+        if package == SRC or len(children) < 2:
             continue
         contract = containers.get(name)
         if contract is None:

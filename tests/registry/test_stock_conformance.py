@@ -104,12 +104,22 @@ def test_a_version_may_name_a_run_the_server_does_not_know(mlflow_env: LiveServe
         False,
         False,
     )
+    # A known, readable run with a source naming an unknown one (MLflow's GraphQL test does
+    # this): taken as a claim too, unverified; a source inside that run stays verified.
+    experiment = client.create_experiment(_name("known-run"))
+    known = client.create_run(experiment).info.run_id
+    claimed = client.create_model_version(name, "runs:/graphql_test/model", known)
+    assert (claimed.version, claimed.run_id) == ("3", known)
+    claimed_lineage = _lineage(mlflow_env, name, "3", mlflow_env.token)
+    assert (claimed_lineage["run_id"], claimed_lineage["run_verified"]) == (known, False)
+    own = client.create_model_version(name, f"runs:/{known}/model", known)
+    assert _lineage(mlflow_env, name, own.version, mlflow_env.token)["run_verified"] is True
     # Hostile sources stay refused, known run or not.
     for source in ("runs:/run_id/../../etc", "file:///etc/passwd", "s3://bucket/model"):
         with pytest.raises(MlflowException) as refused:
             client.create_model_version(name, source, "run_id_1")
         assert refused.value.error_code == "INVALID_PARAMETER_VALUE", source
-    assert len(client.search_model_versions(f"name = '{name}'")) == 2
+    assert len(client.search_model_versions(f"name = '{name}'")) == 4
 
 
 def test_another_teams_run_is_taken_as_an_unknown_one(mlflow_env: LiveServer) -> None:

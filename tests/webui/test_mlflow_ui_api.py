@@ -217,7 +217,14 @@ def test_graphql_answers_the_ui_queries_from_the_services(api: TestClient) -> No
         ("{ nope }", "Cannot query field 'nope' on type 'Query'."),
         ("query {", "Syntax Error"),
         ("{ test { output } }" + " " * 30_000, "longer than"),
-        ("{ " + " ".join(f"a{i}: test {{ output }}" for i in range(11)) + " }", "root fields"),
+        (
+            "{ " + " ".join(f"a{i}: test {{ output }}" for i in range(11)) + " }",
+            "GraphQL queries should have at most 10 root fields",
+        ),
+        (
+            "{ test { " + " ".join(f"o{i}: output" for i in range(11)) + " } }",
+            "GraphQL queries should have at most 10 aliases",
+        ),
         ("{ test { " + "output " * 1001 + "} }", "selections"),
         ('{ mlflowGetRun(input: {runId: "x"}) { run { data { metrics { key } } } } }', "x"),
     ],
@@ -287,6 +294,19 @@ def test_bulk_history_and_dataset_summaries_as_a_stock_server(api: TestClient) -
         {"experiment_id": experiment, "name": "train", "digest": "d1"},
         {"experiment_id": experiment, "name": "train", "digest": "d1", "context": "training"},
     ]
+    # GraphQL gives the missing context as "", as a stock server's GraphQL does.
+    graphql = _graphql(
+        api,
+        "mutation S($d: MlflowSearchDatasetsInput) { mlflowSearchDatasets(input: $d) "
+        "{ datasetSummaries { experimentId name digest context } } }",
+        {"d": {"experimentIds": [experiment]}},
+        "/graphql",
+    )
+    assert graphql["errors"] is None, graphql
+    contexts = sorted(
+        d["context"] for d in graphql["data"]["mlflowSearchDatasets"]["datasetSummaries"]
+    )
+    assert contexts == ["", "training"]
     too_many = api.post(
         "/ajax-api/2.0/mlflow/experiments/search-datasets",
         json={"experiment_ids": [str(i) for i in range(21)]},
@@ -305,8 +325,20 @@ def test_artifact_files_for_the_ui_viewers(api: TestClient) -> None:
     assert put.status_code == 200, put.text
     got = api.get("/get-artifact", params={"run_uuid": run, "path": "notes/a.txt"})
     assert got.status_code == 200
+    listed = _graphql(
+        api,
+        "query L($d: MlflowListArtifactsInput) { mlflowListArtifacts(input: $d) "
+        "{ files { path isDir fileSize } } }",
+        {"d": {"runId": run}},
+        "/graphql",
+    )
+    # A folder's size is "0" in GraphQL, as a stock server answers.
+    assert listed["data"]["mlflowListArtifacts"]["files"] == [
+        {"path": "notes", "isDir": True, "fileSize": "0"}
+    ]
     assert got.content == b"hello"
-    assert api.get("/get-artifact", params={"run_id": run, "path": "../x"}).status_code == 400
+    climbing = api.get("/get-artifact", params={"run_id": run, "path": "../x"})
+    assert (climbing.status_code, climbing.json()["message"]) == (400, "Invalid path")
     assert api.get("/get-artifact", params={"run_id": run, "path": "nope.txt"}).status_code == 404
     assert api.get("/get-artifact", params={"run_id": "0" * 32, "path": "a"}).status_code == 404
 

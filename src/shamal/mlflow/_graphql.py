@@ -365,8 +365,9 @@ def list_artifacts(s: Services, args: Mapping[str, Any]) -> dict[str, Any]:
     root, files = s.tracking.files.list_run(s.principal, run_id, given.get("path") or "")
     return {
         "rootUri": root,
+        # A folder's size is 0 here (the stock server's GraphQL answer), not absent as in REST.
         "files": [
-            {"path": f.path, "isDir": f.is_dir, "fileSize": _long(f.file_size)} for f in files
+            {"path": f.path, "isDir": f.is_dir, "fileSize": _long(f.file_size or 0)} for f in files
         ],
     }
 
@@ -391,7 +392,9 @@ def search_datasets(s: Services, args: Mapping[str, Any]) -> dict[str, Any]:
     found = s.tracking.dataset_summaries(s.principal, ids)
     return {
         "datasetSummaries": [
-            {"experimentId": e, "name": n, "digest": d, "context": c} for e, n, d, c in found
+            # No context tag reads as "" here, as a stock server's GraphQL answers it.
+            {"experimentId": e, "name": n, "digest": d, "context": c or ""}
+            for e, n, d, c in found
         ]
     }
 
@@ -492,10 +495,15 @@ def check_bounds(document: DocumentNode) -> None:
         if isinstance(definition, OperationDefinitionNode):
             roots = definition.selection_set.selections
             if len(roots) > MAX_ROOT_FIELDS:
-                raise GraphQLError(f"Query exceeds maximum root fields of {MAX_ROOT_FIELDS}")
+                raise GraphQLError(
+                    f"GraphQL queries should have at most {MAX_ROOT_FIELDS} root fields, "
+                    f"got {len(roots)}"
+                )
             tally.walk(definition.selection_set, 1, frozenset())
     if tally.aliases > MAX_ALIASES:
-        raise GraphQLError(f"Query exceeds maximum aliases of {MAX_ALIASES}")
+        raise GraphQLError(
+            f"GraphQL queries should have at most {MAX_ALIASES} aliases, got {tally.aliases}"
+        )
 
 
 def run_query(

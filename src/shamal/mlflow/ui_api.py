@@ -134,7 +134,10 @@ def _stream(svc: TrackingService, p: Principal, uri: str, reads: ReadAudit) -> S
 def _file_path(path: str | None, name: str) -> str:
     if not path:
         raise InvalidParameter(f"Missing value for required parameter '{name}'.")
-    return safe_relpath(path)
+    try:
+        return safe_relpath(path)
+    except InvalidParameter:
+        raise InvalidParameter("Invalid path") from None  # a stock server's words
 
 
 _Q = Annotated[str | None, Query(max_length=4096)]

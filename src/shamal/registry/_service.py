@@ -635,8 +635,9 @@ class RegistryService:
         artifacts, and one that names a run the caller can read inside that run's, as a
         stock server requires: no version can claim to come from a run that did not make
         it. A ``run_id`` the caller cannot read (unknown, another team's, or none to check it
-        against) is taken as a stock server takes it, as a claim: False, and lineage does
-        not follow it. Another team's run answers exactly as an unknown one does.
+        against), or a ``runs:/`` source naming such a run, is taken as a stock server takes
+        it, as a claim: False, and lineage does not follow it. Another team's run answers
+        exactly as an unknown one does.
 
         Raises:
             InvalidParameter: the files are not inside the named logged model's artifacts, or
@@ -651,7 +652,8 @@ class RegistryService:
         if draft.run_id is None:
             return True
         root = self._artifact_root(principal, run_id=draft.run_id)
-        if root is None:
+        if root is None or not location:
+            # An unreadable run, or a `runs:/` source naming one: a claim, kept unverified.
             return False
         _require_inside(location, root, "run_id", draft.source)
         return True
