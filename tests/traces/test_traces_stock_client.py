@@ -214,10 +214,15 @@ def test_the_trace_artifact_is_the_clients_own_trace_data(
     assert [s.to_dict() for s in data.spans] == [span.to_dict()]
 
 
-def test_client_started_traces_paging_runs_and_bulk_deletes(experiment: str) -> None:
+def test_client_started_traces_paging_runs_and_bulk_deletes(
+    experiment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The client's own trace calls: ``start_trace``/``end_trace``, ``update_current_trace``,
     search pages followed by token, a trace made inside a run found by its ``run_id``, and
     deletes by age with ``max_traces``."""
+    # The run below is this test's own: a run id another test left in the environment (as a
+    # job's is) would make the client resume that run instead.
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     client = MlflowClient()
     made = []
     start_ns = time.time_ns() - 60 * 10**9  # a second apart, so that the order is certain
