@@ -74,7 +74,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("stock-ui-home")
     with LiveServer(home) as server:
         env = {
-            **os.environ,
+            # No MLflow setting another test left in this worker's environment (a registry
+            # URI of a server long gone sent the script's registration there).
+            **{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
             "MLFLOW_TRACKING_URI": server.url,
             "MLFLOW_TRACKING_TOKEN": server.token,
             "MLFLOW_ENABLE_ASYNC_LOGGING": "false",
