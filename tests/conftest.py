@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -95,6 +96,26 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("SHAMAL_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_client_state() -> Iterator[None]:
+    """The stock mlflow client keeps process-wide state that outlives a test: the active
+    experiment (``set_experiment``), the run stack, and environment variables it writes
+    itself (``set_registry_uri`` sets ``MLFLOW_REGISTRY_URI``). A later test in the same
+    worker would then start its runs against another test's experiment or server, so each
+    test ends with that state as it found it. Nothing is sent to a server: a run left
+    active is only dropped from the stack."""
+    before = {key: value for key, value in os.environ.items() if key.startswith("MLFLOW_")}
+    yield
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        fluent._active_experiment_id = None  # no public call unsets it
+        fluent._active_run_stack.get().clear()
+    for key in [key for key in os.environ if key.startswith("MLFLOW_")]:
+        if key not in before:
+            del os.environ[key]
+    os.environ.update(before)
 
 
 @pytest.fixture(scope="session")
