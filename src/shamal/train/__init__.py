@@ -2,8 +2,9 @@
 
 Helpers for a loop the user owns (not a framework): checkpoints that resume exactly,
 preemption that checkpoints and requeues, mixed precision, accumulation, clipping,
-warmup schedules, early stopping, throughput/MFU, batched metric logging, and DDP from
-the scheduler's torchrun-style environment.
+warmup schedules, early stopping, throughput/MFU, batched metric logging, DDP from
+the scheduler's torchrun-style environment, and fully sharded data parallelism (FSDP2)
+with sharded checkpoints that reshard on load.
 
 Importing this package does not import torch: the torch-based names load on first use,
 so scikit-learn jobs can use :class:`Tracker` and the stores without it.
@@ -24,8 +25,14 @@ if TYPE_CHECKING:
     from shamal.train._checkpoint import Checkpointer, Resumed
     from shamal.train._data import ResumableSampler
     from shamal.train._dist import DistInfo, init_distributed, shutdown
+    from shamal.train._fsdp import ShardingError, shard_model
     from shamal.train._loop import EarlyStopping, Stepper, WarmupCosine, warmup_cosine
     from shamal.train._perf import current_device_peak
+    from shamal.train._sharded import (
+        ShardedCheckpointer,
+        ShardedCheckpointError,
+        ShardedResumed,
+    )
 
 __all__ = [
     "PEAK_FLOPS",
@@ -40,6 +47,10 @@ __all__ = [
     "PreemptionGuard",
     "Resumed",
     "ResumableSampler",
+    "ShardedCheckpointError",
+    "ShardedCheckpointer",
+    "ShardedResumed",
+    "ShardingError",
     "Stepper",
     "Throughput",
     "Tracker",
@@ -49,6 +60,7 @@ __all__ = [
     "current_device_peak",
     "init_distributed",
     "peak_flops",
+    "shard_model",
     "shutdown",
     "transformer_flops_per_token",
     "warmup_cosine",
@@ -66,6 +78,11 @@ _LAZY = {
     "WarmupCosine": "_loop",
     "warmup_cosine": "_loop",
     "current_device_peak": "_perf",
+    "ShardedCheckpointer": "_sharded",
+    "ShardedCheckpointError": "_sharded",
+    "ShardedResumed": "_sharded",
+    "ShardingError": "_fsdp",
+    "shard_model": "_fsdp",
 }
 
 
