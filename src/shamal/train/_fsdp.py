@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,24 +78,26 @@ def _is_module_class(value: object) -> bool:
     return isinstance(value, type) and issubclass(value, nn.Module)
 
 
-def _named_blocks(
-    model: nn.Module, blocks: Sequence[type[nn.Module]] | None
+def _given_blocks(
+    model: nn.Module, blocks: Sequence[type[nn.Module]]
 ) -> list[tuple[str, nn.Module]]:
-    """The modules to shard one by one: instances of ``blocks`` (outermost only), or the
-    children of the largest container holding two or more modules of a single class."""
-    if blocks is not None:
-        classes = tuple(blocks)
-        if not classes or not all(_is_module_class(c) for c in classes):
-            raise ShardingError("blocks must be a non-empty sequence of nn.Module classes")
-        found: list[tuple[str, nn.Module]] = []
-        for name, module in model.named_modules():
-            inside = any(name.startswith(f"{outer}.") for outer, _ in found)
-            if module is not model and isinstance(module, classes) and not inside:
-                found.append((name, module))
-        if not found:
-            wanted = ", ".join(c.__name__ for c in classes)
-            raise ShardingError(f"the model has no submodule of the block class(es) {wanted}")
-        return found
+    """Instances of the given classes, outermost only."""
+    classes = tuple(blocks)
+    if not classes or not all(_is_module_class(c) for c in classes):
+        raise ShardingError("blocks must be a non-empty sequence of nn.Module classes")
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer, _ in found)
+        if module is not model and isinstance(module, classes) and not inside:
+            found.append((name, module))
+    if not found:
+        wanted = ", ".join(c.__name__ for c in classes)
+        raise ShardingError(f"the model has no submodule of the block class(es) {wanted}")
+    return found
+
+
+def _repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of the largest container holding two or more modules of one class."""
     best: tuple[int, str, list[tuple[str, nn.Module]]] | None = None
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential):
@@ -126,6 +129,25 @@ def _wrap_checkpointing(model: nn.Module, named: list[tuple[str, nn.Module]]) ->
     return wrapped
 
 
+def _check_options(model: nn.Module, mixed_precision: str | None, cpu_offload: bool) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if mixed_precision not in (None, "fp32", *MIXED_PRECISIONS):
+        raise ShardingError(
+            f"mixed_precision must be None, 'fp32', 'bf16' or 'fp16', not {mixed_precision!r}"
+        )
+    if cpu_offload and not _accelerator_available():
+        raise ShardingError(
+            "cpu_offload needs an accelerator (a GPU): it keeps the shards in host memory "
+            "and copies them to the device block by block. On this CPU-only machine the "
+            "parameters are in host memory already; drop cpu_offload=True"
+        )
+    if isinstance(model, FSDPModule):
+        raise ShardingError("this model is sharded already: call shard_model() once")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise ShardingError("pass the model itself, not a DistributedDataParallel wrapper")
+
+
 def shard_model(
     model: nn.Module,
     *,
@@ -150,62 +172,37 @@ def shard_model(
 
     Build the optimizer after this call: it must see the sharded parameters.
     """
-    if mixed_precision == "fp32":
-        mixed_precision = None
-    if mixed_precision is not None and mixed_precision not in MIXED_PRECISIONS:
-        raise ShardingError(
-            f"mixed_precision must be None, 'fp32', 'bf16' or 'fp16', not {mixed_precision!r}"
-        )
-    if cpu_offload and not _accelerator_available():
-        raise ShardingError(
-            "cpu_offload needs an accelerator (a GPU): it keeps the shards in host memory "
-            "and copies them to the device block by block. On this CPU-only machine the "
-            "parameters are in host memory already; drop cpu_offload=True"
-        )
+    _check_options(model, mixed_precision, cpu_offload)
+    _ensure_group()
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
-        FSDPModule,
         MixedPrecisionPolicy,
         OffloadPolicy,
         fully_shard,
     )
 
-    if isinstance(model, FSDPModule):
-        raise ShardingError("this model is sharded already: call shard_model() once")
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        raise ShardingError("pass the model itself, not a DistributedDataParallel wrapper")
-    _ensure_group()
-    from torch.distributed.device_mesh import init_device_mesh
-
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    dtype = MIXED_PRECISIONS.get(mixed_precision or "fp32")
     policy = MixedPrecisionPolicy()
-    if mixed_precision is not None:
-        policy = MixedPrecisionPolicy(
-            param_dtype=MIXED_PRECISIONS[mixed_precision], reduce_dtype=torch.float32
-        )
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
-    named = _named_blocks(model, blocks)
+    if dtype is not None:
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": policy,
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    named = _repeated_blocks(model) if blocks is None else _given_blocks(model, blocks)
     if activation_checkpointing and not named:
         raise ShardingError(
             "activation_checkpointing needs blocks and none were found: pass blocks=(YourLayer,)"
         )
     units = _wrap_checkpointing(model, named) if activation_checkpointing else [m for _, m in named]
     for unit in units:
-        fully_shard(
-            unit,
-            mesh=mesh,
-            reshard_after_forward=reshard_after_forward,
-            mp_policy=policy,
-            offload_policy=offload,
-        )
-    fully_shard(
-        model,
-        mesh=mesh,
-        reshard_after_forward=reshard_after_forward,
-        mp_policy=policy,
-        offload_policy=offload,
-    )
+        fully_shard(unit, **options)
+    fully_shard(model, **options)
     logger.info(
         "sharded %d block(s) and the root over %d worker(s) (%s, activation checkpointing %s)",
         len(units),

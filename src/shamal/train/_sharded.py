@@ -64,8 +64,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -273,7 +273,8 @@ def _all_gather_json(value: Any) -> list[Any]:
     buffer[: len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
     gathered = [torch.zeros_like(buffer) for _ in sizes]
     dist.all_gather(gathered, buffer)
-    return [json.loads(bytes(g[: int(s.item())].cpu().tolist())) for g, s in zip(gathered, sizes, strict=True)]
+    pairs = zip(gathered, sizes, strict=True)
+    return [json.loads(bytes(g[: int(n.item())].cpu().tolist())) for g, n in pairs]
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
