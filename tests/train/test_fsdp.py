@@ -162,3 +162,34 @@ def test_a_tampered_shard_is_refused_by_every_worker_and_changes_nothing(tmp_pat
     assert "Traceback" not in "".join(outputs)
     assert "losses" not in report(out)  # no step was trained
     assert same_state(out / "before.st", out / "refused.st")
+
+
+@pytest.mark.slow
+def test_shards_go_through_the_artifact_store_and_reshard_on_resume(tmp_path: Path) -> None:
+    """The platform's artifact store (a live server): 2 workers save, 1 resumes."""
+    from shamal.client import ShamalClient
+    from tests.live import LiveServer
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with LiveServer(home) as server, ShamalClient(server.url, server.token) as api:
+        api.create_team("ml")
+        env = {
+            "SHAMAL_URL": server.url,
+            "SHAMAL_TOKEN": server.token,
+            "SHAMAL_TEAM": "ml",
+            "CKPT_PREFIX": "runs/fsdp",
+        }
+        ref = tmp_path / "ref"
+        finish(start_workers(2, [*STEPS, "--save-at", "4", "--out", str(ref)], tmp_path, env))
+        listed = api.list_artifacts("ml", prefix="runs/fsdp/")
+        assert sorted(str(item["path"]) for item in listed) == sorted(
+            f"runs/fsdp/ckpt-000000000004/{f}" for f in (*FILES, "manifest.json")
+        )
+        out = tmp_path / "w1"
+        finish(start_workers(1, [*STEPS, "--resume", "--out", str(out)], tmp_path, env))
+    reference, resumed = report(ref), report(out)
+    assert (resumed["start"], resumed["saved_world"]) == (4, 2)
+    assert same_state(ref / "saved.st", out / "loaded.st")
+    for step, loss in resumed["losses"].items():
+        assert loss == pytest.approx(reference["losses"][step], rel=0, abs=1e-6), step
