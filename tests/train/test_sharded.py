@@ -110,15 +110,20 @@ def test_blocks_are_the_repeated_children_or_the_given_classes() -> None:
     assert not isinstance(mixed[0], FSDPModule)  # no repeated children: the root only
 
 
-def test_bf16_runs_forward_in_bf16_and_keeps_fp32_shards() -> None:
-    model = shard_model(Net(), mixed_precision="bf16")
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)]
+)
+def test_mixed_precision_computes_in_its_dtype_and_keeps_fp32_shards(
+    precision: str, dtype: torch.dtype
+) -> None:
+    model = shard_model(Net(), mixed_precision=precision)
     seen: list[torch.dtype] = []
     up = model.blocks[0].up  # type: ignore[attr-defined,index]
     up.register_forward_hook(lambda module, inputs, output: seen.append(module.weight.dtype))
     out = model(torch.randn(4, 8))
     out.float().pow(2).mean().backward()
-    assert seen == [torch.bfloat16]
-    assert out.dtype == torch.bfloat16
+    assert seen == [dtype]
+    assert out.dtype == dtype
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
 

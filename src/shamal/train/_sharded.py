@@ -17,8 +17,14 @@ staging folder, which the worker then uploads key by key and deletes. This keeps
 file format (its planner, deduplication of replicated tensors, resharding) untouched and
 needs only the store's whole-file ``put``/``get``; a custom ``StorageWriter`` would have
 re-implemented the file layout for no gain, since the store has no ranged or streamed
-writes. Loading subclasses ``FileSystemReader``: a worker downloads (and verifies) only the
-shard files its own read plan touches, into a staging folder, and DCP reads them there.
+writes. Loading subclasses ``FileSystemReader`` over a staging folder. First the workers
+verify every file between them (worker ``k mod M`` the shard and state of saving worker
+``k``, every worker the index) and agree, so a bad file is refused on all workers before
+anything changes; then DCP plans the reads and each worker downloads (verified again) only
+the further shard files its own plan touches. The store has no ranged reads, so a file is
+fetched whole: with an unchanged number of workers a worker fetches its own shard, and also
+the file of the worker DCP's de-duplication chose to hold the replicated values (optimizer
+step counts and hyperparameters), which holds that worker's shard too.
 
 **What "resumes correctly" means, across worker counts.** DCP reshards on load: a
 checkpoint saved by N workers loads into M. After :meth:`ShardedCheckpointer.resume` the
