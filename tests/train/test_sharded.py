@@ -287,3 +287,41 @@ def test_an_index_naming_a_file_the_manifest_lacks_is_refused(tmp_path: Path) ->
     del manifest["files"]["__0_0.distcp"]
     store.put(f"{FOLDER}/manifest.json", json.dumps(manifest).encode())
     _refused(store, r"its index names '__0_0.distcp', which its manifest does not list")
+
+
+def test_a_plain_model_without_a_group_saves_and_resumes(tmp_path: Path) -> None:
+    """One process, no process group, no FSDP: DCP's single-process mode, no warning."""
+    store = LocalCheckpointStore(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    ShardedCheckpointer(store).save(5, model=model, optimizer=optimizer)
+    assert not dist.is_initialized()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+
+    torch.manual_seed(1)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    resumed = ShardedCheckpointer(store).resume(model=fresh, optimizer=fresh_optimizer)
+    assert resumed is not None
+    assert (resumed.step, resumed.world_size) == (5, 1)
+    assert _equal(fresh.state_dict(), saved)
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["momentum_buffer"], momentum)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "match"),
+    [
+        (b"not json", "a checkpoint manifest in the store is not valid JSON with a step"),
+        (b'{"kind": "sharded", "step": 3, "world_size": "1", "files": {}}', "is malformed"),
+        (b'{"kind": "sharded", "step": 3, "world_size": 1, "files": {}}', "lacks the index"),
+    ],
+)
+def test_a_malformed_manifest_is_refused(tmp_path: Path, manifest: bytes, match: str) -> None:
+    store, _ = _saved(tmp_path)
+    dist.destroy_process_group()
+    store.put(f"{FOLDER}/manifest.json", manifest)
+    _refused(store, match)
