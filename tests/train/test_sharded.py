@@ -325,3 +325,38 @@ def test_a_malformed_manifest_is_refused(tmp_path: Path, manifest: bytes, match:
     dist.destroy_process_group()
     store.put(f"{FOLDER}/manifest.json", manifest)
     _refused(store, match)
+
+
+class _FailingStore(LocalCheckpointStore):
+    """Fails the put of one key once armed (a crash-like upload failure mid-save)."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        super().__init__(root)
+        self.key = key
+        self.armed = False
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.armed and key == self.key:
+            raise OSError("disk full")
+        super().put(key, data)
+
+
+def test_a_failed_resave_of_a_step_leaves_the_older_checkpoint(tmp_path: Path) -> None:
+    store = _FailingStore(tmp_path, f"{FOLDER}/__0_0.distcp")
+    checkpointer = ShardedCheckpointer(store, keep_last=3)
+    model, optimizer, _ = _trained(1)
+    checkpointer.save(2, model=model, optimizer=optimizer)
+    older = _snapshot(model, optimizer)
+    checkpointer.save(3, model=model, optimizer=optimizer)
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    store.armed = True
+    with pytest.raises(ShardedCheckpointError, match=r"upload failed \(OSError: disk full\)"):
+        checkpointer.save(3, model=model, optimizer=optimizer)  # the same step, new values
+    assert f"{FOLDER}/manifest.json" not in store.keys(FOLDER)  # torn, not half-new
+    dist.destroy_process_group()
+    model, optimizer, _ = _trained(7)
+    resumed = ShardedCheckpointer(store).resume(model=model, optimizer=optimizer)
+    assert resumed is not None
+    assert resumed.step == 2
+    assert _equal(_snapshot(model, optimizer), older)

@@ -203,7 +203,8 @@ class _Fetcher:
         if _sha256(data) != self.files[file]:
             raise ShardedCheckpointError(
                 f"checkpoint {self.name}: {file} does not match the sha256 in its manifest "
-                "(it changed after the checkpoint was written); refusing to load it"
+                "(it changed after the checkpoint was written); refusing to load it (delete "
+                "the folder to resume from an older checkpoint)"
             )
         partial = self.root / f".part-{file}"
         partial.write_bytes(data)
@@ -384,6 +385,9 @@ class ShardedCheckpointer(Checkpointer):
             "data": data_state or {},
             "extra": extra or {},
         }
+        if rank() == 0:  # a step saved again: torn (older ones resume) until complete again
+            self.store.delete(f"{name}/{_MANIFEST}")
+        barrier()
         error: str | None = None
         written: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="shamal-dcp-") as staging:
