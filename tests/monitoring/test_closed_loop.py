@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,8 @@ def _a_bad_retraining_is_rolled_back(
     """Someone edits the retraining to log its model pickled; the old instrument comes back
     (the lab exports the old data again, the callers send it). Drift again, retraining
     again, and v3 goes on as a canary, but the serve process refuses to load a pickle: the
-    rollout controller rolls it back, and v2 serves on."""
+    rollout controller rolls it back, and v2 serves on. Drift found after that waits (the
+    monitor backs off) instead of retraining into the same failure again."""
     bad = folder / "bad"
     bad.mkdir()
     source = RETRAIN.read_text()
@@ -244,6 +246,14 @@ def _a_bad_retraining_is_rolled_back(
     (rollback,) = [e for e in events if e["kind"] == "rollback"]
     assert rollback["actor"] == "rollout-controller"
     assert rollback["reason"].startswith("canary v3 failed to load"), rollback
+    # The drift goes on, but retraining again would make the same again: it backs off.
+    rolled_back_at = datetime.fromisoformat(rollback["at"])
+    later = _next_result(
+        api, seen, lambda r: r["drifted"] and datetime.fromisoformat(r["at"]) > rolled_back_at
+    )
+    held = _acted(api, later["id"])
+    assert held["status"] == "held", held
+    assert "did not take (its canary was rolled back); retraining waits" in held["reason"]
 
 
 def _retrained(api: ShamalClient, seen: set[str], *, version: int) -> dict[str, Any]:
