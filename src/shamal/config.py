@@ -23,6 +23,7 @@ __all__ = [
     "DataSourceSettings",
     "FeatureSettings",
     "LocalArtifactSettings",
+    "MonitoringSettings",
     "NodeSettings",
     "PoolSettings",
     "PriorityClassSettings",
@@ -133,6 +134,21 @@ class EventSettings(BaseModel):
     broker_stream: str = Field(default="SHAMAL_EVENTS", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     broker_subject_prefix: str = Field(default="shamal.events", pattern=r"^[a-z0-9_.-]{1,64}$")
     broker_exchange: str = Field(default="shamal.events", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class MonitoringSettings(BaseModel):
+    """Monitors: how their drift policies pace themselves."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retrain_backoff_s: float = Field(
+        default=3600.0,
+        ge=0,
+        le=30 * 86400,
+        description="after a retraining that did not take (its run failed or was "
+        "cancelled, or its canary was rolled back), how long drift waits before it starts "
+        "another (a new version of the pipeline ends the wait)",
+    )
 
 
 class FeatureSettings(BaseModel):
@@ -430,6 +446,7 @@ class Settings(BaseSettings):
     data_sources: DataSourceSettings = Field(default_factory=DataSourceSettings)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     events: EventSettings = Field(default_factory=EventSettings)
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     audit_check_s: float = Field(
         default=300.0,
         ge=0,

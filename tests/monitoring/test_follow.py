@@ -4,13 +4,23 @@ retraining is still being judged (its run running, its version a canary) starts 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from shamal.deployments._entities import WeightedUri
 from shamal.deployments._service import DeploymentService
-from shamal.monitoring import MonitorService, MonitorSpec, ReferenceService, parse_on_drift
+from shamal.monitoring import (
+    MonitorService,
+    MonitorServices,
+    MonitorSpec,
+    ReferenceService,
+    parse_on_drift,
+)
 from shamal.pipelines import PipelineSpec
+from shamal.registry import RegistryService
 from shamal.server import Platform
+from tests.clock import ManualClock
 from tests.monitoring.conftest import DEPLOYMENT, MODEL, People, build_reference, send
 
 HOUR = 3600
@@ -120,3 +130,54 @@ def test_a_primary_without_a_reference_is_judged_against_the_one_before(
     assert result is not None
     assert result.samples == kept
     assert result.report["reference"] == {"model": MODEL, "version": 1}
+
+
+@pytest.mark.usefixtures("reference")
+def test_after_a_retraining_that_did_not_take_drift_backs_off_then_retrains(
+    deployments: DeploymentService,
+    registry: RegistryService,
+    references: ReferenceService,
+    platform: Platform,
+    people: People,
+) -> None:
+    """A retraining run that failed or was cancelled starts no other at every monitor run
+    while the drift lasts: retraining waits an hour (or for a new pipeline version)."""
+    # The pipeline service stamps its runs with the wall clock; this monitor's clock starts
+    # there and moves only when told.
+    clock = ManualClock(datetime.now(UTC))
+    watched = MonitorService(
+        MonitorServices(
+            db=platform.db,
+            audit=platform.audit,
+            security=platform.security,
+            deployments=deployments,
+            registry=registry,
+            references=references,
+            pipelines=platform.pipelines,
+            events=platform.events,
+        ),
+        clock,
+    )
+    name = _retraining_monitor(watched, platform, people)
+    send(deployments, people, samples=20, amount_shift=50.0)
+    first = watched.run_now(people.ctx("mo"), name).result
+    assert first is not None
+    (started,) = first.actions
+    platform.pipelines.cancel(people.ctx("mo"), started["run"])
+    send(deployments, people, samples=20, amount_shift=50.0, seed=8)
+    clock.advance(60)
+    second = watched.run_now(people.ctx("mo"), name).result
+    assert second is not None
+    (held,) = second.actions
+    assert held["status"] == "held"
+    assert held["reason"].startswith(
+        f"the last retraining run {started['run']} did not take (its run cancelled); "
+        "retraining waits "
+    )
+    assert _runs(platform, people) == 1
+    clock.advance(3600)
+    send(deployments, people, samples=20, amount_shift=50.0, seed=9)
+    third = watched.run_now(people.ctx("mo"), name).result
+    assert third is not None
+    assert [a["status"] for a in third.actions] == ["started"]
+    assert _runs(platform, people) == 2

@@ -23,7 +23,12 @@ from shamal.monitoring import (
     split_samples,
 )
 from shamal.monitoring._columns import coerce
-from shamal.monitoring._rules import check_spec, default_name
+from shamal.monitoring._rules import (
+    LastRetraining,
+    check_spec,
+    default_name,
+    retraining_backoff,
+)
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -195,3 +200,51 @@ def test_an_excerpt_reads_only_the_whole_rows_it_says_it_holds() -> None:
     )
     assert found.values == {"x[0]": [1, 3], "x[1]": [2, 4]}
     assert found.malformed == 1  # the lying one; the long row is simply not read
+
+
+HOUR = timedelta(hours=1)
+
+
+def _backoff(
+    state: str, rolled_back_at: datetime | None = None, *, latest: int = 1, after_s: float = 0
+) -> str | None:
+    """The rule for a run of pipeline version 1 started at T0, ended a minute later."""
+    last = LastRetraining("r1", state, 1, T0, T0 + timedelta(minutes=1))
+    now = T0 + timedelta(minutes=1, seconds=after_s)
+    return retraining_backoff(
+        last, rolled_back_at=rolled_back_at, latest_version=latest, now=now, backoff=HOUR
+    )
+
+
+def test_a_retraining_that_took_never_holds_the_next() -> None:
+    assert _backoff("succeeded") is None
+    # A rollback from before the run began was not the run's doing.
+    assert _backoff("succeeded", T0 - timedelta(seconds=1)) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "rolled_back_at", "why"),
+    [
+        ("failed", None, "its run failed"),
+        ("cancelled", None, "its run cancelled"),
+        ("succeeded", T0 + timedelta(minutes=1), "its canary was rolled back"),
+    ],
+)
+def test_a_retraining_that_did_not_take_backs_off_until_a_new_pipeline_version(
+    state: str, rolled_back_at: datetime | None, why: str
+) -> None:
+    assert _backoff(state, rolled_back_at) == (
+        f"the last retraining run r1 did not take ({why}); retraining waits 3600 s more, "
+        "or for a new version of the pipeline"
+    )
+    assert _backoff(state, rolled_back_at, after_s=3599.5) is not None
+    assert "waits 1 s more" in (_backoff(state, rolled_back_at, after_s=3599.5) or "")
+    assert _backoff(state, rolled_back_at, after_s=3600) is None
+    assert _backoff(state, rolled_back_at, latest=2) is None
+
+
+def test_the_backoff_counts_from_the_rollback_when_it_came_after_the_run() -> None:
+    late = T0 + timedelta(minutes=31)  # the canary was judged for half an hour
+    held = _backoff("succeeded", late, after_s=3000)
+    assert held is not None
+    assert "waits 2400 s more" in held  # 31 min + 1 h - 51 min

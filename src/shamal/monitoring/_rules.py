@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -19,18 +20,21 @@ from shamal.monitoring._entities import DriftAction, MonitorSpec, OnDrift
 
 __all__ = [
     "CORRECTIONS",
+    "DEFAULT_RETRAIN_BACKOFF",
     "MAX_COLUMNS",
     "MAX_SCHEDULE_S",
     "MAX_WINDOW",
     "MIN_SCHEDULE_S",
     "NAME_PATTERN",
     "TESTS",
+    "LastRetraining",
     "check_column",
     "check_monitor_name",
     "check_spec",
     "next_due",
     "parse_on_drift",
     "parse_schedule",
+    "retraining_backoff",
 ]
 
 NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -219,3 +223,58 @@ def spec_json(spec: MonitorSpec, reference: tuple[str, int]) -> dict[str, Any]:
         "on_drift": str(spec.on_drift),
         "retrain_params": dict(spec.retrain_params),
     }
+
+
+#: How long drift waits to retrain again after a retraining that did not take.
+DEFAULT_RETRAIN_BACKOFF: Final = timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class LastRetraining:
+    """The newest retraining run a monitor started, once it has ended."""
+
+    run_id: str
+    state: str
+    pipeline_version: int
+    started_at: datetime
+    ended_at: datetime | None
+
+
+def retraining_backoff(
+    last: LastRetraining,
+    *,
+    rolled_back_at: datetime | None,
+    latest_version: int,
+    now: datetime,
+    backoff: timedelta,
+) -> str | None:
+    """Why drift may not start another retraining yet (None: it may).
+
+    A retraining did not take when its run failed or was cancelled, or when the deployment
+    rolled a canary back after the run began (production refused what it made). Drift goes
+    on then, and retraining again at once would make the same thing again at every monitor
+    run; so it waits ``backoff`` from the failure, or until the pipeline has a version newer
+    than the run's (someone changed it).
+
+    Args:
+        last: the monitor's newest retraining run, ended.
+        rolled_back_at: when the deployment's last rollout was rolled back (None: it was not).
+        latest_version: the pipeline's newest version.
+        now: the current time (aware).
+        backoff: how long to wait after a retraining that did not take.
+    """
+    refused = rolled_back_at is not None and rolled_back_at >= last.started_at
+    if last.state not in ("failed", "cancelled") and not refused:
+        return None
+    if latest_version > last.pipeline_version:
+        return None
+    ended = last.ended_at or last.started_at
+    since = max(ended, rolled_back_at) if refused and rolled_back_at is not None else ended
+    left = since + backoff - now
+    if left <= timedelta(0):
+        return None
+    what = "its canary was rolled back" if refused else f"its run {last.state}"
+    return (
+        f"the last retraining run {last.run_id} did not take ({what}); retraining waits "
+        f"{math.ceil(left.total_seconds())} s more, or for a new version of the pipeline"
+    )

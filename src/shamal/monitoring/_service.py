@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from shamal.clock import Clock, utc_now
 from shamal.db import Database
-from shamal.deployments import Deployment, DeploymentService
+from shamal.deployments import Deployment, DeploymentService, RolloutPhase
 from shamal.errors import Conflict, InvalidParameter, NotFound, ShamalError
 from shamal.events import Event, EventFilter, EventKind, EventService, NewEvent, emit
 from shamal.monitoring import _rules, _store
@@ -108,6 +108,7 @@ class MonitorService:
         *,
         owner: str | None = None,
         lease: timedelta = DEFAULT_LEASE,
+        retrain_backoff: timedelta = _rules.DEFAULT_RETRAIN_BACKOFF,
     ) -> None:
         self._db = services.db
         self._audit = services.audit
@@ -120,6 +121,7 @@ class MonitorService:
         self._clock = clock
         self._owner = owner or owner_name()
         self._lease = lease
+        self._retrain_backoff = retrain_backoff
 
     # ------------------------------------------------------------------ access
     @staticmethod
@@ -691,8 +693,11 @@ class MonitorService:
         """Why no retraining run may start now (None: one may). While the deployment has a
         canary in rollout (the last retraining's version, being judged on live traffic) or
         a run this monitor started is still running, drift found meanwhile is the same
-        drift: it is recorded, and the first run after those end acts on what it finds."""
-        canary = self._deployments.get(principal, monitor.deployment).split.canary
+        drift: it is recorded, and the first run after those end acts on what it finds.
+        After a retraining that did not take (its run failed, or its canary was rolled
+        back), retraining backs off (:func:`_rules.retraining_backoff`)."""
+        deployment = self._deployments.get(principal, monitor.deployment)
+        canary = deployment.split.canary
         if canary is not None:
             return (
                 f"deployment {monitor.deployment!r} has a canary in rollout "
@@ -710,7 +715,17 @@ class MonitorService:
                 run = self._pipelines.get_run(principal, run_id)
                 if run.state == "running":
                     return f"retraining run {run_id} that this monitor started is still running"
-                return None  # the newest retraining ended
+                state = deployment.state
+                rolled_back = state.phase is RolloutPhase.ROLLED_BACK
+                return _rules.retraining_backoff(
+                    _rules.LastRetraining(
+                        run.id, run.state, run.version, run.created_at, run.finished_at
+                    ),
+                    rolled_back_at=state.since if rolled_back else None,
+                    latest_version=self._pipelines.get(principal, run.pipeline).version,
+                    now=self._clock(),
+                    backoff=self._retrain_backoff,
+                )
         return None
 
 

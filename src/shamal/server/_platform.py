@@ -7,6 +7,7 @@ import logging
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from shamal.artifacts import ArtifactService, BlobStore, Keyring, open_blob_store, open_data_stores
@@ -200,7 +201,8 @@ def start_platform(settings: Settings, *, migrate: bool = True) -> Platform:
             references=references,
             pipelines=pipelines,
             events=events,
-        )
+        ),
+        retrain_backoff=timedelta(seconds=settings.monitoring.retrain_backoff_s),
     )
     return Platform(
         settings=settings,
