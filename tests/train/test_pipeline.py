@@ -126,6 +126,33 @@ def test_resume_takes_the_newest_step_every_stage_has(
     assert [final_sha(o) for o in outputs] == [final_sha(o) for o in reference[1]]
 
 
+def test_a_corrupt_stage_checkpoint_sends_every_stage_back_to_one_they_share(
+    tmp_path: Path, reference: tuple[Path, list[str]]
+) -> None:
+    """Stage 1's step 20 does not match its manifest: stage 0 loads 20, stage 1 falls back
+    to 10, and they agree on 10 (both load it again) before training on."""
+    shutil.copytree(reference[0] / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "stage-01" / "ckpt-000000000020" / "model.safetensors").write_bytes(b"x")
+    outputs = _ok(run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path))
+    for output in outputs:
+        assert "resumed from step 10" in output
+    assert [final_sha(o) for o in outputs] == [final_sha(o) for o in reference[1]]
+
+
+def test_stages_with_no_intact_step_in_common_stop_instead_of_mixing_states(
+    tmp_path: Path, reference: tuple[Path, list[str]]
+) -> None:
+    shutil.copytree(reference[0] / "ckpt", tmp_path / "ckpt")
+    for step in ("10", "20"):
+        folder = tmp_path / "ckpt" / "stage-01" / f"ckpt-0000000000{step}"
+        (folder / "model.safetensors").write_bytes(b"x")
+    ranks = run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path)
+    for ran in ranks:
+        assert ran.returncode == 1, ran.stdout
+        assert "stages have no intact checkpoint step in common" in ran.stdout
+        assert "step 1 loss" not in ran.stdout
+
+
 def test_a_batch_that_does_not_split_into_microbatches_is_refused(tmp_path: Path) -> None:
     ranks = run_ranks(["--steps", "2", "--batch-size", "30", "--microbatches", "4"], tmp_path)
     for ran in ranks:

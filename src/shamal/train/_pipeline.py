@@ -230,15 +230,21 @@ class StageCheckpointer:
         """As :meth:`Checkpointer.resume`, at the newest step complete on every rank."""
         steps = {int(m["step"]) for m in self.local.manifests()}
         common = _common_steps(steps)
+        loaded = False
         while common:
             wanted = max(common)
             resumed = self.local.resume(model=self.pipeline.module, at_most=wanted, **kwargs)
+            loaded = loaded or resumed is not None
             got = -1 if resumed is None else resumed.step
-            agreed = _all_equal(got)
-            if agreed:
+            if _all_equal(got):
                 return resumed
-            common = {s for s in common if s < _min_over_ranks(got)}
-        if self.pipeline.world_size > 1 and steps:
+            common = {s for s in common if s <= _min_over_ranks(got)}  # what all may hold
+        if _any_rank(loaded):  # some stage holds a checkpoint's state, another none
+            raise RuntimeError(
+                "the pipeline's stages have no intact checkpoint step in common: delete the "
+                "stage-*/ checkpoints of this run to start afresh"
+            )
+        if steps:
             logger.warning("no checkpoint step is complete on every stage: starting afresh")
         return None
 
@@ -260,6 +266,10 @@ def _common_steps(steps: set[int]) -> set[int]:
 
 def _all_equal(value: int) -> bool:
     return len(set(_gather(value))) == 1
+
+
+def _any_rank(flag: bool) -> bool:
+    return any(_gather(flag))
 
 
 def _min_over_ranks(value: int) -> int:
