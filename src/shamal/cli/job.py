@@ -89,6 +89,7 @@ _FLAGS = {
     "gpus": "--gpus",
     "gpu_fraction": "--gpu-fraction",
     "mig_profile": "--mig",
+    "gpu_memory_mib": "--gpu-memory",
     "workers": "--workers",
     "pool": "--pool",
     "time_limit_s": "--time-limit",
@@ -98,7 +99,11 @@ _FLAGS = {
     "executor": "--executor",
 }
 """The flag of each field of the API's JobIn, for errors in the user's words."""
-_UNITS = {"memory_mib": " (MiB)", "time_limit_s": " (seconds; 30d at most)"}
+_UNITS = {
+    "memory_mib": " (MiB)",
+    "gpu_memory_mib": " (MiB)",
+    "time_limit_s": " (seconds; 30d at most)",
+}
 
 
 def _check_request(command: list[str], options: dict[str, Any]) -> None:
@@ -184,6 +189,15 @@ def submit(
     mig: Annotated[
         str | None, typer.Option("--mig", help="A MIG slice, e.g. 1g.10gb or 3g.40gb.")
     ] = None,
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-memory",
+            help="Memory each worker's GPU must have (e.g. 40GiB): whole GPUs, fractions "
+            "and MIG slices count their own share; gang workers (pipeline stages) go only "
+            "where that much is free.",
+        ),
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", help="Gang size (all or nothing).")] = 1,
     time_limit: Annotated[
         str | None,
@@ -228,6 +242,7 @@ def submit(
     """
     variables = parse_env(env or [])
     memory_mib = parse_memory_mib(memory, "--memory")
+    gpu_memory_mib = parse_memory_mib(gpu_memory, "--gpu-memory") if gpu_memory else None
     time_limit_s = parse_duration_s(time_limit, "--time-limit") if time_limit else None
     if mig is not None:
         check_mig_profile(mig)
@@ -240,6 +255,7 @@ def submit(
         "gpus": gpus,
         "gpu_fraction": gpu_fraction,
         "mig_profile": mig,
+        "gpu_memory_mib": gpu_memory_mib,
         "workers": workers,
         "pool": pool,
         "time_limit_s": time_limit_s,

@@ -51,6 +51,7 @@ def request_of(job: Job) -> Request:
         gpu_milli=job.gpu_milli,
         mig_profile=job.mig_profile,
         gpu_models=frozenset(job.gpu_models),
+        gpu_memory_mib=job.gpu_memory_mib,
         workers=job.workers,
     )
 

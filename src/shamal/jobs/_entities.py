@@ -81,6 +81,9 @@ class JobSpec:
     gpu_fraction: float = 0.0
     mig_profile: str | None = None
     gpu_models: tuple[str, ...] = ()
+    #: The memory each worker's device must have, in MiB (0: any): a whole GPU, a
+    #: fraction (its share of the GPU's memory) or a MIG slice (its memory slices).
+    gpu_memory_mib: int = 0
     workers: int = 1
     pool: str | None = None
     time_limit_s: float | None = None
@@ -143,6 +146,8 @@ class Job:
     regions: tuple[str, ...] | None = None
     #: The executor it asked for (``local``, ``ray``); None: the server's default.
     executor: str | None = None
+    #: The memory each worker's device must have, in MiB (0: any).
+    gpu_memory_mib: int = 0
 
     @property
     def resources_text(self) -> str:
@@ -154,6 +159,8 @@ class Job:
             parts.append(f"{self.gpu_milli / 1000:g} GPU")
         elif self.mig_profile:
             parts.append(f"MIG {self.mig_profile}")
+        if self.gpu_memory_mib:
+            parts.append(f">= {self.gpu_memory_mib} MiB per device")
         if self.workers > 1:
             parts.append(f"x{self.workers} workers")
         return ", ".join(parts)

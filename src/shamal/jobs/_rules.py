@@ -14,6 +14,11 @@ MAX_ENV, MAX_ENV_VALUE = 200, 32 * 1024
 MAX_NAME = 256
 MAX_CPUS, MAX_MEMORY_MIB, MAX_GPUS, MAX_WORKERS = 1024, 16 * 1024 * 1024, 64, 256
 MAX_TIME_LIMIT_S = 30 * 24 * 3600.0
+MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
+"""The most device memory a job may ask for per worker (4 TiB: more than any GPU has)."""
+GPU_MEMORY_NEEDS_GPU = (
+    "needs a GPU request (--gpus, --gpu-fraction or --mig): it is the memory of each worker's GPU"
+)
 MAX_RETRIES = 100
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]{1,3}gb$")
@@ -91,6 +96,14 @@ def _check_range(what: str, value: float, low: float, high: float, *, low_open: 
         raise InvalidParameter(f"{what} must be {bound} and <= {high:g}")
 
 
+def _check_gpu_memory(value: int, has_gpu: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParameter("--gpu-memory must be a whole number of MiB")
+    _check_range("--gpu-memory", value, 0, MAX_GPU_MEMORY_MIB, low_open=False)
+    if value and not has_gpu:
+        raise InvalidParameter(f"--gpu-memory {GPU_MEMORY_NEEDS_GPU}")
+
+
 def check_resources(spec: JobSpec) -> None:
     """Raises InvalidParameter for requests no scheduler could ever honour."""
     _check_range("--cpus", spec.cpus, 0, MAX_CPUS, low_open=True)
@@ -104,6 +117,7 @@ def check_resources(spec: JobSpec) -> None:
         _check_range("--gpu-fraction", spec.gpu_fraction, 0, 0.999, low_open=True)
     if spec.mig_profile is not None:
         check_mig_profile(spec.mig_profile)
+    _check_gpu_memory(spec.gpu_memory_mib, forms > 0)
     if spec.time_limit_s is not None:
         _check_range("--time-limit", spec.time_limit_s, 0, MAX_TIME_LIMIT_S, low_open=True)
     if spec.retries is not None:

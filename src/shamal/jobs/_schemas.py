@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from shamal.errors import InvalidParameter
@@ -71,6 +78,14 @@ class JobIn(Model):
         json_schema_extra={"pattern": _MIG_PROFILE},
     )
     gpu_models: list[Annotated[Text, Field(max_length=64)]] = Field(default=[], max_length=16)
+    gpu_memory_mib: int = Field(
+        default=0,
+        ge=0,
+        le=_rules.MAX_GPU_MEMORY_MIB,
+        description="the memory each worker's device must have, in MiB (0: any): a whole "
+        "GPU's memory, a fraction's share of it or a MIG slice's; needs a GPU request",
+        examples=[40960],
+    )
     workers: int = Field(default=1, ge=1, le=256)
     pool: str | None = Field(default=None, max_length=64)
     time_limit_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
@@ -100,6 +115,15 @@ class JobIn(Model):
     def _mig_profile(cls, value: str | None) -> str | None:
         return None if value is None else _human(_rules.check_mig_profile, value)
 
+    @field_validator("gpu_memory_mib")
+    @classmethod
+    def _gpu_memory(cls, value: int, info: ValidationInfo) -> int:
+        asked = info.data
+        gpu = asked.get("gpus") or asked.get("gpu_fraction") or asked.get("mig_profile")
+        if value and not gpu:
+            raise PydanticCustomError("invalid", _rules.GPU_MEMORY_NEEDS_GPU)
+        return value
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
@@ -119,6 +143,7 @@ class JobIn(Model):
             gpu_fraction=self.gpu_fraction,
             mig_profile=self.mig_profile,
             gpu_models=tuple(self.gpu_models),
+            gpu_memory_mib=self.gpu_memory_mib,
             workers=self.workers,
             pool=self.pool,
             time_limit_s=self.time_limit_s,

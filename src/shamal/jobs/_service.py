@@ -322,6 +322,7 @@ class JobService:
             gpu_milli=round(spec.gpu_fraction * GPU_MILLI),
             mig_profile=spec.mig_profile,
             gpu_models=tuple(spec.gpu_models),
+            gpu_memory_mib=spec.gpu_memory_mib,
             workers=spec.workers,
             pool=pool,
             priority=priority,

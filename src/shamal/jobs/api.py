@@ -59,6 +59,9 @@ class JobOut(_Model):
     gpus: int
     gpu_fraction: float
     mig_profile: str | None
+    gpu_memory_mib: int = Field(
+        default=0, description="the memory each worker's device must have, in MiB (0: any)"
+    )
     workers: int
     resources: str
     time_limit_s: float | None
@@ -112,6 +115,7 @@ class JobOut(_Model):
             gpus=job.gpus,
             gpu_fraction=job.gpu_milli / 1000,
             mig_profile=job.mig_profile,
+            gpu_memory_mib=job.gpu_memory_mib,
             workers=job.workers,
             resources=job.resources_text,
             time_limit_s=job.time_limit_s,

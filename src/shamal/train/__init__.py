@@ -3,8 +3,9 @@
 Helpers for a loop the user owns (not a framework): checkpoints that resume exactly,
 preemption that checkpoints and requeues, mixed precision, accumulation, clipping,
 warmup schedules, early stopping, throughput/MFU, batched metric logging, DDP from
-the scheduler's torchrun-style environment, and fully sharded data parallelism (FSDP2)
-with sharded checkpoints that reshard on load.
+the scheduler's torchrun-style environment, fully sharded data parallelism (FSDP2) with
+sharded checkpoints that reshard on load, pipeline stages over a gang's workers, and the
+choice between them from the model's size and the job's device memory.
 
 Importing this package does not import torch: the torch-based names load on first use,
 so scikit-learn jobs can use :class:`Tracker` and the stores without it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shamal.train._jobplan import DEVICE_MEMORY_ENV, device_memory_bytes, plan_for_job
 from shamal.train._perf import PEAK_FLOPS, Throughput, peak_flops, transformer_flops_per_token
 from shamal.train._plan import Plan, choose_parallelism
 from shamal.train._preempt import REQUEUE_EXIT_CODE, PreemptionGuard, attempt
@@ -28,6 +30,12 @@ if TYPE_CHECKING:
     from shamal.train._fsdp import ShardingError, shard_model
     from shamal.train._loop import EarlyStopping, Stepper, WarmupCosine, warmup_cosine
     from shamal.train._perf import current_device_peak
+    from shamal.train._pipeline import (
+        Pipeline,
+        StageCheckpointer,
+        pipeline_stages,
+        split_sequential,
+    )
     from shamal.train._sharded import (
         ShardedCheckpointer,
         ShardedCheckpointError,
@@ -35,6 +43,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "DEVICE_MEMORY_ENV",
     "PEAK_FLOPS",
     "REQUEUE_EXIT_CODE",
     "ArtifactCheckpointStore",
@@ -43,6 +52,7 @@ __all__ = [
     "DistInfo",
     "EarlyStopping",
     "LocalCheckpointStore",
+    "Pipeline",
     "Plan",
     "PreemptionGuard",
     "Resumed",
@@ -51,6 +61,7 @@ __all__ = [
     "ShardedCheckpointer",
     "ShardedResumed",
     "ShardingError",
+    "StageCheckpointer",
     "Stepper",
     "Throughput",
     "Tracker",
@@ -58,10 +69,14 @@ __all__ = [
     "attempt",
     "choose_parallelism",
     "current_device_peak",
+    "device_memory_bytes",
     "init_distributed",
     "peak_flops",
     "shard_model",
+    "pipeline_stages",
+    "plan_for_job",
     "shutdown",
+    "split_sequential",
     "transformer_flops_per_token",
     "warmup_cosine",
 ]
@@ -83,6 +98,10 @@ _LAZY = {
     "ShardedResumed": "_sharded",
     "ShardingError": "_fsdp",
     "shard_model": "_fsdp",
+    "Pipeline": "_pipeline",
+    "StageCheckpointer": "_pipeline",
+    "pipeline_stages": "_pipeline",
+    "split_sequential": "_pipeline",
 }
 
 

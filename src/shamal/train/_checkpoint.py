@@ -122,6 +122,8 @@ class Checkpointer:
         keep_last: how many of the newest complete checkpoints to keep (>= 1).
         best_metric: a metric name passed to :meth:`save`; the best checkpoint by it is
             kept as well. ``mode`` says whether lower ("min") or higher ("max") is better.
+        all_ranks: every rank writes (each into its own store: pipeline stages); by
+            default only rank 0 does (DDP replicas are equal).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class Checkpointer:
         keep_last: int = 2,
         best_metric: str | None = None,
         mode: str = "min",
+        all_ranks: bool = False,
     ) -> None:
         if keep_last < 1 or mode not in ("min", "max"):
             raise ValueError("keep_last must be >= 1 and mode 'min' or 'max'")
@@ -138,6 +141,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.best_metric = best_metric
         self.mode = mode
+        self.all_ranks = all_ranks
 
     # ------------------------------------------------------------------ save
     def save(
@@ -152,13 +156,14 @@ class Checkpointer:
         metrics: dict[str, float] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> str | None:
-        """Write checkpoint ``step`` (rank 0 only; other ranks wait) and apply retention.
+        """Write checkpoint ``step`` (rank 0 only unless ``all_ranks``; other ranks wait)
+        and apply retention.
 
-        Returns the checkpoint's folder name on rank 0, ``None`` on other ranks. Every
+        Returns the checkpoint's folder name where written, ``None`` elsewhere. Every
         rank of a distributed run must call it (it ends with a barrier).
         """
         name = None
-        if rank() == 0:
+        if self.all_ranks or rank() == 0:
             name = f"ckpt-{step:012d}"
             weights, aliases = _weights_bytes(model)
             state = {
@@ -252,14 +257,18 @@ class Checkpointer:
         scaler: Any = None,
         scheduler: Any = None,
         restore_rng: bool = True,
+        at_most: int | None = None,
     ) -> Resumed | None:
         """Load the newest complete checkpoint into the given objects.
 
         Returns ``None`` (and changes nothing) when there is none. RNG states are
         restored too unless ``restore_rng`` is false; the data position comes back in
-        :attr:`Resumed.data_state` for the caller's sampler.
+        :attr:`Resumed.data_state` for the caller's sampler. ``at_most`` ignores
+        checkpoints of later steps.
         """
         for manifest in reversed(self.manifests()):
+            if at_most is not None and int(manifest["step"]) > at_most:
+                continue
             loaded = self._load_verified(manifest)
             if loaded is None:
                 continue

@@ -449,8 +449,10 @@ class ShardedCheckpointer(Checkpointer):
         self._retain()
 
     # ------------------------------------------------------------------ resume
-    def _newest(self) -> dict[str, Any] | None:
+    def _newest(self, at_most: int | None = None) -> dict[str, Any] | None:
         for manifest in reversed(self.manifests()):
+            if at_most is not None and int(manifest["step"]) > at_most:
+                continue
             if manifest.get("kind") == _KIND:
                 return _validated(manifest)
         return None
@@ -481,15 +483,16 @@ class ShardedCheckpointer(Checkpointer):
         scaler: Any = None,
         scheduler: Any = None,
         restore_rng: bool = True,
+        at_most: int | None = None,
     ) -> ShardedResumed | None:
         """Load the newest sharded checkpoint into the given (sharded) objects.
 
         Returns ``None`` and changes nothing when there is none. Raises
         :class:`ShardedCheckpointError`, on every worker and before anything is changed,
         when a file is missing, differs from its manifest or the manifest names a file
-        that is not the checkpoint's.
+        that is not the checkpoint's. ``at_most`` ignores checkpoints of later steps.
         """
-        manifest = self._newest()
+        manifest = self._newest(at_most)
         if manifest is None:
             return None
         name, saved = manifest["name"], int(manifest["world_size"])

@@ -39,6 +39,8 @@ class JobRow(Base):
     gpu_milli: Mapped[int] = mapped_column(Integer)
     mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
     gpu_models: Mapped[list[str]] = mapped_column(JSON)
+    #: The memory each worker's device must have, in MiB (0: any).
+    gpu_memory_mib: Mapped[int] = mapped_column(Integer, server_default="0", default=0)
     workers: Mapped[int] = mapped_column(Integer)
     pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
     priority: Mapped[str] = mapped_column(String(32))

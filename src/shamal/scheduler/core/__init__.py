@@ -8,7 +8,7 @@ trace simulator (:mod:`shamal.scheduler.core.sim`) does the same over a trace.
 
 from shamal.scheduler.core._admission import Admission, QuotaBook, decay_all, decayed_usage
 from shamal.scheduler.core._engine import BasePolicy, schedule
-from shamal.scheduler.core._mig import profiles_for
+from shamal.scheduler.core._mig import device_memory_mib, profiles_for
 from shamal.scheduler.core._placement import allocate, place, release
 from shamal.scheduler.core._policies import (
     DEFAULT_POLICY,
@@ -83,6 +83,7 @@ __all__ = [
     "allocate",
     "decay_all",
     "decayed_usage",
+    "device_memory_mib",
     "error_report",
     "get_policy",
     "job_pool",

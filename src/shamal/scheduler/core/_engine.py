@@ -80,6 +80,7 @@ from shamal.scheduler.core._state import (
     job_shape,
     pools_in_regions,
 )
+from shamal.scheduler.core._strategies import gpu_allowed
 
 __all__ = [
     "BasePolicy",
@@ -854,7 +855,10 @@ class _NodeGains:
 
 
 def _allowed_models(node: Node, request: Request) -> bool:
-    return not request.gpu_models or any(g.model in request.gpu_models for g in node.gpus)
+    """Whether some GPU of ``node`` is of a model, and has the memory, the request allows."""
+    if not (request.gpu_models or request.gpu_memory_mib):
+        return True
+    return any(gpu_allowed(g, request) for g in node.gpus)
 
 
 def _same_cohort(book: QuotaBook, team: str, other: str, pool: str) -> bool:

@@ -41,10 +41,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from shamal.scheduler.core._resources import Gpu
+from shamal.scheduler.core._resources import GPU_MILLI, Gpu, Request
 
 __all__ = [
     "MigProfile",
+    "device_memory_mib",
     "MigTable",
     "free_starts",
     "profile_mask",
@@ -161,3 +162,21 @@ def free_starts(gpu: Gpu, profile_name: str) -> list[int]:
     if profile is None:
         return []
     return [s for s in profile.starts if not gpu.mig_used & profile_mask(profile, s)]
+
+
+def device_memory_mib(gpu: Gpu, request: Request) -> int:
+    """The memory one worker of ``request`` would have on ``gpu``, in MiB.
+
+    A whole GPU: all of its memory. A fraction: that share of it. A MIG slice: its memory
+    slices' share (a ``3g.40gb`` slice holds 4 of an 80 GB GPU's 8 memory slices: 40 GB);
+    0 when the GPU offers no such slice. A CPU-only request: 0.
+    """
+    if request.mig_profile is not None:
+        table = table_for(gpu)
+        profile = None if table is None else table.profiles.get(request.mig_profile)
+        if table is None or profile is None:
+            return 0
+        return gpu.memory_mib * profile.span // table.positions
+    if request.gpu_milli:
+        return gpu.memory_mib * request.gpu_milli // GPU_MILLI
+    return gpu.memory_mib if request.gpus else 0

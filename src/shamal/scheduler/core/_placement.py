@@ -152,8 +152,9 @@ def place(
 
     Each worker gets the per-worker request on one node: ``gpus`` free whole GPUs, or
     ``gpu_milli`` of one GPU's remaining capacity, or one MIG slice of ``mig_profile``,
-    plus CPU and memory on that node; ``request.gpu_models`` restricts GPU models and
-    ``pool`` the nodes. A gang (``workers`` > 1) is placed whole or not at all, on as
+    plus CPU and memory on that node; ``request.gpu_models`` restricts GPU models,
+    ``request.gpu_memory_mib`` the GPUs by the memory a worker gets there, and ``pool``
+    the nodes. A gang (``workers`` > 1) is placed whole or not at all, on as
     few nodes as possible.
 
     Raises:
@@ -231,6 +232,7 @@ def _whole_gang(
         memory_mib=request.memory_mib * request.workers,
         gpus=request.gpus * request.workers,
         gpu_models=request.gpu_models,
+        gpu_memory_mib=request.gpu_memory_mib,
     )
     found = chooser.choose(cluster, index, combined, pool)
     if found is None:

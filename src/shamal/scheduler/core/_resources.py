@@ -74,7 +74,11 @@ class Request:
 
     Exactly one GPU form is used: ``gpus`` whole GPUs, or ``gpu_milli`` (1..999) of a
     single GPU, or one MIG slice of profile ``mig_profile`` (e.g. ``"1g.10gb"``).
-    ``gpu_models`` restricts the GPU models allowed (empty: any).
+    ``gpu_models`` restricts the GPU models allowed (empty: any); ``gpu_memory_mib``
+    the memory each worker's device must have (0: any), counted as the device the worker
+    gets: a whole GPU's memory, a fraction's share of it, a MIG slice's memory slices
+    (:func:`shamal.scheduler.core._mig.device_memory_mib`). A gang's stages then go only
+    where devices with that much memory are free.
     """
 
     cpu_milli: int = 1000
@@ -84,6 +88,7 @@ class Request:
     mig_profile: str | None = None
     gpu_models: frozenset[str] = frozenset()
     workers: int = 1
+    gpu_memory_mib: int = 0
 
     def __post_init__(self) -> None:
         forms = (self.gpus > 0) + (self.gpu_milli > 0) + (self.mig_profile is not None)
@@ -93,6 +98,8 @@ class Request:
             raise ValueError("gpus must be >= 0 and a GPU fraction between 0 and 1")
         if self.workers < 1 or self.cpu_milli < 0 or self.memory_mib < 0:
             raise ValueError("workers must be >= 1, CPU and memory >= 0")
+        if self.gpu_memory_mib < 0 or (self.gpu_memory_mib and not forms):
+            raise ValueError("device memory must be >= 0, and asked for with a GPU request")
 
     @property
     def gpu_milli_per_worker(self) -> int:

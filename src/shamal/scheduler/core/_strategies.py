@@ -76,8 +76,13 @@ class Option(NamedTuple):
 
 
 def gpu_allowed(gpu: Gpu, request: Request) -> bool:
-    """Whether ``request.gpu_models`` allows this GPU's model."""
-    return not request.gpu_models or gpu.model in request.gpu_models
+    """Whether ``request.gpu_models`` allows this GPU's model and a worker's share of it
+    has the ``request.gpu_memory_mib`` it needs."""
+    if request.gpu_models and gpu.model not in request.gpu_models:
+        return False
+    return not request.gpu_memory_mib or (
+        _mig.device_memory_mib(gpu, request) >= request.gpu_memory_mib
+    )
 
 
 def host_fits(node: Node, request: Request, count: int = 1) -> bool:

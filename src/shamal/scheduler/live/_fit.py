@@ -39,8 +39,10 @@ from shamal.scheduler.core import (
     Request,
     Resources,
     SchedJob,
+    Slot,
     TeamQuota,
     allocate,
+    device_memory_mib,
     get_policy,
     mig_share_milli,
     place,
@@ -48,7 +50,19 @@ from shamal.scheduler.core import (
     profiles_for,
 )
 
-__all__ = ["ClusterCapacity", "cluster_capacity", "fits_beside", "held_by", "quotas_of"]
+__all__ = [
+    "DEVICE_MEMORY_ENV",
+    "ClusterCapacity",
+    "cluster_capacity",
+    "device_memory_env",
+    "fits_beside",
+    "held_by",
+    "quotas_of",
+]
+
+DEVICE_MEMORY_ENV = "SHAMAL_DEVICE_MEMORY_MIB"
+"""The variable a job's workers get: memory per device of their placement (``shamal.train``
+reads it to choose between DDP, FSDP and pipeline stages)."""
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +121,8 @@ def _needs(request: Request) -> str:
         parts.append(f"{request.gpu_milli / GPU_MILLI:g} of a GPU")
     elif request.mig_profile is not None:
         parts.append(f"a {request.mig_profile} MIG slice")
+    if request.gpu_memory_mib:
+        parts[-1] += f" with {_gib(request.gpu_memory_mib)} of memory"
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
@@ -134,7 +150,22 @@ def _gpu_problem(request: Request, pool: str, nodes: Sequence[Node]) -> str | No
     allowed = [g for g in gpus if _allowed(g, request)]
     if not allowed:
         return _model_problem(request, pool, gpus)
-    return _gpu_form_problem(request, pool, nodes, allowed)
+    problem = _gpu_form_problem(request, pool, nodes, allowed)
+    if problem is None and request.gpu_memory_mib:
+        problem = _memory_problem(request, pool, allowed)
+    return problem
+
+
+def _memory_problem(request: Request, pool: str, allowed: Sequence[Gpu]) -> str | None:
+    """Why no GPU of ``pool`` gives a worker the device memory it asks for (None: some does)."""
+    most = max(device_memory_mib(g, request) for g in allowed)
+    if most >= request.gpu_memory_mib:
+        return None
+    return (
+        f"no GPU of pool {pool!r} gives a worker {_gib(request.gpu_memory_mib)} of device "
+        f"memory (at most {_gib(most)} for this request): lower --gpu-memory, ask for a "
+        "larger share of a GPU, or split the model into more pipeline stages"
+    )
 
 
 def _model_problem(request: Request, pool: str, gpus: Sequence[Gpu]) -> str:
@@ -462,3 +493,24 @@ def fits_beside(template: Cluster, placement: Placement) -> Callable[[Sequence[J
         return True
 
     return fits
+
+
+def _slot_device_mib(node: Node, slot: Slot, request: Request) -> int:
+    """Memory of the device one slot gives its worker: the smallest of its GPUs' shares,
+    or the slot's host memory when it has no GPU."""
+    gpus = [g for g in node.gpus if g.index in slot.gpus]
+    if not gpus:
+        return slot.memory_mib
+    return min(device_memory_mib(g, request) for g in gpus)
+
+
+def device_memory_env(template: Cluster, placement: Placement, request: Request) -> dict[str, str]:
+    """``{DEVICE_MEMORY_ENV: MiB}``: the smallest device of ``placement`` (every stage of a
+    pipeline must fit the smallest one); empty when a slot's node is unknown."""
+    sizes = []
+    for slot in placement.slots:
+        node = template.nodes.get(slot.node)
+        if node is None:
+            return {}
+        sizes.append(_slot_device_mib(node, slot, request))
+    return {DEVICE_MEMORY_ENV: str(min(sizes))} if sizes else {}

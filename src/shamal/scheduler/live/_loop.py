@@ -78,7 +78,7 @@ from shamal.scheduler.core import (
     decay_all,
     decayed_usage,
 )
-from shamal.scheduler.live._fit import fits_beside, held_by, quotas_of
+from shamal.scheduler.live._fit import device_memory_env, fits_beside, held_by, quotas_of
 from shamal.scheduler.live._lifecycle import JobLifecycle
 
 logger = logging.getLogger(__name__)
@@ -461,7 +461,11 @@ class SchedulerLoop:
                 attempt=job.attempt,
                 command=job.command,
                 workdir=workdir,
-                env={**job.env, **(self._credentials.env(job) if self._credentials else {})},
+                env={
+                    **job.env,
+                    **device_memory_env(self._template, placement, request_of(job)),
+                    **(self._credentials.env(job) if self._credentials else {}),
+                },
                 placement=placement,
                 time_limit_s=job.time_limit_s,
                 log_path=log_path,

@@ -1,0 +1,75 @@
+"""Run examples/pytorch/pipeline.py as real processes (shared by the pipeline tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.live import free_port
+from tests.train._run import job_env
+
+PIPELINE = Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "pipeline.py"
+
+
+def run_one(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The example in one process (``--unsplit`` for the reference)."""
+    return subprocess.run(
+        [sys.executable, str(PIPELINE), *args],
+        cwd=cwd,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def run_ranks(
+    args: Sequence[str], cwd: Path, *, world: int = 2, env: Mapping[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """``world`` ranks of the example with the torchrun-style env the executors set.
+
+    A hung rank is killed, never leaked."""
+    port = free_port()
+    processes = []
+    for rank in range(world):
+        gang = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(PIPELINE), *args],
+                cwd=cwd,
+                env=job_env({**gang, **(env or {})}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        outputs = [p.communicate(timeout=180)[0] for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, out)
+        for p, out in zip(processes, outputs, strict=True)
+    ]
+
+
+def losses(output: str) -> list[float]:
+    """The ``step N loss X`` values, in order."""
+    return [
+        float(line.split(" loss ")[1])
+        for line in output.splitlines()
+        if line.startswith("step ") and " loss " in line
+    ]
