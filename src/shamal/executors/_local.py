@@ -256,7 +256,9 @@ class LocalExecutor:
         log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             proc = subprocess.Popen(  # our own interpreter and module
-                [self._python, "-m", _SUPERVISOR_MODULE],
+                # -S: the supervisor needs the standard library and this package (on
+                # PYTHONPATH) only; site's .pth files would cost every job's start.
+                [self._python, "-S", "-m", _SUPERVISOR_MODULE],
                 stdin=subprocess.PIPE,
                 stdout=log_fd,
                 stderr=log_fd,
