@@ -9,7 +9,9 @@ One tick:
    allocated, the queue, quotas) and call the *same* policy the trace simulator replays.
 3. **Apply.** Preemptions first (SIGTERM, grace, SIGKILL through the executor), then
    starts: claim the job (a compare-and-set in the database, under the scheduling lock
-   on PostgreSQL), unpack its snapshot, launch it.
+   on PostgreSQL), unpack its snapshot, launch it. Under :meth:`SchedulerLoop.run` the
+   claims are made in the tick and the launches by threads of their own, so the next tick
+   (another job's end, the next pipeline step) does not wait for a supervisor to start.
 
 After a restart :meth:`SchedulerLoop.recover` re-attaches to every job this scheduler
 had claimed (the local executor's supervisors outlive the server), declares the ones
@@ -35,7 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,26 +178,38 @@ class SchedulerLoop:
         self.wake = threading.Event()
         self.periodic: list[tuple[float, Callable[[], object]]] = []
         """Housekeeping other domains hand the loop: (every N seconds, task)."""
+        #: While :meth:`run` runs: the threads that launch admitted jobs, so that the loop
+        #: reconciles, admits and moves pipelines on while a supervisor starts.
+        self._launcher: ThreadPoolExecutor | None = None
+        self._in_flight: set[Future[None]] = set()
 
     # ------------------------------------------------------------------ run
     def run(self, stop: threading.Event) -> None:
         """Recover, then tick every ``tick_s`` until ``stop`` is set. Jobs keep running."""
         self.recover()
         last = [0.0] * len(self.periodic)
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad tick must not stop scheduling for good
-                logger.exception("scheduler tick failed; trying again next tick")
-            now = time.monotonic()
-            for index, (every, task) in enumerate(self.periodic):
-                if now - last[index] >= every:
-                    last[index] = now
-                    try:
-                        task()
-                    except Exception:
-                        logger.exception("scheduler housekeeping %r failed", task)
-            self._rest(stop)
+        workers = self._settings.launch_concurrency
+        self._launcher = ThreadPoolExecutor(workers, thread_name_prefix="launch")
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:  # one bad tick must not stop scheduling for good
+                    logger.exception("scheduler tick failed; trying again next tick")
+                now = time.monotonic()
+                for index, (every, task) in enumerate(self.periodic):
+                    if now - last[index] >= every:
+                        last[index] = now
+                        try:
+                            task()
+                        except Exception:
+                            logger.exception("scheduler housekeeping %r failed", task)
+                self._rest(stop)
+        finally:
+            # Launches under way finish (their jobs are tracked, or failed) before the loop
+            # ends: none is left admitted without a supervisor by this process.
+            launcher, self._launcher = self._launcher, None
+            launcher.shutdown(wait=True)
 
     def _rest(self, stop: threading.Event) -> None:
         """Wait for the next tick: ``tick_s``, or less when a job was submitted in this
@@ -208,7 +222,10 @@ class SchedulerLoop:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            fast = any(t.handle.executor == "local" for t in self.tracked.values())
+            # A launch under way is about to add a job to watch: look often, not in a tick.
+            fast = bool(self._in_flight) or any(
+                t.handle.executor == "local" for t in self.tracked.values()
+            )
             if self.wake.wait(min(left, END_POLL_S) if fast else left):
                 self.wake.clear()
                 return
@@ -294,17 +311,30 @@ class SchedulerLoop:
         for decision in decisions:
             if isinstance(decision, Preempt):
                 self._preempt(by_id[decision.job_id], decision.reason)
-        starts = [d for d in decisions if isinstance(d, Start)]
-        workers = min(len(starts), self._settings.launch_concurrency)
-        if workers <= 1:
-            for decision in starts:
-                self._start(by_id[decision.job_id], decision.placement, decision.borrowed)
+        self._apply_starts([d for d in decisions if isinstance(d, Start)], by_id)
+
+    def _apply_starts(self, starts: Sequence[Start], by_id: Mapping[str, Job]) -> None:
+        # Admitted here, one after the other (the next tick must see them hold their
+        # capacity); launched by threads, since a launch mostly waits for the job's
+        # supervisor to report in.
+        admitted = [
+            (job, decision.placement)
+            for decision in starts
+            if (job := self._admit(by_id[decision.job_id], decision.placement, decision.borrowed))
+        ]
+        if self._launcher is not None:  # run(): the loop goes on while they start
+            for job, placement in admitted:
+                future = self._launcher.submit(self._launch, job, placement)
+                self._in_flight.add(future)
+                future.add_done_callback(self._in_flight.discard)
             return
-        # A launch mostly waits (for the job's supervisor to report in): several at once.
+        workers = min(len(admitted), self._settings.launch_concurrency)
+        if workers <= 1:
+            for job, placement in admitted:
+                self._launch(job, placement)
+            return
         with ThreadPoolExecutor(workers, thread_name_prefix="launch") as pool:
-            for _ in pool.map(
-                lambda d: self._start(by_id[d.job_id], d.placement, d.borrowed), starts
-            ):
+            for _ in pool.map(lambda pair: self._launch(*pair), admitted):
                 pass
 
     def _let_go_of_adopted(self, active: Sequence[Job]) -> None:
@@ -447,12 +477,20 @@ class SchedulerLoop:
                 archive.unlink()
         return folder
 
-    def _start(self, queued: Job, placement: Placement, borrowed: bool) -> None:
+    def _admit(self, queued: Job, placement: Placement, borrowed: bool) -> Job | None:
+        """Claim a queued job for this scheduler (None: another took it, or it changed)."""
         stored = {**placement_to_json(placement), "borrowed": borrowed}
         reason = "admitted on borrowed quota" if borrowed else "admitted"
-        job = self._life.admit(queued.id, stored, reason, fits_beside(self._template, placement))
-        if job is None:
-            return
+        return self._life.admit(queued.id, stored, reason, fits_beside(self._template, placement))
+
+    def _launch(self, job: Job, placement: Placement) -> None:
+        """Start an admitted job's attempt and watch it; a failure to start ends the job."""
+        try:
+            self._launch_admitted(job, placement)
+        except Exception:  # in a launch thread: logged, and the tick's reconcile goes on
+            logger.exception("could not record the start of job %s", job.id)
+
+    def _launch_admitted(self, job: Job, placement: Placement) -> None:
         try:
             workdir = self._workdir(job)
             log_path = self._log_path(job)
