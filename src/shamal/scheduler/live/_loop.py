@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,6 +92,9 @@ END_POLL_S = 0.05
 
 LOG_SHIP_BYTES = 4 * 1024 * 1024
 """Largest log chunk shipped at once."""
+
+UNPACKED_KEPT = 16
+"""Snapshots kept unpacked for the next job that runs one (the most recently used)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ class SchedulerLoop:
         #: While :meth:`run` runs: the threads that launch admitted jobs, so that the loop
         #: reconciles, admits and moves pipelines on while a supervisor starts.
         self._launcher: ThreadPoolExecutor | None = None
+        self._unpacked_lock = threading.Lock()
         self._in_flight: set[Future[None]] = set()
 
     # ------------------------------------------------------------------ run
@@ -464,18 +470,62 @@ class SchedulerLoop:
         folder = self._workdir_of(job)
         if folder.exists():
             shutil.rmtree(folder)
+        if job.snapshot and snapshot.is_digest(job.snapshot):
+            # Copied from the snapshot unpacked once (a pipeline's steps share one): no
+            # download, gunzip and tar walk per job.
+            unpacked = self._unpacked(job.snapshot)
+            shutil.copytree(unpacked, folder, symlinks=True)
+            return folder
         folder.mkdir(parents=True)
         if job.snapshot:
-            # Streamed to a file beside the folder: a snapshot may be large.
-            archive = folder.with_name(folder.name + ".tar.gz")
-            with archive.open("wb") as handle:
-                for chunk in self._jobs.open_snapshot(job.snapshot):
-                    handle.write(chunk)
-            try:
-                snapshot.extract(archive, folder)
-            finally:
-                archive.unlink()
+            self._unpack(job.snapshot, folder)
         return folder
+
+    def _unpack(self, digest: str, folder: Path) -> None:
+        # Streamed to a file beside the folder: a snapshot may be large.
+        archive = folder.with_name(folder.name + ".tar.gz")
+        with archive.open("wb") as handle:
+            for chunk in self._jobs.open_snapshot(digest):
+                handle.write(chunk)
+        try:
+            snapshot.extract(archive, folder)
+        finally:
+            archive.unlink()
+
+    def _unpacked(self, digest: str) -> Path:
+        """The snapshot ``digest`` unpacked in the server's own folder (hidden from jobs), made
+        on first use; the least recently used beyond :data:`UNPACKED_KEPT` go, once unused
+        for a minute."""
+        root = self._jobs_dir / ".snapshots"
+        target = root / digest
+        with self._unpacked_lock:
+            if target.is_dir():
+                os.utime(target)
+                return target
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=root))
+        try:
+            self._unpack(digest, staging / "tree")
+            with self._unpacked_lock:
+                if not target.is_dir():
+                    (staging / "tree").rename(target)
+                os.utime(target)
+                self._forget_unpacked(root, keep=target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    @staticmethod
+    def _forget_unpacked(root: Path, keep: Path) -> None:
+        trees = sorted(
+            (p for p in root.iterdir() if p.is_dir() and snapshot.is_digest(p.name)),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        idle_since = time.time() - 60.0  # one copying from it now was touched since
+        for old in trees[UNPACKED_KEPT:]:
+            if old != keep and old.stat().st_mtime < idle_since:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _admit(self, queued: Job, placement: Placement, borrowed: bool) -> Job | None:
         """Claim a queued job for this scheduler (None: another took it, or it changed)."""
