@@ -23,7 +23,7 @@ local executor runs each step in a process of its own:
 ``W`` (``--workers``) defaults to the machine's CPU count, which is both peers' own default
 (``max_workers`` and ``max_concurrent``): each may run as many steps at once as it has CPUs,
 and neither is asked to run more processes than the machine can run. Shamal's steps ask for
-0.1 CPU each, and its scheduler decides how many run at once.
+1 CPU each, so its scheduler runs as many at once as the machine has CPUs, as the peers do.
 
 What is measured, per tool:
 

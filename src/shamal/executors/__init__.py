@@ -10,18 +10,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
+from shamal import lazy
 from shamal.errors import InvalidParameter
-from shamal.executors._cgroups import limit_mode
-from shamal.executors._isolation import (
-    Sandbox,
-    describe,
-    interpreter_paths,
-    network_of,
-    self_test,
-)
-from shamal.executors._nvml import detect_local_gpus
 from shamal.executors._protocol import (
     DISK_LIMIT,
     OUT_OF_MEMORY,
@@ -33,8 +25,34 @@ from shamal.executors._protocol import (
     LaunchFailed,
     LaunchSpec,
 )
-from shamal.executors._ray_token import ensure_ray_token
-from shamal.executors._routing import ExecutorSet, check_executor
+
+if TYPE_CHECKING:
+    from shamal.executors._cgroups import limit_mode
+    from shamal.executors._isolation import (
+        Sandbox,
+        describe,
+        interpreter_paths,
+        network_of,
+        self_test,
+    )
+    from shamal.executors._nvml import detect_local_gpus
+    from shamal.executors._ray_token import ensure_ray_token
+    from shamal.executors._routing import ExecutorSet, check_executor
+
+#: Names loaded on first use: a job's supervisor imports this package's light modules and
+#: starts once per job, so it must not pay for NVML, the scheduler or isolation set-up.
+_WHERE: dict[str, tuple[str, str | None]] = {
+    "limit_mode": ("_cgroups", "limit_mode"),
+    "Sandbox": ("_isolation", "Sandbox"),
+    "describe": ("_isolation", "describe"),
+    "interpreter_paths": ("_isolation", "interpreter_paths"),
+    "network_of": ("_isolation", "network_of"),
+    "self_test": ("_isolation", "self_test"),
+    "detect_local_gpus": ("_nvml", "detect_local_gpus"),
+    "ensure_ray_token": ("_ray_token", "ensure_ray_token"),
+    "ExecutorSet": ("_routing", "ExecutorSet"),
+    "check_executor": ("_routing", "check_executor"),
+}
 
 __all__ = [
     "DISK_LIMIT",
@@ -91,3 +109,7 @@ def get_executor(name: str, **options: Any) -> Executor:
         InvalidParameter: no executor has that name.
     """
     return cast(Executor, _resolve(name)(**options))
+
+
+def __getattr__(name: str) -> Any:
+    return lazy.attribute(__name__, _WHERE, name, globals())

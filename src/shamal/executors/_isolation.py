@@ -32,6 +32,7 @@ from shamal.executors._cgroups import Limits, WorkerCgroup, limit_mode
 
 __all__ = [
     "JAIL_SCRIPT",
+    "jail_settings",
     "Account",
     "Sandbox",
     "confine",
@@ -249,6 +250,19 @@ def network_of(
     return "platform", ("127.0.0.1" if host == "localhost" else host, port)
 
 
+def jail_settings(
+    config: Mapping[str, Any], *, cgroup: WorkerCgroup | None, limits: Limits
+) -> dict[str, Any]:
+    """The jail's full configuration: ``config`` (:func:`jail_config`) joined to ``cgroup``,
+    or with ``limits`` as rlimits when there is none."""
+    own_user = config.get("uid") is not None
+    return {
+        **config,
+        "cgroup_procs": [] if cgroup is None else cgroup.procs_files,
+        "rlimits": {"RLIMIT_CORE": 0} if cgroup is not None else limits.rlimits(own_user=own_user),
+    }
+
+
 def confine(
     python: str,
     config: Mapping[str, Any],
@@ -260,13 +274,11 @@ def confine(
     """The argv that runs ``argv`` in the jail described by ``config``
     (:func:`jail_config`), joined to ``cgroup``, or with ``limits`` as rlimits when
     there is none."""
-    own_user = config.get("uid") is not None
-    full = {
-        **config,
-        "cgroup_procs": [] if cgroup is None else cgroup.procs_files,
-        "rlimits": {"RLIMIT_CORE": 0} if cgroup is not None else limits.rlimits(own_user=own_user),
-    }
-    return [python, "-I", str(JAIL_SCRIPT), json.dumps(full), "--", *argv]
+    full = jail_settings(config, cgroup=cgroup, limits=limits)
+    # -I: nothing the job controls is imported with the server's privileges; -S: nor the
+    # interpreter's site packages (the jail uses the standard library only, and a step
+    # starts a little sooner without their .pth files).
+    return [python, "-I", "-S", str(JAIL_SCRIPT), json.dumps(full), "--", *argv]
 
 
 def masked_gpu_devices(

@@ -405,8 +405,16 @@ def main(args: list[str]) -> None:
     if len(args) < 3 or args[1] != "--":
         os.write(2, b"usage: _jail.py CONFIG -- ARGV...\n")
         os._exit(2)
-    config = json.loads(args[0])
-    argv = args[2:]
+    run(json.loads(args[0]), args[2:])
+
+
+def run(config: dict[str, Any], argv: list[str]) -> None:
+    """Confine and run ``argv`` as the module docstring says, in this process: the command
+    gets this process's environment. Never returns; ends the way the command ended.
+
+    The local executor's supervisor calls it in a forked child (no interpreter to start:
+    the supervisor imports nothing the job controls either); the Ray executor runs this
+    file with ``python -I``."""
     network = config.get("network", "host")
     try:
         _join_cgroups(config)

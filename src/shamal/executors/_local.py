@@ -1,6 +1,7 @@
 """The ``local`` executor: every attempt as processes on this machine.
 
-Each attempt gets one supervisor (:mod:`shamal.executors._supervise`), started in a
+Each attempt gets one supervisor (:mod:`shamal.executors._supervise`), forked from a
+zygote the executor keeps (an interpreter that has imported the supervisor once), in a
 session of its own and detached from the server, that runs every worker in its own
 process group. All state lives in files next to the attempt's log:
 
@@ -33,10 +34,13 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess  # starting the supervisor is the point
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -120,7 +124,9 @@ class _RunFiles:
 class LocalExecutor:
     """Runs attempts as local processes; see the module docstring.
 
-    Thread-safe and stateless: every call reads the truth from the attempt's files.
+    Thread-safe. Every call reads the truth from the attempt's files; the one thing held
+    is the zygote that supervisors are forked from (a process started on the first launch,
+    ended by :meth:`close` or when the executor is collected; jobs outlive it).
 
     Args:
         python: the interpreter that runs the supervisor (default: this one).
@@ -155,6 +161,11 @@ class LocalExecutor:
         self._sandbox = sandbox
         self._minors: dict[int, int] | None = None
         self._minors_asked = False
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._zygote_finalizer: (
+            weakref.finalize[[subprocess.Popen[bytes]], LocalExecutor] | None
+        ) = None
+        self._zygote_lock = threading.Lock()
 
     # ------------------------------------------------------------------ launch
     def launch(self, spec: LaunchSpec) -> Handle:
@@ -253,31 +264,72 @@ class LocalExecutor:
         return env
 
     def _start_supervisor(self, plan: dict[str, Any], log_path: Path) -> None:
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            proc = subprocess.Popen(  # our own interpreter and module
-                [self._python, "-m", _SUPERVISOR_MODULE],
-                stdin=subprocess.PIPE,
-                stdout=log_fd,
-                stderr=log_fd,
-                cwd=log_path.parent,
-                env=self._supervisor_env(),
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(log_fd)
-        try:
-            # The plan (which may hold the job's tokens) travels on stdin, never on disk.
-            proc.communicate(json.dumps(plan).encode(), timeout=self._start_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise LaunchFailed("the job's supervisor did not start in time") from None
-        if proc.returncode != 0:
-            raise LaunchFailed(
-                f"the job's supervisor failed to start (exit {proc.returncode}); see its log"
-            )
+        """Have the zygote fork the attempt's supervisor. The plan (which may hold the job's
+        tokens) travels on a pipe, never on disk.
+
+        Raises:
+            LaunchFailed: no supervisor runs (the zygote could not start, or refused).
+        """
+        request = json.dumps(plan).encode() + b"\n"
+        with self._zygote_lock:
+            zygote = self._zygote_process()
+            try:
+                assert zygote.stdin is not None
+                zygote.stdin.write(request)
+                zygote.stdin.flush()
+            except OSError:  # it died since its last answer: it started nothing of this one
+                self._drop_zygote()
+                zygote = self._zygote_process()
+                assert zygote.stdin is not None
+                zygote.stdin.write(request)
+                zygote.stdin.flush()
+            answer = self._answer(zygote)
+            if answer is None:
+                # It died with the request in hand: a supervisor may run or not, and the
+                # files say which (:meth:`_await_started`); the next launch gets a new zygote.
+                self._drop_zygote()
+                return
+        if answer != b"ok":
+            raise LaunchFailed("the job's supervisor failed to start; see its log")
+
+    def _zygote_process(self) -> subprocess.Popen[bytes]:
+        """The running zygote (``_supervise --zygote``), started when there is none."""
+        if self._zygote is not None and self._zygote.poll() is None:
+            return self._zygote
+        self._drop_zygote()
+        zygote = subprocess.Popen(  # our own interpreter and module
+            # -S: a supervisor needs the standard library and this package (on PYTHONPATH)
+            # only; site's .pth files would cost every start.
+            # -P: nor the working folder (a supervisor's lazy imports come from here only).
+            [self._python, "-S", "-P", "-m", _SUPERVISOR_MODULE, "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd="/",
+            env=self._supervisor_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+        self._zygote = zygote
+        self._zygote_finalizer = weakref.finalize(self, _stop_zygote, zygote)
+        if self._answer(zygote) != b"ready":
+            self._drop_zygote()
+            raise LaunchFailed("the job's supervisor failed to start")
+        return zygote
+
+    def _answer(self, zygote: subprocess.Popen[bytes]) -> bytes | None:
+        """The zygote's next answer line; None when it ended or said nothing in time."""
+        assert zygote.stdout is not None
+        ready, _, _ = select.select([zygote.stdout], [], [], self._start_timeout_s)
+        if not ready:
+            return None
+        line = zygote.stdout.readline()
+        return line.strip() if line.endswith(b"\n") else None
+
+    def _drop_zygote(self) -> None:
+        if self._zygote_finalizer is not None:
+            self._zygote_finalizer()  # stops it; runs once
+        self._zygote = None
+        self._zygote_finalizer = None
 
     def _await_started(self, spec: LaunchSpec, files: _RunFiles) -> Handle:
         deadline = time.monotonic() + self._start_timeout_s
@@ -340,7 +392,9 @@ class LocalExecutor:
         self._request(handle, "cancel", self._cancel_grace_s)
 
     def close(self) -> None:
-        """Nothing to release: the local executor holds no connections."""
+        """Stop the zygote (supervisors it started run on, on their own)."""
+        with self._zygote_lock:
+            self._drop_zygote()
 
     def _request(self, handle: Handle, action: str, grace_s: float) -> None:
         files, supervisor = self._open(handle)
@@ -383,6 +437,20 @@ class LocalExecutor:
         atomic_write_json(files.status, {**status.to_dict(), "finished_at": time.time()})
         logger.warning("job %s attempt %d is lost", handle.job_id, handle.attempt)
         return status
+
+
+def _stop_zygote(zygote: subprocess.Popen[bytes]) -> None:
+    """End a zygote: its input ends, so it does; killed if it lingers."""
+    with contextlib.suppress(OSError):
+        if zygote.stdin is not None:
+            zygote.stdin.close()
+    try:
+        zygote.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        zygote.kill()
+        zygote.wait()
+    if zygote.stdout is not None:
+        zygote.stdout.close()
 
 
 def _cgroup_name(job_id: str, attempt: int, rank: int) -> str:

@@ -53,10 +53,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shamal.errors import InvalidParameter, ServiceUnavailable
-from shamal.scheduler.core import Placement
+
+if TYPE_CHECKING:
+    from shamal.scheduler.core import Placement
 
 __all__ = [
     "DISK_LIMIT",

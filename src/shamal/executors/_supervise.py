@@ -18,15 +18,19 @@ at once, so the server never holds a child that outlives it), then:
 supervisor and its workers by (pid, start time, boot), which is how a restarted server
 finds them again, or cleans up after a supervisor that was killed.
 
-It imports nothing heavy: it must start fast and depend on little.
+It imports nothing heavy: it must start fast and depend on little. The local executor
+keeps one ``--zygote`` process of it (:func:`zygote`) and forks each supervisor from it,
+so a job pays neither an interpreter's start nor these imports.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
+import resource
 import selectors
 import signal
 import subprocess  # starting the job's own processes is the point
@@ -35,8 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shamal.executors import _jail as jail
 from shamal.executors._cgroups import Limits, WorkerCgroup
-from shamal.executors._isolation import confine
+from shamal.executors._isolation import jail_settings
 from shamal.executors._logs import LineFramer
 from shamal.executors._outcome import StopCause, decide_outcome, stronger
 from shamal.executors._procfs import ProcessIdentity, atomic_write_json, kill_group, read_json
@@ -166,14 +171,18 @@ class Supervisor:
 
     def _spawn(self, worker: _Worker) -> None:
         argv = worker.argv
+        enter_jail = None
         try:
             if worker.jail is not None:
                 worker.cgroup = WorkerCgroup.create(worker.cgroup_name, worker.limits)
-                argv = confine(
-                    sys.executable, worker.jail, argv, cgroup=worker.cgroup, limits=worker.limits
-                )
+                settings = jail_settings(worker.jail, cgroup=worker.cgroup, limits=worker.limits)
+                # The jail runs in the forked child itself (no interpreter to start): it
+                # never returns to exec the placeholder below.
+                enter_jail = functools.partial(_enter_jail, settings, list(argv), worker.env)
+                argv = ["/bin/false"]
             worker.proc = subprocess.Popen(  # argv, no shell
                 argv,
+                preexec_fn=enter_jail,  # noqa: PLW1509 - this process runs no threads
                 cwd=self.plan["workdir"],
                 env=worker.env,
                 stdin=subprocess.DEVNULL,
@@ -357,10 +366,27 @@ class Supervisor:
         self._write_status(ExitStatus(ExitReason.LOST, codes, False, None, "supervisor error"))
 
 
-def main() -> int:
-    plan = json.loads(sys.stdin.buffer.read())
-    if os.fork():  # the server waits for this first process; the child carries on
-        os._exit(0)
+def _enter_jail(settings: dict[str, Any], argv: list[str], env: dict[str, str]) -> None:
+    """In the worker's forked child (its output, working folder and session already set):
+    forget the supervisor's signal handling, take the worker's environment, and become the
+    jail (:func:`shamal.executors._jail.run`). Never returns."""
+    try:
+        # Every descriptor of the supervisor's goes (its log, its selector, the other
+        # workers' pipes), and with them the pipe on which Popen waits for an exec that
+        # never comes: it returns now, as it would once a command started.
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        jail.run(settings, argv)
+    finally:
+        os._exit(jail.JAIL_FAILED)  # only if the jail itself broke
+
+
+def supervise(plan: dict[str, Any]) -> int:
+    """Run one attempt to its end in this (detached) process."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -371,6 +397,65 @@ def main() -> int:
     except BaseException as exc:
         supervisor.abandon(exc)
         raise
+
+
+def zygote() -> int:
+    """``--zygote``: start supervisors on request, each forked from this process, which has
+    imported what a supervisor needs once (an interpreter start and these imports cost
+    every job tens of milliseconds of CPU otherwise).
+
+    Says ``ready`` once on stdout, then reads one plan (JSON, one line) at a time on stdin
+    and answers one line: ``ok`` once the supervisor runs detached (in a session of its own,
+    its output to the attempt's log, a grandchild this process does not wait for), else
+    ``error``. Ends at the end of its input (the server is gone or closed the executor).
+    """
+    answers = sys.stdout.buffer
+    answers.write(b"ready\n")
+    answers.flush()
+    for line in sys.stdin.buffer:
+        try:
+            plan = json.loads(line)
+            child = os.fork()
+        except (ValueError, OSError):
+            answers.write(b"error\n")
+            answers.flush()
+            continue
+        if child == 0:
+            _detach(plan)
+        _, status = os.waitpid(child, 0)
+        answers.write(b"ok\n" if status == 0 else b"error\n")
+        answers.flush()
+    return 0
+
+
+def _detach(plan: dict[str, Any]) -> None:
+    """In the zygote's child: leave its session and pipes, fork the supervisor and exit
+    (the zygote reaps this process; the supervisor is nobody's child). Never returns."""
+    try:
+        os.setsid()
+        os.chdir(Path(plan["log_path"]).parent)
+        log_fd = os.open(plan["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(log_fd, 1)  # in place of the zygote's answers: the supervisor's output
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        if os.fork():
+            os._exit(0)
+    except BaseException:  # noqa: BLE001 - the zygote answers 'error'
+        os._exit(1)
+    try:
+        code = supervise(plan)
+    except BaseException:  # noqa: BLE001 - abandon() reported it in the log
+        os._exit(1)
+    os._exit(code)
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--zygote"]:
+        return zygote()
+    plan = json.loads(sys.stdin.buffer.read())
+    if os.fork():  # the server waits for this first process; the child carries on
+        os._exit(0)
+    return supervise(plan)
 
 
 if __name__ == "__main__":

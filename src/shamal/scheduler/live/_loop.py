@@ -9,7 +9,9 @@ One tick:
    allocated, the queue, quotas) and call the *same* policy the trace simulator replays.
 3. **Apply.** Preemptions first (SIGTERM, grace, SIGKILL through the executor), then
    starts: claim the job (a compare-and-set in the database, under the scheduling lock
-   on PostgreSQL), unpack its snapshot, launch it.
+   on PostgreSQL), unpack its snapshot, launch it. Under :meth:`SchedulerLoop.run` the
+   claims are made in the tick and the launches by threads of their own, so the next tick
+   (another job's end, the next pipeline step) does not wait for a supervisor to start.
 
 After a restart :meth:`SchedulerLoop.recover` re-attaches to every job this scheduler
 had claimed (the local executor's supervisors outlive the server), declares the ones
@@ -30,12 +32,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,11 +87,18 @@ from shamal.scheduler.live._lifecycle import JobLifecycle
 
 logger = logging.getLogger(__name__)
 
-#: How often a waiting loop looks for ended jobs on the local executor (reading files).
+#: How often a waiting loop looks for ended jobs on the local executor (reading two small
+#: files a job): every END_POLL_MIN_S with a few jobs, every END_POLL_S at most with many,
+#: so that the looks never cost more than about 1% of a CPU.
 END_POLL_S = 0.05
+END_POLL_MIN_S = 0.01
+END_POLL_PER_JOB_S = 0.002
 
 LOG_SHIP_BYTES = 4 * 1024 * 1024
 """Largest log chunk shipped at once."""
+
+UNPACKED_KEPT = 16
+"""Snapshots kept unpacked for the next job that runs one (the most recently used)."""
 
 
 @dataclass(frozen=True)
@@ -176,44 +187,64 @@ class SchedulerLoop:
         self.wake = threading.Event()
         self.periodic: list[tuple[float, Callable[[], object]]] = []
         """Housekeeping other domains hand the loop: (every N seconds, task)."""
+        #: While :meth:`run` runs: the threads that launch admitted jobs, so that the loop
+        #: reconciles, admits and moves pipelines on while a supervisor starts.
+        self._launcher: ThreadPoolExecutor | None = None
+        self._unpacked_lock = threading.Lock()
+        self._in_flight: set[Future[None]] = set()
 
     # ------------------------------------------------------------------ run
     def run(self, stop: threading.Event) -> None:
         """Recover, then tick every ``tick_s`` until ``stop`` is set. Jobs keep running."""
         self.recover()
         last = [0.0] * len(self.periodic)
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad tick must not stop scheduling for good
-                logger.exception("scheduler tick failed; trying again next tick")
-            now = time.monotonic()
-            for index, (every, task) in enumerate(self.periodic):
-                if now - last[index] >= every:
-                    last[index] = now
-                    try:
-                        task()
-                    except Exception:
-                        logger.exception("scheduler housekeeping %r failed", task)
-            self._rest(stop)
+        workers = self._settings.launch_concurrency
+        self._launcher = ThreadPoolExecutor(workers, thread_name_prefix="launch")
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:  # one bad tick must not stop scheduling for good
+                    logger.exception("scheduler tick failed; trying again next tick")
+                now = time.monotonic()
+                for index, (every, task) in enumerate(self.periodic):
+                    if now - last[index] >= every:
+                        last[index] = now
+                        try:
+                            task()
+                        except Exception:
+                            logger.exception("scheduler housekeeping %r failed", task)
+                self._rest(stop)
+        finally:
+            # Launches under way finish (their jobs are tracked, or failed) before the loop
+            # ends: none is left admitted without a supervisor by this process.
+            launcher, self._launcher = self._launcher, None
+            launcher.shutdown(wait=True)
 
     def _rest(self, stop: threading.Event) -> None:
         """Wait for the next tick: ``tick_s``, or less when a job was submitted in this
         process (:attr:`wake`) or, for jobs on the local executor, when one has ended (its
-        files say so: a cheap look every ``END_POLL_S``; jobs on other executors wait for the
-        tick). A job's successor, such as a pipeline's next step, then starts within
-        milliseconds instead of a tick."""
+        files say so: a cheap look every 10 to 50 ms, by their number; jobs on other
+        executors wait for the tick). A job's successor, such as a pipeline's next step,
+        then starts within milliseconds instead of a tick."""
         deadline = time.monotonic() + self._settings.tick_s
         while not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            fast = any(t.handle.executor == "local" for t in self.tracked.values())
-            if self.wake.wait(min(left, END_POLL_S) if fast else left):
+            # A launch under way is about to add a job to watch: look often, not in a tick.
+            fast = bool(self._in_flight) or any(
+                t.handle.executor == "local" for t in self.tracked.values()
+            )
+            if self.wake.wait(min(left, self._end_poll_s()) if fast else left):
                 self.wake.clear()
                 return
             if fast and self._any_ended():
                 return
+
+    def _end_poll_s(self) -> float:
+        watched = len(self.tracked) + len(self._in_flight)
+        return min(END_POLL_S, max(END_POLL_MIN_S, END_POLL_PER_JOB_S * watched))
 
     def _any_ended(self) -> bool:
         for tracked in list(self.tracked.values()):
@@ -294,17 +325,30 @@ class SchedulerLoop:
         for decision in decisions:
             if isinstance(decision, Preempt):
                 self._preempt(by_id[decision.job_id], decision.reason)
-        starts = [d for d in decisions if isinstance(d, Start)]
-        workers = min(len(starts), self._settings.launch_concurrency)
-        if workers <= 1:
-            for decision in starts:
-                self._start(by_id[decision.job_id], decision.placement, decision.borrowed)
+        self._apply_starts([d for d in decisions if isinstance(d, Start)], by_id)
+
+    def _apply_starts(self, starts: Sequence[Start], by_id: Mapping[str, Job]) -> None:
+        # Admitted here, one after the other (the next tick must see them hold their
+        # capacity); launched by threads, since a launch mostly waits for the job's
+        # supervisor to report in.
+        admitted = [
+            (job, decision.placement)
+            for decision in starts
+            if (job := self._admit(by_id[decision.job_id], decision.placement, decision.borrowed))
+        ]
+        if self._launcher is not None:  # run(): the loop goes on while they start
+            for job, placement in admitted:
+                future = self._launcher.submit(self._launch, job, placement)
+                self._in_flight.add(future)
+                future.add_done_callback(self._in_flight.discard)
             return
-        # A launch mostly waits (for the job's supervisor to report in): several at once.
+        workers = min(len(admitted), self._settings.launch_concurrency)
+        if workers <= 1:
+            for job, placement in admitted:
+                self._launch(job, placement)
+            return
         with ThreadPoolExecutor(workers, thread_name_prefix="launch") as pool:
-            for _ in pool.map(
-                lambda d: self._start(by_id[d.job_id], d.placement, d.borrowed), starts
-            ):
+            for _ in pool.map(lambda pair: self._launch(*pair), admitted):
                 pass
 
     def _let_go_of_adopted(self, active: Sequence[Job]) -> None:
@@ -434,25 +478,77 @@ class SchedulerLoop:
         folder = self._workdir_of(job)
         if folder.exists():
             shutil.rmtree(folder)
+        if job.snapshot and snapshot.is_digest(job.snapshot):
+            # Copied from the snapshot unpacked once (a pipeline's steps share one): no
+            # download, gunzip and tar walk per job.
+            unpacked = self._unpacked(job.snapshot)
+            shutil.copytree(unpacked, folder, symlinks=True)
+            return folder
         folder.mkdir(parents=True)
         if job.snapshot:
-            # Streamed to a file beside the folder: a snapshot may be large.
-            archive = folder.with_name(folder.name + ".tar.gz")
-            with archive.open("wb") as handle:
-                for chunk in self._jobs.open_snapshot(job.snapshot):
-                    handle.write(chunk)
-            try:
-                snapshot.extract(archive, folder)
-            finally:
-                archive.unlink()
+            self._unpack(job.snapshot, folder)
         return folder
 
-    def _start(self, queued: Job, placement: Placement, borrowed: bool) -> None:
+    def _unpack(self, digest: str, folder: Path) -> None:
+        # Streamed to a file beside the folder: a snapshot may be large.
+        archive = folder.with_name(folder.name + ".tar.gz")
+        with archive.open("wb") as handle:
+            for chunk in self._jobs.open_snapshot(digest):
+                handle.write(chunk)
+        try:
+            snapshot.extract(archive, folder)
+        finally:
+            archive.unlink()
+
+    def _unpacked(self, digest: str) -> Path:
+        """The snapshot ``digest`` unpacked in the server's own folder (hidden from jobs), made
+        on first use; the least recently used beyond :data:`UNPACKED_KEPT` go, once unused
+        for a minute."""
+        root = self._jobs_dir / ".snapshots"
+        target = root / digest
+        with self._unpacked_lock:
+            if target.is_dir():
+                os.utime(target)
+                return target
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=root))
+        try:
+            self._unpack(digest, staging / "tree")
+            with self._unpacked_lock:
+                if not target.is_dir():
+                    (staging / "tree").rename(target)
+                os.utime(target)
+                self._forget_unpacked(root, keep=target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    @staticmethod
+    def _forget_unpacked(root: Path, keep: Path) -> None:
+        trees = sorted(
+            (p for p in root.iterdir() if p.is_dir() and snapshot.is_digest(p.name)),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        idle_since = time.time() - 60.0  # one copying from it now was touched since
+        for old in trees[UNPACKED_KEPT:]:
+            if old != keep and old.stat().st_mtime < idle_since:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _admit(self, queued: Job, placement: Placement, borrowed: bool) -> Job | None:
+        """Claim a queued job for this scheduler (None: another took it, or it changed)."""
         stored = {**placement_to_json(placement), "borrowed": borrowed}
         reason = "admitted on borrowed quota" if borrowed else "admitted"
-        job = self._life.admit(queued.id, stored, reason, fits_beside(self._template, placement))
-        if job is None:
-            return
+        return self._life.admit(queued.id, stored, reason, fits_beside(self._template, placement))
+
+    def _launch(self, job: Job, placement: Placement) -> None:
+        """Start an admitted job's attempt and watch it; a failure to start ends the job."""
+        try:
+            self._launch_admitted(job, placement)
+        except Exception:  # in a launch thread: logged, and the tick's reconcile goes on
+            logger.exception("could not record the start of job %s", job.id)
+
+    def _launch_admitted(self, job: Job, placement: Placement) -> None:
         try:
             workdir = self._workdir(job)
             log_path = self._log_path(job)
