@@ -161,11 +161,15 @@ def test_errors_are_mlflow_codes_never_500(client: TestClient) -> None:
         ("GET", "model-versions/get", {"name": "m", "version": "7"}),
         ("GET", "model-versions/get", {"name": "nope", "version": "1"}),
         ("GET", "model-versions/get-download-uri", {"name": "m", "version": "7"}),
-        ("GET", "registered-models/alias", {"name": "m", "alias": "nope"}),
         ("GET", "registered-models/get-latest-versions", {"name": "nope"}),
     ]
     for method, path, params in missing:
         _missing(client.request(method, f"{API}/{path}", params=params))
+    # A missing alias is a 400 on a stock server, whether the model or its alias is missing.
+    for params in ({"name": "m", "alias": "nope"}, {"name": "nope", "alias": "nope"}):
+        r = client.get(f"{API}/registered-models/alias", params=params)
+        _error(r, 400, "INVALID_PARAMETER_VALUE")
+        assert r.json()["message"] == "Registered model alias nope not found."
     for body in (
         {"name": "nope"},
         {"name": "m", "version": "7", "key": "k", "value": "v"},

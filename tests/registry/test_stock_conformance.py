@@ -388,10 +388,16 @@ def test_refusals_use_a_stock_servers_words(mlflow_env: LiveServer) -> None:
             "RESOURCE_DOES_NOT_EXIST",
             f"Model Version (name={name}, version=7) not found",
         ),
+        # A stock server looks (model, alias) up alone: a 400, whichever is missing.
         "missing alias": (
             lambda: client.get_model_version_by_alias(name, "gone"),
-            "RESOURCE_DOES_NOT_EXIST",
+            "INVALID_PARAMETER_VALUE",
             "Registered model alias gone not found.",
+        ),
+        "missing model's alias": (
+            lambda: client.get_model_version_by_alias(name + "-x", "champion"),
+            "INVALID_PARAMETER_VALUE",
+            "Registered model alias champion not found.",
         ),
         "model taken": (
             lambda: client.create_registered_model(name),

@@ -263,3 +263,33 @@ def test_client_started_traces_paging_runs_and_bulk_deletes(
     assert len(left) == 4
     assert client.delete_traces(experiment, max_timestamp_millis=10**15) == 4
     assert list(client.search_traces(locations=[experiment])) == []
+
+
+def test_full_text_search_matches_what_the_client_wrote_not_otlp_key_names(
+    experiment: str,
+) -> None:
+    """``trace.text`` searches the spans as the client's own span dicts read, as on a stock
+    server: ``%value%`` finds the traces whose attributes hold "value1" and "value2", never a
+    trace only because OTLP's JSON spells every attribute with a ``value`` key."""
+    client = MlflowClient()
+
+    def made(name: str, attributes: dict[str, str]) -> str:
+        root = client.start_trace(name=name, experiment_id=experiment)
+        root.set_attributes(attributes)
+        client.end_trace(trace_id=root.trace_id, status="OK")
+        return root.trace_id
+
+    first = made("trace1", {"test": "value1"})
+    second = made("trace2", {"test": "value2"})
+    third = made("trace3", {"test3": "I like it"})
+    mlflow.flush_trace_async_logging()
+
+    def found(text: str) -> set[str]:
+        traces = client.search_traces(locations=[experiment], filter_string=f"trace.text {text}")
+        return {t.info.trace_id for t in traces}
+
+    assert found("LIKE '%trace%'") == {first, second, third}
+    assert found("LIKE '%value%'") == {first, second}
+    assert found("LIKE '%I like it%'") == {third}
+    assert found("ILIKE '%i LIKE IT%'") == {third}
+    assert found("LIKE '%string_value%'") == set()

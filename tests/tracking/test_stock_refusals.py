@@ -166,3 +166,41 @@ def test_a_logged_models_file_is_served_to_the_ui(mlflow_env: LiveServer, tmp_pa
     )
     assert missing.status_code == 404
     assert httpx.get(url, params={"artifact_file_path": "MLmodel"}).status_code == 401
+
+
+def test_repeated_slashes_redirect_to_the_route_as_on_a_stock_server(
+    mlflow_env: LiveServer, run_id: str
+) -> None:
+    """A stock server's router merges repeated slashes with a 308 (MLflow's suite asks for
+    ``//model-versions/get-artifact``); the route then refuses a path that climbs out."""
+    auth = {"Authorization": f"Bearer {mlflow_env.token}"}
+    climbing = {"name": "model", "version": "1", "path": "../path"}
+    first = httpx.get(
+        f"{mlflow_env.url}//model-versions/get-artifact", params=climbing, headers=auth
+    )
+    assert first.status_code == 308
+    assert first.headers["location"] == (
+        "/model-versions/get-artifact?name=model&version=1&path=..%2Fpath"
+    )
+    for path, params in (
+        ("//model-versions/get-artifact", climbing),
+        ("//get-artifact", {"run_id": run_id, "path": "../path"}),
+    ):
+        answer = httpx.get(
+            f"{mlflow_env.url}{path}", params=params, headers=auth, follow_redirects=True
+        )
+        assert answer.status_code == 400, (path, answer.text)
+        assert answer.json() == {"error_code": "INVALID_PARAMETER_VALUE", "message": "Invalid path"}
+    found = httpx.get(
+        f"{mlflow_env.url}/api/2.0/mlflow//runs///get",
+        params={"run_id": run_id},
+        headers=auth,
+        follow_redirects=True,
+    )
+    assert found.status_code == 200, found.text
+    assert found.json()["run"]["info"]["run_id"] == run_id
+    # No route either way: a 404, never a redirect (and never one to another host).
+    for nowhere in ("//nowhere//at-all", "//\\evil.example/get-artifact", "//evil.example/"):
+        missing = httpx.get(f"{mlflow_env.url}{nowhere}", headers=auth)
+        assert missing.status_code == 404, (nowhere, missing.text)
+        assert "location" not in missing.headers

@@ -3,8 +3,10 @@ read into the spans the traces domain stores.
 
 Each span keeps, beside its searchable fields, the whole span as protobuf JSON (the shape in
 which MLflow's ``GetTrace`` answers it: ids in base64, as protobuf's JSON mapping writes
-bytes). The MLflow trace id of a span is ``tr-`` and its OpenTelemetry trace id in hex, as
-a stock server derives it: a client-sent ``mlflow.traceRequestId`` is not trusted.
+bytes), and the span as MLflow's own span dict in JSON, the text ``trace.text`` searches
+(:mod:`shamal.mlflow._spans`). The MLflow trace id of a span is ``tr-`` and its
+OpenTelemetry trace id in hex, as a stock server derives it: a client-sent
+``mlflow.traceRequestId`` is not trusted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 
 from shamal.errors import InvalidParameter, PayloadTooLarge
+from shamal.mlflow._spans import search_text
 from shamal.traces import MAX_SPANS_PER_REQUEST, Span
 
 __all__ = ["decode_export_request", "inflate"]
@@ -196,11 +199,8 @@ def _nanos(value: int, what: str) -> int:
 def _span(otlp: OtlpSpan) -> Span:
     trace_hex = _id(otlp.trace_id, 16, "trace id")
     parent = _id(otlp.parent_span_id, 8, "parent span id") if otlp.parent_span_id else None
-    content = json.dumps(
-        json_format.MessageToDict(otlp, preserving_proto_field_name=True),
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    as_json = json_format.MessageToDict(otlp, preserving_proto_field_name=True)
+    content = json.dumps(as_json, ensure_ascii=False, separators=(",", ":"))
     return Span(
         trace_id=f"tr-{trace_hex}",
         span_id=_id(otlp.span_id, 8, "span id"),
@@ -211,6 +211,7 @@ def _span(otlp: OtlpSpan) -> Span:
         start_time_ns=_nanos(otlp.start_time_unix_nano, "start time"),
         end_time_ns=_nanos(otlp.end_time_unix_nano, "end time") or None,
         content=content,
+        search_text=search_text(as_json),
         inputs=_as_text(_attribute(otlp.attributes, _INPUTS)),
         outputs=_as_text(_attribute(otlp.attributes, _OUTPUTS)),
     )

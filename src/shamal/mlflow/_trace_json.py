@@ -18,6 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shamal.errors import InvalidParameter
+from shamal.mlflow._spans import span_dict
 from shamal.traces import Trace, TraceInfo
 
 __all__ = [
@@ -205,55 +206,7 @@ def legacy_trace_info_json(info: TraceInfo) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------- MLflow's span dicts
-def _plain(value: Any) -> Any:
-    """An OTLP ``AnyValue`` in protobuf JSON as the plain value it holds."""
-    if not isinstance(value, dict) or not value:
-        return None
-    kind, held = next(iter(value.items()))
-    if kind == "int_value":
-        return int(held)
-    if kind == "array_value":
-        return [_plain(v) for v in held.get("values", [])]
-    if kind == "kvlist_value":
-        return {kv.get("key"): _plain(kv.get("value")) for kv in held.get("values", [])}
-    return held
-
-
-def _span_dict(span: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored span (OTLP protobuf JSON) as MLflow writes a span in ``traces.json``:
-    attributes as JSON text, as MLflow keeps them."""
-    status = span.get("status", {})
-    return {
-        "trace_id": span.get("trace_id"),
-        "span_id": span.get("span_id"),
-        "parent_span_id": span.get("parent_span_id") or None,
-        "name": span.get("name", ""),
-        "start_time_unix_nano": int(span.get("start_time_unix_nano", 0)),
-        "end_time_unix_nano": int(span.get("end_time_unix_nano", 0)) or None,
-        "events": [
-            {
-                "name": event.get("name", ""),
-                "time_unix_nano": int(event.get("time_unix_nano", 0)),
-                "attributes": {
-                    kv.get("key"): _plain(kv.get("value")) for kv in event.get("attributes", [])
-                },
-            }
-            for event in span.get("events", [])
-        ],
-        "status": {
-            "code": status.get("code", "STATUS_CODE_UNSET"),
-            "message": status.get("message", ""),
-        },
-        "attributes": {
-            kv.get("key"): json.dumps(_plain(kv.get("value")), ensure_ascii=False)
-            for kv in span.get("attributes", [])
-        },
-        "links": [],
-    }
-
-
 def trace_data_json(trace: Trace) -> bytes:
     """A trace's spans as MLflow's ``traces.json`` artifact: ``{"spans": [...]}``."""
-    spans = [_span_dict(orjson.loads(span.content)) for span in trace.spans]
+    spans = [span_dict(orjson.loads(span.content)) for span in trace.spans]
     return json.dumps({"spans": spans}, ensure_ascii=False).encode()

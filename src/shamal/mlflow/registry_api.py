@@ -21,10 +21,11 @@ from fastapi.responses import JSONResponse, Response
 
 from shamal.api import PageBytes
 from shamal.artifacts import search_slot
-from shamal.errors import InvalidParameter
+from shamal.errors import InvalidParameter, NotFound
 from shamal.mlflow._fields import Fields, bounded_page, proto_json, read_fields
 from shamal.mlflow._registry_json import model_version_json, registered_model_json, tags_of
 from shamal.registry import (
+    LATEST_ALIAS,
     MODELS_PAGE_DEFAULT,
     MODELS_PAGE_MAX,
     VERSIONS_PAGE_DEFAULT,
@@ -277,9 +278,17 @@ def delete_registered_model_alias(svc: Registry, ctx: DeleteAlias, fields: Body)
 def get_model_version_by_alias(
     svc: Registry, principal: CurrentPrincipal, fields: AliasQuery
 ) -> JSONResponse:
-    version = svc.get_model_version_by_alias(
-        principal, fields.required("name"), fields.required("alias", max_len=1024)
-    )
+    """A stock server looks an alias up by (model, alias) alone: when it finds none, whether
+    the model or only its alias is missing, it answers 400 ``INVALID_PARAMETER_VALUE``,
+    "Registered model alias X not found." (a model the caller cannot see reads the same).
+    ``latest`` names the newest version and stays a 404 when there is none."""
+    name, alias = fields.required("name"), fields.required("alias", max_len=1024)
+    try:
+        version = svc.get_model_version_by_alias(principal, name, alias)
+    except NotFound:
+        if alias.lower() == LATEST_ALIAS:
+            raise
+        raise InvalidParameter(f"Registered model alias {alias} not found.") from None
     return proto_json({"model_version": model_version_json(version)})
 
 

@@ -21,7 +21,7 @@ from shamal.registry._entities import (
     Stage,
     VersionStatus,
 )
-from shamal.registry._rules import is_prompt, parse_stage, parse_version
+from shamal.registry._rules import LATEST_ALIAS, is_prompt, parse_stage, parse_version
 from shamal.registry._service import (
     MODELS_PAGE_DEFAULT,
     MODELS_PAGE_MAX,
@@ -33,6 +33,7 @@ from shamal.registry._service import (
 )
 
 __all__ = [
+    "LATEST_ALIAS",
     "MODELS_PAGE_DEFAULT",
     "MODELS_PAGE_MAX",
     "TEAM_TAG",

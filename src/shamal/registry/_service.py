@@ -491,7 +491,8 @@ class RegistryService:
             if alias.lower() == _rules.LATEST_ALIAS:
                 newest = _store.latest_versions(s, ref, None)
                 if not newest:
-                    raise NotFound(f"Registered model {name!r} has no versions: no latest.")
+                    # A stock server's words.
+                    raise NotFound(f"Latest version not found for model {name}.")
                 return _store.get_version(s, ref, max(v.version for v in newest))
             return _store.get_version(s, ref, _store.alias_version(s, ref, alias))
 

@@ -39,7 +39,11 @@ from shamal.security import api as security_api
 from shamal.server._errors import install_error_handlers
 from shamal.server._guard import RequestGuard
 from shamal.server._platform import Platform, start_platform
-from shamal.server._strict import RejectLoneSurrogates, reject_unknown_query
+from shamal.server._strict import (
+    RejectLoneSurrogates,
+    redirect_merged_slashes,
+    reject_unknown_query,
+)
 from shamal.tracking import api as tracking_api
 from shamal.tune import api as tune_api
 from shamal.webui import ui_router
@@ -177,6 +181,7 @@ def create_app(settings: Settings, platform: Platform | None = None) -> FastAPI:
     app.include_router(monitoring_api.router)
     # The web UI (its own sign-in: a sealed session cookie, not a bearer header).
     app.include_router(ui_router(settings.keys_dir))
+    redirect_merged_slashes(app.router)
     return app
 
 

@@ -1,5 +1,5 @@
 """Strict reading of requests: query parameters a route does not declare (a typo should fail,
-not be ignored), and JSON strings no store can hold."""
+not be ignored), JSON strings no store can hold, and paths with repeated slashes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import re
 from collections.abc import Sequence
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
+from urllib.parse import quote
 
 from fastapi import Request
+from starlette.responses import RedirectResponse
+from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shamal.errors import InvalidParameter
@@ -148,3 +151,35 @@ class RejectLoneSurrogates:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+_SLASHES = re.compile("/{2,}")
+#: What a redirect's ``Location`` keeps as it is; everything else (``\``, spaces...) is
+#: percent-encoded, so no browser reads the target as another host (``/\host``).
+_LOCATION_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def redirect_merged_slashes(router: Router) -> None:
+    """Answer a path with repeated slashes as a stock server (Werkzeug's routing) does.
+
+    A path that matches no route as written (``//model-versions/get-artifact``) but matches
+    one once its slashes are merged gets a 308 to the merged path, its query kept; the
+    client sends the request again there, and that route's own checks (``Invalid path``
+    for a path that climbs out) answer it. Paths that match no route either way answer as
+    before. The target is always one path on this server (one leading slash).
+    """
+    not_found = router.default
+
+    async def merged_or_not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and "//" in path:
+            merged = _SLASHES.sub("/", path)
+            probe = {**scope, "path": merged}
+            if any(route.matches(probe)[0] is not Match.NONE for route in router.routes):
+                query = scope.get("query_string", b"").decode("latin-1")
+                location = quote(merged, safe=_LOCATION_SAFE) + (f"?{query}" if query else "")
+                await RedirectResponse(location, status_code=308)(scope, receive, send)
+                return
+        await not_found(scope, receive, send)
+
+    router.default = merged_or_not_found

@@ -38,7 +38,8 @@ class TraceInfo:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One span as stored: its searchable fields and the whole span as OTLP protobuf JSON.
+    """One span as stored: its searchable fields, the whole span as OTLP protobuf JSON and
+    the text full-text searches read.
 
     ``trace_id`` is the MLflow trace id (``tr-`` and the OpenTelemetry trace id in hex);
     span ids are 16 hex digits; times are epoch nanoseconds.
@@ -53,6 +54,10 @@ class Span:
     start_time_ns: int
     end_time_ns: int | None
     content: str
+    #: What ``trace.text`` searches: the span as the client's own form spells it (MLflow's
+    #: span dict as JSON), so that a search matches what it matches on a stock server and
+    #: not OTLP's own key names. Left out (None) when read back; ``content`` when not given.
+    search_text: str | None = None
     #: The span's inputs and outputs (JSON text) when it carries them: a root span's give
     #: the trace's request and response previews.
     inputs: str | None = None

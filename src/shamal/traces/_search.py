@@ -4,7 +4,8 @@ Every value reaches the database as a bound parameter. A clause on a tag, a meta
 a span matches a trace that has such a row (``!=`` included: a trace without the key never
 matches it), as on a stock server; ``name`` is the ``mlflow.traceName`` tag, and ``run_id``
 the ``mlflow.sourceRun`` metadata or a link made by ``link-to-run``. Every order ends with
-the trace id, so offset pages are stable.
+the trace id, so offset pages are stable. ``trace.text`` reads each span's search text
+(MLflow's span dict as JSON, what a stock server searches), never its OTLP JSON.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _attribute(c: Comparison) -> ColumnElement[bool]:
     if c.key == "run_id":
         return _run_matches(c)
     if c.key == "text":
-        return _any_span(compare(TraceSpanRow.content, c.op, c.value, numeric=False))
+        return _any_span(compare(TraceSpanRow.search_text, c.op, c.value, numeric=False))
     if c.key not in _COLUMNS:  # the grammar lets through only the keys above
         raise InvalidParameter("unsupported trace search key")
     column, numeric = _COLUMNS[c.key]

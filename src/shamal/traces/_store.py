@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from shamal.db.models import (
     TraceMetadataRow,
@@ -143,6 +143,7 @@ def spans_of(s: Session, trace_ids: Sequence[str]) -> dict[str, list[Span]]:
         return spans
     rows = s.scalars(
         select(TraceSpanRow)
+        .options(defer(TraceSpanRow.search_text))  # only searches read it
         .where(TraceSpanRow.trace_id.in_(list(trace_ids)))
         .order_by(
             TraceSpanRow.trace_id,
@@ -296,6 +297,7 @@ def _span_values(span: Span) -> dict[str, Any]:
         "end_time_ns": span.end_time_ns,
         "size": len(span.content.encode()),
         "content": span.content,
+        "search_text": span.content if span.search_text is None else span.search_text,
     }
 
 

@@ -4,7 +4,8 @@ the runs it is linked to.
 A trace belongs to an experiment and follows its access rules (``shamal.traces``). Times are
 epoch milliseconds for a trace (as MLflow's trace info speaks them) and nanoseconds for a
 span (as OpenTelemetry's). A span keeps its searchable fields in columns and the whole span,
-as OTLP's protobuf JSON, in ``content``; deleting a trace deletes all of it (cascade).
+as OTLP's protobuf JSON, in ``content``, and the text full-text searches read in
+``search_text``; deleting a trace deletes all of it (cascade).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class TraceSpanRow(Base):
     #: UTF-8 bytes of ``content``.
     size: Mapped[int] = mapped_column(Integer)
     content: Mapped[str] = mapped_column(Text)
+    #: What ``trace.text`` searches: the span as MLflow's span dict in JSON (a stock
+    #: server's stored form), so OTLP's own key names (``value``...) never match.
+    search_text: Mapped[str] = mapped_column(Text)
 
 
 class TraceRunLinkRow(Base):
