@@ -373,8 +373,10 @@ def test_a_query_running_past_the_deadline_is_interrupted(people: Path) -> None:
     endless = (
         Suite.builder().sql("SELECT * FROM range(1000000000000) WHERE hash(range) = 42").build()
     )
-    with pytest.raises(InvalidParameter, match="ran past the validation's 0.3 s limit"):
-        validate(endless, [people], now=NOW, timeout_s=0.3)
+    # The limit leaves the checks before the endless one time to run on a loaded machine; if
+    # they still used it up, the refusal is the same limit's, said before the query starts.
+    with pytest.raises(InvalidParameter, match=r"ran past (the validation's|its) 2 s limit"):
+        validate(endless, [people], now=NOW, timeout_s=2)
 
 
 def test_the_version_can_be_read_through_data_only(people: Path) -> None:
