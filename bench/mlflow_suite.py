@@ -5,7 +5,7 @@ are the judge of issue 26: they drive a tracking server through the stock client
 requests) the way MLflow's own CI does. This script:
 
 1. makes its own venv (``bench/.mlflow-suite-venv``) with the full ``mlflow`` client at
-   ``--client-version`` and what the tests import (pytest, pytest-timeout);
+   ``--client-version`` and what the tests import (pytest, pytest-timeout, pytest-asyncio);
 2. takes MLflow's ``tests`` folder and ``pyproject.toml`` at ``--commit`` out of a local copy of
    MLflow's git repository (``--mirror``) into a temporary folder, or uses ``--mlflow-src`` (a
    folder already holding them). MLflow's source never enters this repository;
@@ -135,19 +135,21 @@ def _say(text: str) -> None:
 
 
 def ensure_venv(version: str) -> Path:
-    """The suite's venv with ``mlflow==version``, pytest and pytest-timeout; returns its python."""
+    """The suite's venv with ``mlflow==version``, pytest, pytest-timeout and pytest-asyncio (the
+    suite's async tests, as in MLflow's own dev requirements); returns its python."""
     python = VENV / "bin" / "python"
     if not python.exists():
         _say(f"creating {VENV}")
         subprocess.run(["python3", "-m", "venv", str(VENV)], check=True)
     check = (
-        "import mlflow.server, mlflow.store.db.utils, pytest, pytest_timeout, sys; "
+        "import mlflow.server, mlflow.store.db.utils, pytest, pytest_asyncio, pytest_timeout, sys; "
         f"sys.exit(mlflow.__version__ != {version!r})"
     )
     if subprocess.run([str(python), "-c", check], capture_output=True, check=False).returncode:
-        _say(f"installing mlflow=={version}, pytest and pytest-timeout into {VENV} (minutes)")
+        _say(f"installing mlflow=={version} and pytest's plugins into {VENV} (minutes)")
         argv = [str(python), "-m", "pip", "install", "-q", f"mlflow=={version}"]
-        subprocess.run([*argv, *PINS, "pytest", "pytest-timeout"], check=True)
+        plugins = ["pytest", "pytest-timeout", "pytest-asyncio"]
+        subprocess.run([*argv, *PINS, *plugins], check=True)
     return python
 
 
