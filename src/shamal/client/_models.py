@@ -142,10 +142,13 @@ class ModelCalls(ClientCalls):
             name, _, alias = rest.rpartition("@")
             if not name or not alias or "/" in alias:
                 raise InvalidParameter(f"{uri!r}: expected models:/NAME@ALIAS.")
-            found = self.request(
-                "GET", f"{MLFLOW}/registered-models/alias", params={"name": name, "alias": alias}
-            )
-            return _ref_of(found["model_version"])
+            # Shamal's own model read, not the MLflow dialect's alias route: that one answers a
+            # missing alias with a stock server's 400, and this method promises NotFound.
+            model = self.request("GET", f"/api/v1/models/{quote(name, safe='')}")
+            version = (model.get("aliases") or {}).get(alias)
+            if version is None:
+                raise NotFound(f"Registered model {name!r} has no alias {alias!r}.")
+            return self.get_model_version(name, int(version))
         name, sep, version = rest.rpartition("/")
         if not sep or not name:
             raise InvalidParameter(f"{uri!r}: expected models:/NAME/VERSION, /latest or @ALIAS.")
