@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.live import free_port
-from tests.train._run import job_env
+from tests.train._run import gang_env, job_env, start
 
 PIPELINE = Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "pipeline.py"
 
@@ -35,24 +35,8 @@ def run_ranks(
     port = free_port()
     processes = []
     for rank in range(world):
-        gang = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(PIPELINE), *args],
-                cwd=cwd,
-                env=job_env({**gang, **(env or {})}),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        gang = {**gang_env(rank, world, port), **(env or {})}
+        processes.append(start(args, cwd, gang, script=PIPELINE))
     try:
         outputs = [p.communicate(timeout=180)[0] for p in processes]
     finally:

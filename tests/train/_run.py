@@ -19,11 +19,27 @@ def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
+def gang_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The torchrun-style variables the executors set for one rank of a gang."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+    }
+
+
 def start(
-    args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    script: Path = EXAMPLE,
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLE), *args],
+        [sys.executable, str(script), *args],
         cwd=cwd,
         env=job_env(env),
         stdout=subprocess.PIPE,
@@ -45,15 +61,7 @@ def run_two_ranks(
     ``args(rank)`` is each rank's command line. A hung rank is killed, never leaked."""
     processes = []
     for rank in range(2):
-        env = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": "2",
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": "2",
-        }
-        processes.append(start(args(rank), cwd, env))
+        processes.append(start(args(rank), cwd, gang_env(rank, 2, port)))
     try:
         outputs = [p.communicate(timeout=120)[0] for p in processes]
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 from tests import needs
 from tests.live import free_port
-from tests.train._run import job_env
+from tests.train._run import gang_env, start
 
 needs.module("torch")
 
@@ -40,24 +39,8 @@ def start_workers(
     port = free_port()
     processes = []
     for rank in range(world):
-        gang = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), *args],
-                cwd=cwd,
-                env=job_env({**gang, **(env or {})}),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        gang = {**gang_env(rank, world, port), **(env or {})}
+        processes.append(start(args, cwd, gang, script=WORKER))
     return processes
 
 
