@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from shamal.cli._quickstart_loop import LANDING, RETRAIN, harvest
 from shamal.cli._quickstart_wine import MODEL, QUICKSTART_TEAM, SERVED_AS, Served, wine_csv
 from shamal.client import ShamalClient
 from tests.live import LiveServer
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,17 +94,6 @@ class Callers:
                 if answer.status_code != 200:
                     self.failed.append(answer.status_code)
                 self.sent += 1
-
-
-def wait_for(what: str, deadline_s: float, probe: Callable[[], Any]) -> Any:
-    """``probe()``'s first answer other than None, polled until ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        found = probe()
-        if found is not None:
-            return found
-        time.sleep(0.3)  # polling the server, with a deadline
-    raise AssertionError(f"{what} did not happen within {deadline_s:.0f} s")
 
 
 @pytest.fixture
@@ -166,7 +155,7 @@ def _next_result(
                     return chosen
         return None
 
-    found: dict[str, Any] = wait_for("a monitor result", 120, probe)
+    found: dict[str, Any] = wait_for(probe, "a monitor result", 120)
     return found
 
 
@@ -180,7 +169,7 @@ def _acted(api: ShamalClient, result_id: str) -> dict[str, Any]:
                 return dict(action)
         return None
 
-    found: dict[str, Any] = wait_for("the drift policy's action", 120, probe)
+    found: dict[str, Any] = wait_for(probe, "the drift policy's action", 120)
     return found
 
 
@@ -201,7 +190,7 @@ def test_drift_retrains_canaries_and_promotes_with_nobody_at_the_keyboard(
             api.upload_artifact(QUICKSTART_TEAM, LANDING, handle)
         callers.shift(rows)
         steps = _retrained(api, seen, version=2)
-        promoted = wait_for("the end of the rollout", 300, lambda: _rolled_out(api))
+        promoted = wait_for(lambda: _rolled_out(api), "the end of the rollout", 300)
         assert promoted["state"]["phase"] == "promoted", promoted
         assert _routes(promoted) == [("primary", 2)], promoted
         # The monitor follows the primary: the shifted traffic is v2's normal, by v2's reference.
@@ -238,7 +227,7 @@ def _a_bad_retraining_is_rolled_back(
         api.upload_artifact(QUICKSTART_TEAM, LANDING, handle)
     callers.shift(load_wine().data.tolist())
     _retrained(api, seen, version=3)
-    ended = wait_for("the end of the rollout", 300, lambda: _rolled_out(api))
+    ended = wait_for(lambda: _rolled_out(api), "the end of the rollout", 300)
     assert ended["state"]["phase"] == "rolled_back", ended
     assert _routes(ended) == [("primary", 2)], ended
     events = api.deployment_events(SERVED_AS, limit=50)
@@ -279,7 +268,7 @@ def _finished(api: ShamalClient, run_id: str) -> dict[str, Any]:
         run: dict[str, Any] = api.pipeline_run(run_id)
         return None if run["state"] == "running" else run
 
-    run: dict[str, Any] = wait_for(f"retraining run {run_id}", 600, probe)
+    run: dict[str, Any] = wait_for(probe, f"retraining run {run_id}", 600)
     assert run["state"] == "succeeded", run
     assert f"drift found by monitor {MONITOR}" in run["trigger"]
     return run
