@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from tests.live import free_port
 from tests.train._run import gang_env, job_env, start
 
@@ -48,6 +50,21 @@ def run_ranks(
         subprocess.CompletedProcess(p.args, p.returncode, out)
         for p, out in zip(processes, outputs, strict=True)
     ]
+
+
+def expect_exits(ranks: Sequence[subprocess.CompletedProcess[str]], code: int = 0) -> list[str]:
+    """Each rank's output, once every rank exited with ``code``; otherwise the test fails
+    with every rank's exit status and the end of its output (an assertion's message would
+    be cut to a line, and the rank that failed first is rarely rank 0)."""
+    outputs = [r.stdout for r in ranks]
+    if any(r.returncode != code for r in ranks):
+        tails = "\n".join(
+            f"--- rank {i} exited {r.returncode}, its last lines:\n"
+            + "\n".join(r.stdout.splitlines()[-25:])
+            for i, r in enumerate(ranks)
+        )
+        pytest.fail(f"every rank should exit {code}\n{tails}", pytrace=False)
+    return outputs
 
 
 def losses(output: str) -> list[float]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import needs
-from tests.train._pipe import losses, run_one, run_ranks
+from tests.train._pipe import expect_exits, losses, run_one, run_ranks
 from tests.train._run import final_sha
 
 needs.module("torch")
@@ -28,12 +28,6 @@ from torch import nn  # noqa: E402
 from shamal import train  # noqa: E402
 
 STEPS = ["--steps", "20", "--checkpoint-every", "10"]
-
-
-def _ok(ranks: list[object]) -> list[str]:
-    outputs = [r.stdout for r in ranks]  # type: ignore[attr-defined]
-    assert [r.returncode for r in ranks] == [0] * len(ranks), outputs  # type: ignore[attr-defined]
-    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +42,9 @@ def unsplit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """An uninterrupted two-stage 1F1B run: its folder and both ranks' output."""
     folder = tmp_path_factory.mktemp("pipe")
-    outputs = _ok(run_ranks([*STEPS, "--dump", "dump", "--checkpoint-dir", "ckpt"], folder))
+    outputs = expect_exits(
+        run_ranks([*STEPS, "--dump", "dump", "--checkpoint-dir", "ckpt"], folder)
+    )
     return folder, outputs
 
 
@@ -87,7 +83,9 @@ def test_interleaved_schedule_matches_the_unsplit_loss_and_gradients(
     tmp_path: Path, unsplit: tuple[Path, str]
 ) -> None:
     args = [*STEPS, "--schedule", "interleaved", "--stages-per-rank", "2"]
-    outputs = _ok(run_ranks([*args, "--dump", "dump", "--checkpoint-dir", "ckpt"], tmp_path))
+    outputs = expect_exits(
+        run_ranks([*args, "--dump", "dump", "--checkpoint-dir", "ckpt"], tmp_path)
+    )
     assert "stage(s) [0, 2] of 4" in outputs[0]
     assert "stage(s) [1, 3] of 4" in outputs[1]
     _compare_with_unsplit(tmp_path, outputs, unsplit)
@@ -99,14 +97,14 @@ def test_preempted_pipeline_resumes_to_the_same_weights(
     expected = [final_sha(o) for o in reference[1]]
     args = [*STEPS, "--checkpoint-dir", "ckpt"]
     first = run_ranks([*args, "--preempt-at", "13"], tmp_path)
-    assert [r.returncode for r in first] == [75, 75], [r.stdout for r in first]
+    expect_exits(first, 75)
     for ran in first:
         assert "preempted at step 13: checkpointed, exiting 75" in ran.stdout
         assert "weights sha256" not in ran.stdout
     for stage in ("stage-00", "stage-01"):
         names = sorted(p.name for p in (tmp_path / "ckpt" / stage).iterdir())
         assert names == ["ckpt-000000000010", "ckpt-000000000013"]
-    second = _ok(run_ranks(args, tmp_path, env={"SHAMAL_ATTEMPT": "2"}))
+    second = expect_exits(run_ranks(args, tmp_path, env={"SHAMAL_ATTEMPT": "2"}))
     for output in second:
         assert "resumed from step 13 (attempt 2)" in output
         assert losses(output)[0] == losses(reference[1][0])[13]
@@ -119,7 +117,7 @@ def test_resume_takes_the_newest_step_every_stage_has(
     """Stage 1 was killed while writing step 20 (no manifest): both stages go back to 10."""
     shutil.copytree(reference[0] / "ckpt", tmp_path / "ckpt")
     (tmp_path / "ckpt" / "stage-01" / "ckpt-000000000020" / "manifest.json").unlink()
-    outputs = _ok(run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path))
+    outputs = expect_exits(run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path))
     for output in outputs:
         assert "resumed from step 10" in output
         assert len(losses(output)) == 10
@@ -133,7 +131,7 @@ def test_a_corrupt_stage_checkpoint_sends_every_stage_back_to_one_they_share(
     to 10, and they agree on 10 (both load it again) before training on."""
     shutil.copytree(reference[0] / "ckpt", tmp_path / "ckpt")
     (tmp_path / "ckpt" / "stage-01" / "ckpt-000000000020" / "model.safetensors").write_bytes(b"x")
-    outputs = _ok(run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path))
+    outputs = expect_exits(run_ranks([*STEPS, "--checkpoint-dir", "ckpt"], tmp_path))
     for output in outputs:
         assert "resumed from step 10" in output
     assert [final_sha(o) for o in outputs] == [final_sha(o) for o in reference[1]]
