@@ -151,19 +151,25 @@ class RunAdvancer:
         spec = PipelineSpec.from_json(info.spec)
         ctx = self._context(run)
         changes = self._follow_jobs(ctx, run)
+        # The run is read again only after something was written: a pass that changes
+        # nothing (most passes of a long fan-out, while its steps run) reads it once.
+        stale = changes > 0
         for _ in range(MAX_PASSES):
-            run = self._reload(run_id)
+            if stale:
+                run = self._reload(run_id)
             records = _records(run.steps)
-            changes += self._resume_unsubmitted(ctx, info, spec, run)
+            moved = self._resume_unsubmitted(ctx, info, spec, run)
             decisions = advance(spec, run.params, records, max_map_items=self._s.max_map_items)
-            if not decisions:
-                break
             for decision in decisions:
                 if isinstance(decision, Settle):
-                    changes += self._settle(ctx, run, decision)
+                    moved += self._settle(ctx, run, decision)
                 else:
-                    changes += self._start(ctx, info, spec, run, decision)
-        self._close_if_done(ctx, spec, self._reload(run_id))
+                    moved += self._start(ctx, info, spec, run, decision)
+            changes += moved
+            stale = bool(decisions) or moved > 0
+            if not decisions:
+                break
+        self._close_if_done(ctx, spec, self._reload(run_id) if stale else run)
         return changes
 
     def _reload(self, run_id: str) -> PipelineRun:

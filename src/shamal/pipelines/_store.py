@@ -7,6 +7,7 @@ advanced by whoever holds its lease (:func:`claim_run`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -305,10 +306,20 @@ def pipelines_of_job(s: Session, job_prefix: str) -> set[str]:
     return set(s.scalars(query))
 
 
+#: A step record's columns, by the name :class:`StepRun` gives each.
+_STEP_COLUMNS = tuple(
+    getattr(PipelineStepRow, field.name) for field in dataclasses.fields(StepRun)
+)
+
+
 def steps(s: Session, run_id: str) -> list[StepRun]:
-    query = select(PipelineStepRow).where(PipelineStepRow.run_id == run_id)
+    """A run's step records, in the order they became ready. Read as plain rows, not ORM
+    objects: the pipeline loop reads a run's records on every pass, and a fan-out's run
+    holds hundreds of them (the ORM's identity map and change tracking cost more than
+    the read)."""
+    query = select(*_STEP_COLUMNS).where(PipelineStepRow.run_id == run_id)
     query = query.order_by(PipelineStepRow.ready_at, PipelineStepRow.name, PipelineStepRow.index)
-    return [_step(r) for r in s.scalars(query)]
+    return [StepRun(*row) for row in s.execute(query)]
 
 
 def get_step(s: Session, run_id: str, key: str) -> StepRun:
