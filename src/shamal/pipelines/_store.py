@@ -307,9 +307,7 @@ def pipelines_of_job(s: Session, job_prefix: str) -> set[str]:
 
 
 #: A step record's columns, by the name :class:`StepRun` gives each.
-_STEP_COLUMNS = tuple(
-    getattr(PipelineStepRow, field.name) for field in dataclasses.fields(StepRun)
-)
+_STEP_COLUMNS = tuple(getattr(PipelineStepRow, field.name) for field in dataclasses.fields(StepRun))
 
 
 def steps(s: Session, run_id: str) -> list[StepRun]:
