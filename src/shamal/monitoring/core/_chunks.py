@@ -31,8 +31,6 @@ from typing import Any, Final, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.spatial.distance import jensenshannon
-from scipy.stats import wasserstein_distance
 
 from shamal.errors import InvalidParameter
 from shamal.monitoring.core._sketch import QUANTILE_RANKS, ColumnSketch
@@ -349,6 +347,8 @@ def chunk_statistic(reference: ColumnSketch, chunk: ColumnSketch) -> float:
         if reference.std is not None and math.isfinite(reference.std)
         else float(np.std(ref_points))
     )
+    from scipy.stats import wasserstein_distance  # scipy loads on first use (1 s)
+
     distance = wasserstein_distance(ref_points, cur_points, ref_weights, cur_weights)
     return float(distance / max(norm, _MIN_NORM))
 
@@ -395,6 +395,8 @@ def _js_distance(reference: ColumnSketch, chunk: ColumnSketch) -> float:
     q = np.asarray([cur_counts.get(key, 0) for key in keys], dtype=np.float64)
     if p.sum() <= 0 or q.sum() <= 0:
         return math.nan
+    from scipy.spatial.distance import jensenshannon
+
     return float(jensenshannon(p / p.sum(), q / q.sum()))
 
 

@@ -43,8 +43,6 @@ from collections.abc import Callable
 from typing import Final, cast
 
 import numpy as np
-from scipy import stats
-from scipy.spatial import distance
 
 from shamal.errors import InvalidParameter
 from shamal.monitoring.core._sketch import (
@@ -276,6 +274,8 @@ def _numeric_only(sketch: ColumnSketch, test: str) -> None:
 
 def _ks(reference: ColumnSketch, current: ColumnSketch) -> float:
     _numeric_only(reference, "ks")
+    from scipy import stats  # scipy loads on first use (1 s)
+
     n, m = reference.valid, current.valid
     ref = _sample(reference, min(n, _KS_SAMPLE_CAP))
     cur = _sample(current, min(m, _KS_SAMPLE_CAP))
@@ -305,6 +305,8 @@ def _category_pairs(
 
 def _chisquare(reference: ColumnSketch, current: ColumnSketch) -> float:
     ref, cur = _category_pairs(reference, current, "chisquare")
+    from scipy import stats  # scipy loads on first use (1 s)
+
     expected = ref * (cur.sum() / ref.sum())
     return float(stats.chisquare(cur, expected).pvalue)
 
@@ -324,6 +326,8 @@ def _z(reference: ColumnSketch, current: ColumnSketch) -> float:
     spread = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
     if spread == 0:  # one category on both sides (caught above): nothing moved
         return 1.0
+    from scipy import stats  # scipy loads on first use (1 s)
+
     return float(2 * stats.norm.sf(abs((p1 - p2) / spread)))
 
 
@@ -331,6 +335,8 @@ def _wasserstein(reference: ColumnSketch, current: ColumnSketch) -> float:
     _numeric_only(reference, "wasserstein")
     ref_values, ref_weights = _atoms(reference)
     cur_values, cur_weights = _atoms(current)
+    from scipy import stats  # scipy loads on first use (1 s)
+
     raw = stats.wasserstein_distance(ref_values, cur_values, ref_weights, cur_weights)
     return float(raw) / max(float(reference.std or 0.0), 0.001)
 
@@ -361,6 +367,8 @@ def _bin_shares(sketch: ColumnSketch, edges: FloatArray) -> FloatArray:
 
 def _jensenshannon(reference: ColumnSketch, current: ColumnSketch) -> float:
     ref, cur = _binned(reference, current)
+    from scipy.spatial import distance  # scipy loads on first use (1 s)
+
     return float(distance.jensenshannon(ref, cur))
 
 
