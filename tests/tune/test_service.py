@@ -124,6 +124,27 @@ def test_stale_trials_are_settled_by_their_jobs_outcome(
     assert clash.status_code == 409
 
 
+def test_a_restarted_service_settles_stale_trials_at_its_first_pass(
+    tapi: TestClient, platform: Platform, fake_jobs: FakeJobs
+) -> None:
+    """The service opens Optuna's storage on first use, not when the server starts; a new
+    one (a restarted server) that has served nothing yet still finds and settles the trials
+    whose jobs ended while it was down, at its first housekeeping pass."""
+    h = _member(tapi, "vision", "ana")
+    _study(tapi, h)
+    trial = _ok(tapi.post(f"{T}/studies/vision/s1/trials", headers=h))["id"]
+    fake_jobs.jobs = {"eeeeee01": JobStatus("queued", ended=False, team="vision")}
+    _ok(tapi.post(f"{T}/trials/{trial}/job", json={"job_id": "eeeeee01"}, headers=h))
+    fake_jobs.jobs = {"eeeeee01": JobStatus("failed", ended=True, team="vision")}
+    url = platform.settings.resolved_database_url
+    restarted = TuneService(platform.db, platform.audit, url, jobs=fake_jobs)
+    try:
+        changed = [(t.id, t.state.value, t.reason) for t in restarted.fail_stale_trials()]
+    finally:
+        restarted.close()
+    assert changed == [(trial, "fail", "job failed")]
+
+
 def test_a_trial_takes_only_a_job_of_its_studys_team(
     tapi: TestClient, tune: TuneService, fake_jobs: FakeJobs
 ) -> None:

@@ -22,6 +22,8 @@ STUDY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-/]{0,127}$"
 NO_TEAM = "-"
 """How a path names the team of a study that belongs to no team (platform admins only)."""
+PG_SCHEMA = "optuna"
+"""The PostgreSQL schema of Optuna's tables (on SQLite they share the platform's file)."""
 TRIAL_ENV = "TUNE_TRIAL_ID"
 """The variable a trial job finds its trial id in (names starting SHAMAL_ are reserved)."""
 MAX_CHOICES = 1000

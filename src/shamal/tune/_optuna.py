@@ -20,11 +20,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from shamal.errors import NotImplementedFeature
-from shamal.tune._entities import TrialInfo, TrialState
+from shamal.tune._entities import PG_SCHEMA, TrialInfo, TrialState
 
 logger = logging.getLogger(__name__)
 
-PG_SCHEMA = "optuna"
 ATTR_TEAM = "shamal:team"
 ATTR_USER = "shamal:user"
 ATTR_SAMPLER = "shamal:sampler"

@@ -11,11 +11,16 @@ the change, in a transaction of its own (actor and outcome as with every other d
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+import sqlalchemy
 
 from shamal.db import Database
 from shamal.errors import Conflict, InvalidParameter, NotFound
@@ -24,6 +29,7 @@ from shamal.security import AuditContext, AuditLog, Principal, Role
 from shamal.tune import _entities as rules
 from shamal.tune._entities import (
     NO_TEAM,
+    PG_SCHEMA,
     Direction,
     StudyInfo,
     StudySpec,
@@ -31,16 +37,23 @@ from shamal.tune._entities import (
     TrialState,
 )
 
-try:
+if TYPE_CHECKING:
     import optuna
 
     from shamal.tune import _optuna as glue
-except ModuleNotFoundError as _missing:  # the tune extra is not installed
-    if _missing.name is None or _missing.name.split(".")[0] != "optuna":
-        raise
-    OPTUNA_MISSING: str | None = _missing.name
-else:
-    OPTUNA_MISSING = None
+
+
+def _optuna_missing() -> str | None:
+    """ "optuna" on an install without the tune extra, else None. Optuna itself (1 s to
+    import) loads when the service is first used (:func:`_load_optuna`), not at start."""
+    try:
+        found = importlib.util.find_spec("optuna")
+    except ModuleNotFoundError:  # a finder that refuses it outright
+        found = None
+    return "optuna" if found is None else None
+
+
+OPTUNA_MISSING = _optuna_missing()
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +94,29 @@ def jobs_in_database(db: Database) -> JobLookup:
     return lookup
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _load_optuna() -> None:
+    """Bind this module's ``optuna`` and ``glue`` (idempotent; imports are thread-safe)."""
+    globals()["optuna"] = importlib.import_module("optuna")
+    globals()["glue"] = importlib.import_module("shamal.tune._optuna")
+
+
+def _opened(
+    method: Callable[Concatenate[TuneService, _P], _R],
+) -> Callable[Concatenate[TuneService, _P], _R]:
+    """A public method of :class:`TuneService`: Optuna is loaded and the storage open first."""
+
+    @functools.wraps(method)
+    def wrapper(self: TuneService, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._open()
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _key(team: str, name: str) -> str:
     return f"{team or NO_TEAM}/{name}"
 
@@ -106,16 +142,40 @@ class TuneService:
         #: False on an install without the tune extra: the server starts, and every tune
         #: route answers 501 naming the extra (see :data:`NEEDS_EXTRA`).
         self.available = OPTUNA_MISSING is None
+        self._storage_url = storage_url
+        self._opened: optuna.storages.RDBStorage | None = None
         if not self.available:
             logger.info("hyperparameter search is off: %s", NEEDS_EXTRA)
-            return
-        self._storage = glue.open_storage(storage_url)
+
+    def _open(self) -> optuna.storages.RDBStorage:
+        """Load Optuna and open its storage (creating its tables) on first use: the server
+        starts without either."""
+        opened = self._opened
+        if opened is None:
+            with self._lock:
+                if self._opened is None:
+                    _load_optuna()
+                    self._opened = glue.open_storage(self._storage_url)
+                opened = self._opened
+        return opened
+
+    @property
+    def _storage(self) -> optuna.storages.RDBStorage:
+        return self._open()
+
+    def _no_studies_yet(self) -> bool:
+        """Optuna's tables are missing from the database: no process has opened its storage
+        there yet, so no trial exists (a cheap look that spares loading Optuna)."""
+        if self._opened is not None:
+            return False
+        schema = PG_SCHEMA if self._db.dialect == "postgresql" else None
+        return not sqlalchemy.inspect(self._db.engine).has_table("studies", schema=schema)
 
     def close(self) -> None:
-        if not self.available:
+        if self._opened is None:
             return
-        self._storage.remove_session()
-        self._storage.engine.dispose()
+        self._opened.remove_session()
+        self._opened.engine.dispose()
 
     # ------------------------------------------------------------------ plumbing
     def _record(self, ctx: AuditContext, target: str, **detail: Any) -> None:
@@ -193,6 +253,7 @@ class TuneService:
         return trial
 
     # ------------------------------------------------------------------ studies
+    @_opened
     def create_study(self, ctx: AuditContext, spec: StudySpec) -> StudyInfo:
         """Create the study, or load it when it exists with the same direction.
 
@@ -246,6 +307,7 @@ class TuneService:
         principal.require_team_role(team, Role.MEMBER)
         return team
 
+    @_opened
     def get_study(self, principal: Principal, team: str, name: str) -> StudyInfo:
         """The study with its trial counts and best trial (stale trials failed first)."""
         team = "" if team == NO_TEAM else team
@@ -254,6 +316,7 @@ class TuneService:
         self.fail_stale_trials(study)
         return self._info(study)
 
+    @_opened
     def list_studies(self, principal: Principal, team: str | None = None) -> list[StudyInfo]:
         """Studies the principal may see (of ``team`` only, when given), by name."""
         out = []
@@ -266,6 +329,7 @@ class TuneService:
             out.append(self._info(self._study(summary.study_name), with_trials=False))
         return sorted(out, key=lambda info: (info.team, info.name))
 
+    @_opened
     def list_trials(self, principal: Principal, team: str, name: str) -> list[TrialInfo]:
         """The study's trials by number (stale trials failed first)."""
         team = "" if team == NO_TEAM else team
@@ -275,6 +339,7 @@ class TuneService:
         return [glue.trial_info(t, name, team) for t in study.get_trials(deepcopy=False)]
 
     # ------------------------------------------------------------------ trials
+    @_opened
     def ask(self, ctx: AuditContext, team: str, name: str) -> TrialInfo:
         """Start a new trial of the study; its parameters are suggested as it asks for them."""
         principal = ctx.require_principal()
@@ -286,12 +351,14 @@ class TuneService:
         self._record(ctx, f"trial:{trial._trial_id}", study=key, number=trial.number)
         return self.get_trial(principal, trial._trial_id)
 
+    @_opened
     def get_trial(self, principal: Principal, trial_id: int) -> TrialInfo:
         key, _ = self._trial(principal, trial_id, Role.VIEWER)
         team, name = key.split("/", 1)
         frozen = self._storage.get_trial(trial_id)
         return glue.trial_info(frozen, name, "" if team == NO_TEAM else team)
 
+    @_opened
     def attach_job(self, ctx: AuditContext, trial_id: int, job_id: str) -> TrialInfo:
         """Record which job runs the trial (the stale check follows that job).
 
@@ -314,6 +381,7 @@ class TuneService:
         self._record(ctx, f"trial:{trial_id}", job=job_id)
         return self.get_trial(principal, trial_id)
 
+    @_opened
     def suggest(
         self, principal: Principal, trial_id: int, name: str, distribution: dict[str, Any]
     ) -> Any:
@@ -344,6 +412,7 @@ class TuneService:
                 f"parameter {name!r} was suggested before with another distribution"
             ) from exc
 
+    @_opened
     def report(self, principal: Principal, trial_id: int, step: int, value: float) -> bool:
         """Record the intermediate ``value`` at ``step``; answer whether to prune the trial.
 
@@ -364,12 +433,14 @@ class TuneService:
             self._storage.set_trial_system_attr(trial_id, glue.ATTR_PRUNE_ANSWER, step)
         return prune
 
+    @_opened
     def should_prune(self, principal: Principal, trial_id: int) -> bool:
         key, _ = self._trial(principal, trial_id, Role.VIEWER)
         self._running(trial_id)
         with self._lock:
             return optuna.trial.Trial(self._study(key), trial_id).should_prune()
 
+    @_opened
     def set_user_attr(self, principal: Principal, trial_id: int, key: str, value: Any) -> None:
         """A user attribute on a running trial (e.g. ``run_id`` of its tracked run)."""
         self._trial(principal, trial_id, Role.MEMBER)
@@ -383,6 +454,7 @@ class TuneService:
         self._running(trial_id)
         self._storage.set_trial_user_attr(trial_id, key, value)
 
+    @_opened
     def tell(
         self, ctx: AuditContext, trial_id: int, state: TrialState, value: float | None = None
     ) -> TrialInfo:
@@ -430,11 +502,8 @@ class TuneService:
         """
         if not self.available:
             return []
-        studies = [study] if study is not None else [
-            self._study(s.study_name) for s in self._storage.get_all_studies()
-        ]  # fmt: skip
         changed = []
-        for each in studies:
+        for each in self._studies_to_check(study):
             running = each.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
             jobs = {t._trial_id: t.system_attrs.get(glue.ATTR_JOB) for t in running}
             status = self._jobs([str(j) for j in jobs.values() if j])
@@ -444,6 +513,14 @@ class TuneService:
                     continue
                 changed.append(self._settle(each, trial, status.get(str(job))))
         return [c for c in changed if c is not None]
+
+    def _studies_to_check(self, study: optuna.Study | None) -> list[optuna.Study]:
+        """``study``, else every study: none while Optuna's tables are missing."""
+        if study is not None:
+            return [study]
+        if self._no_studies_yet():
+            return []
+        return [self._study(s.study_name) for s in self._storage.get_all_studies()]
 
     def _settle(
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, job: JobStatus | None
