@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -15,9 +18,23 @@ from pathlib import Path
 
 import httpx
 
+from shamal.db import open_database, upgrade
 from shamal.executors._procfs import free_port  # below the ephemeral range
 
 __all__ = ["LiveServer", "free_port"]
+
+
+@functools.cache
+def _migrated_sqlite() -> Path:
+    """A SQLite database migrated once per test process, as ``sqlite_template`` in conftest
+    (a server migrating a new file spends ~0.3 s, more under load; a copy takes ~1 ms)."""
+    folder = tempfile.mkdtemp(prefix="shamal-live-template-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = Path(folder) / "shamal.db"
+    db = open_database(f"sqlite:///{path}")
+    upgrade(db)
+    db.dispose()
+    return path
 
 
 class _PortTaken(RuntimeError):
@@ -25,7 +42,12 @@ class _PortTaken(RuntimeError):
 
 
 class LiveServer:
-    """Start `python -m shamal server` with ``env`` and wait until /ready answers 200."""
+    """Start `python -m shamal server` with ``env`` and wait until /ready answers 200.
+
+    On a new home with the default database (SQLite in the home), the server starts on a
+    copy of a database migrated once per test process, unless ``migrated_copy`` is False:
+    then it migrates the new file itself (the migrations from an empty database are tested
+    in ``tests/test_db.py``)."""
 
     def __init__(
         self,
@@ -33,6 +55,8 @@ class LiveServer:
         env: Mapping[str, str] | None = None,
         workers: int = 1,
         args: Sequence[str] = (),
+        *,
+        migrated_copy: bool = True,
     ) -> None:
         self.home = home
         self.port = free_port()
@@ -48,6 +72,7 @@ class LiveServer:
         }
         self.workers = workers
         self.args = tuple(args)
+        self.migrated_copy = migrated_copy
         self.process: subprocess.Popen[bytes] | None = None
         self.log = home / f"server-{self.port}.log"
 
@@ -72,6 +97,7 @@ class LiveServer:
 
     def _start(self, deadline_s: float) -> LiveServer:
         self.home.mkdir(parents=True, exist_ok=True)
+        self._copy_migrated()
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -105,6 +131,17 @@ class LiveServer:
             time.sleep(0.05)  # polling with a deadline, not synchronising on a sleep
         self.stop()
         raise RuntimeError(f"server did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    def _copy_migrated(self) -> None:
+        """Put a migrated database where the server's default one goes, when it would make
+        a new one there (the server migrates it to head all the same: nothing to do)."""
+        if not self.migrated_copy or self.env.get("SHAMAL_DATABASE_URL"):
+            return
+        target = Path(self.env["SHAMAL_HOME"]) / "shamal.db"
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_sqlite(), target)
 
     def _ours(self) -> bool:
         """The server on the port is this one: it takes the token written in our home (a
