@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from shamal.artifacts import download_headers, download_slot, safe_relpath, search_slot
 from shamal.errors import InvalidParameter, NotFound
-from shamal.mlflow import _graphql
 from shamal.mlflow._fields import Fields, ProtoJSONResponse, proto_json, read_fields
 from shamal.registry import RegistryService, parse_version
 from shamal.security import Principal
@@ -64,6 +63,8 @@ def graphql(f: F, tracking: Tracking, registry: Registry, p: Searcher) -> JSONRe
     """MLflow's GraphQL: ``{"query", "variables", "operationName"}`` in, ``{"data",
     "errors"}`` out (see :mod:`shamal.mlflow._graphql`). It only reads: its one mutation
     is a search, so a read-only token may call it."""
+    from shamal.mlflow import _graphql  # graphql-core (0.3 s) loads on the UI's first query
+
     services = _graphql.Services(p, tracking, registry)
     answer = _graphql.run_query(
         services, f.raw("query"), f.raw("variables"), f.raw("operationName")
