@@ -38,7 +38,10 @@ install: $(STAMP)
 JOBS_RUN_AS := $(if $(filter 0,$(shell id -u)),team-users,server-user)
 
 ## run: start the platform on the embedded default, with its quickstart
+# Bytecode is written first: where PYTHONDONTWRITEBYTECODE is set, every process the
+# server starts (workers, jobs, the CLI) would otherwise compile what it imports again.
 run: install
+	@$(BIN)/python -m compileall -q src
 	SHAMAL_SCHEDULER__RUN_JOBS_AS=$(JOBS_RUN_AS) $(BIN)/shamal server --quickstart
 
 ## check: lint, format check, types, import contracts and the security linter

@@ -32,10 +32,21 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment, and
     Rich fixes a console's width for good when COLUMNS is set as it is built (the CLI's
     consoles are built on import, as test modules are collected): drop them first, so
-    the consoles follow what each test sets (``_cli_width``)."""
-    del config
+    the consoles follow what each test sets (``_cli_width``).
+
+    The run's first process (xdist's controller, or pytest alone) writes the bytecode of
+    the sources and the tests before any test starts. Where PYTHONDONTWRITEBYTECODE is
+    set (as on CI's machines) no process writes it, and every server, CLI call, worker
+    and job the suite starts would compile each module it imports again: about 2 s of
+    CPU per server start. Up-to-date files are only compared, not compiled again."""
     for inherited in ("COLUMNS", "LINES"):
         os.environ.pop(inherited, None)
+    if not hasattr(config, "workerinput"):
+        import compileall
+
+        root = Path(__file__).resolve().parents[1]
+        for folder in ("src", "tests"):
+            compileall.compile_dir(root / folder, quiet=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
