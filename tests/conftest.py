@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from shamal.config import Settings
 from shamal.db import open_database, upgrade
 from shamal.server import Platform, create_app, start_platform
-from tests.live import LiveServer
+from tests.live import LiveServer, migrated_sqlite
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -181,25 +181,13 @@ def icu_pg_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite database file migrated once per test process: each test copies it, as each
-    PostgreSQL test copies ``pg_template`` (migrating a new file takes ~0.3 s; a copy ~1 ms).
-    The migrations themselves are tested from an empty database in ``tests/test_db.py``."""
-    path = tmp_path_factory.mktemp("sqlite-template") / "shamal.db"
-    db = open_database(f"sqlite:///{path}")
-    upgrade(db)
-    db.dispose()
-    return path
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Each test using this runs once on SQLite and once on PostgreSQL, on a new, migrated
     database each time."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("db") / "shamal.db"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        shutil.copyfile(migrated_sqlite(), path)  # as PostgreSQL tests copy pg_template
         return f"sqlite:///{path}"
     url: str = request.getfixturevalue("fresh_pg_url")
     return url

@@ -21,13 +21,14 @@ import httpx
 from shamal.db import open_database, upgrade
 from shamal.executors._procfs import free_port  # below the ephemeral range
 
-__all__ = ["LiveServer", "free_port"]
+__all__ = ["LiveServer", "free_port", "migrated_sqlite"]
 
 
 @functools.cache
-def _migrated_sqlite() -> Path:
-    """A SQLite database migrated once per test process, as ``sqlite_template`` in conftest
-    (a server migrating a new file spends ~0.3 s, more under load; a copy takes ~1 ms)."""
+def migrated_sqlite() -> Path:
+    """A SQLite database migrated once per test process, for tests and live servers to copy
+    (migrating a new file takes ~0.3 s, more under load; a copy ~1 ms). The migrations
+    themselves are tested from an empty database in ``tests/test_db.py``."""
     folder = tempfile.mkdtemp(prefix="shamal-live-template-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = Path(folder) / "shamal.db"
@@ -45,9 +46,7 @@ class LiveServer:
     """Start `python -m shamal server` with ``env`` and wait until /ready answers 200.
 
     On a new home with the default database (SQLite in the home), the server starts on a
-    copy of a database migrated once per test process, unless ``migrated_copy`` is False:
-    then it migrates the new file itself (the migrations from an empty database are tested
-    in ``tests/test_db.py``)."""
+    copy of :func:`migrated_sqlite`."""
 
     def __init__(
         self,
@@ -55,8 +54,6 @@ class LiveServer:
         env: Mapping[str, str] | None = None,
         workers: int = 1,
         args: Sequence[str] = (),
-        *,
-        migrated_copy: bool = True,
     ) -> None:
         self.home = home
         self.port = free_port()
@@ -72,7 +69,6 @@ class LiveServer:
         }
         self.workers = workers
         self.args = tuple(args)
-        self.migrated_copy = migrated_copy
         self.process: subprocess.Popen[bytes] | None = None
         self.log = home / f"server-{self.port}.log"
 
@@ -135,13 +131,13 @@ class LiveServer:
     def _copy_migrated(self) -> None:
         """Put a migrated database where the server's default one goes, when it would make
         a new one there (the server migrates it to head all the same: nothing to do)."""
-        if not self.migrated_copy or self.env.get("SHAMAL_DATABASE_URL"):
+        if self.env.get("SHAMAL_DATABASE_URL"):
             return
         target = Path(self.env["SHAMAL_HOME"]) / "shamal.db"
         if target.exists():
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_migrated_sqlite(), target)
+        shutil.copyfile(migrated_sqlite(), target)
 
     def _ours(self) -> bool:
         """The server on the port is this one: it takes the token written in our home (a
