@@ -23,9 +23,11 @@ What is measured, each tool in turn, part by part:
 
 - **offline**: point-in-time join of the entity rows with all 100 features. Feast:
   ``get_historical_features(entity_df=<pandas frame of the entity rows>, features=[all 100])
-  .to_arrow()``; the entity rows are read into pandas before the clock starts. Time from the
-  call to the Arrow table; peak memory is the worker process's maximum resident set size, as
-  ``wait4`` reports it when the process ends (imports and the store's start-up included).
+  .to_arrow()``; the entity rows are read into pandas before the clock starts. Shamal:
+  ``FeatureStoreService.historical(..., out=None)``, the training set as an Arrow table (the
+  entity rows an Arrow table before the clock starts). Time from the call to the Arrow table;
+  peak memory is the worker process's maximum resident set size, as ``wait4`` reports it
+  when the process ends (imports and the store's start-up included).
   Both results are checked against a reference computed by DuckDB (an ASOF LEFT JOIN per view,
   then the TTL; in a process of its own, not timed): the rows, per view the non-null count of
   ``fv{i}_f0``, the rows with all five found and the sum of their ``fv{i}_f0``. Feast's file
@@ -484,7 +486,9 @@ def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
     """Point-in-time join of ``data_dir/entity_rows.parquet`` with all 100 features:
     ``FeatureStoreService.historical`` on an embedded platform (the views' datasets ingested
     and the definitions applied first, not timed), the entity rows as an Arrow table, the
-    training set written as Parquet and read back.
+    training set asked for in memory (``out=None``), as Feast's ``to_arrow()`` gives it: the
+    dataset parts copied out of the artifact store and verified, then the join (its method,
+    ``gather`` or ``spill``, chosen by the service under its memory limit, is recorded).
 
     Returns:
         ``{"work_s": <seconds of the join alone>, **summarize(<the result as an Arrow table>)}``.
@@ -496,17 +500,14 @@ def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
     platform, ctx = _shamal_platform(data_dir, work)
     try:
         entities = pq.read_table(data_dir / "entity_rows.parquet")
-        out = work / "training.parquet"
         started = time.perf_counter()
         found = platform.features.historical(
-            ctx, EntityRows(entities, "event_timestamp"), service="all_features", out=out
+            ctx, EntityRows(entities, "event_timestamp"), service="all_features", out=None
         )
-        table = pq.read_table(found.path)
         elapsed = time.perf_counter() - started
     finally:
         platform.close()
-    out.unlink(missing_ok=True)
-    return {"work_s": elapsed, **summarize(table)}
+    return {"work_s": elapsed, "method": found.method, **summarize(found.table)}
 
 
 def run_shamal_materialize(data_dir: Path, work: Path) -> dict[str, Any]:
@@ -997,6 +998,8 @@ def run_all(
         work.mkdir(exist_ok=True)
     results["reference"] = measure("reference-offline", pythons["shamal"], data_dir, folder)
     for part in ("offline", "materialize"):
+        if part not in args.parts:
+            continue
         for tool in tools:
             say(f"{part}: {tool} ...")
             got = measure(f"{tool}-{part}", pythons[tool], data_dir, works[tool])
@@ -1012,6 +1015,8 @@ def run_all(
                 say(f"  {tool}: {got['work_s']:.2f} s, peak {got['peak_mb']:,.0f} MiB")
     if "feast" in tools:
         results["feast"]["redis_keys"] = redis_keys(project, delete=False)
+    if "online" not in args.parts:
+        return results
     pools = entity_pools(scaled(ENTITIES, args.scale))
     for tool in tools:
         say(f"online: {tool} ...")
@@ -1058,6 +1063,20 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+#: The benchmark's parts, in the order they run.
+PARTS = ("offline", "materialize", "online")
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(PARTS)}")
+    if "online" in chosen and "materialize" not in chosen:
+        raise argparse.ArgumentTypeError("online reads what materialize writes: add materialize")
+    return chosen
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every row count")
@@ -1067,6 +1086,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--server-workers", type=int, default=1, help="server processes of each online server"
+    )
+    parser.add_argument(
+        "--parts",
+        type=_parts,
+        default=PARTS,
+        help="comma-separated parts to run (online needs materialize): "
+        f"{','.join(PARTS)} (the default)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the data and work folders")
     parser.add_argument("--dir", type=Path, default=None, help="where the data is written")

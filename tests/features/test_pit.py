@@ -4,12 +4,10 @@ a join larger than its memory limit, and hostile input."""
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import pytest
@@ -137,13 +135,36 @@ def _entities(
     )
 
 
+#: The method the current test runs (each test below runs with both).
+_METHOD = ["gather"]
+
+
+@pytest.fixture(autouse=True, params=["gather", "spill"])
+def method(request: pytest.FixtureRequest) -> str:
+    _METHOD[0] = request.param
+    return str(request.param)
+
+
+def _join(
+    entities: pa.Table | Sequence[Path],
+    timestamp: str,
+    views: list[ViewInput],
+    out: Path,
+    **options: Any,
+) -> JoinResult:
+    """historical_join with this test's method; checks that it ran that method."""
+    result = historical_join(entities, timestamp, views, out, method=_METHOD[0], **options)
+    assert result.method == _METHOD[0]
+    return result
+
+
 # --- hand-written cases ----------------------------------------------------------------------
 
 
 def test_exact_timestamp_matches_and_later_rows_are_ignored(tmp_path: Path) -> None:
     view = _view(tmp_path, "v", [_features([1, 1, 1], [10, 20, 30], [1.0, 2.0, 3.0])])
     entities = _entities([1, 1, 1, 1], [20, 25, 9, 30])
-    result = historical_join(entities, "ts", [view], tmp_path / "out.parquet")
+    result = _join(entities, "ts", [view], tmp_path / "out.parquet")
     assert result.rows == 4
     assert pq.ParquetFile(result.path).metadata.row_group(0).column(0).compression == "ZSTD"
     assert _read(result)["spend"] == [2.0, 2.0, None, 3.0]
@@ -153,7 +174,7 @@ def test_ttl_edge_is_inclusive_and_never_falls_back(tmp_path: Path) -> None:
     view = _view(tmp_path, "v", [_features([1, 1], [0, 100], [1.0, 2.0])], ttl=10)
     micro = 1e-6
     entities = _entities([1, 1, 1, 1], [110, 110 + micro, 105, 50])
-    out = _read(historical_join(entities, "ts", [view], tmp_path / "out.parquet"))
+    out = _read(_join(entities, "ts", [view], tmp_path / "out.parquet"))
     # 110 - 10 = 100: included; a microsecond later the row at 100 is too old, and the one at
     # 0 is not used instead; at 50 the latest row (0) is too old.
     assert out["spend"] == [2.0, None, 2.0, None]
@@ -163,10 +184,10 @@ def test_ties_go_to_the_row_written_last_across_files(tmp_path: Path) -> None:
     first = _features([1, 1, 2], [10, 10, 10], [1.0, 2.0, 7.0])
     second = _features([1, 2], [10, 10], [3.0, None])
     view = _view(tmp_path, "v", [first, second])
-    out = _read(historical_join(_entities([1, 2], [10, 10]), "ts", [view], tmp_path / "o.parquet"))
+    out = _read(_join(_entities([1, 2], [10, 10]), "ts", [view], tmp_path / "o.parquet"))
     assert out["spend"] == [3.0, None]
     within = _view(tmp_path, "w", [first])
-    out = _read(historical_join(_entities([1], [11]), "ts", [within], tmp_path / "o.parquet"))
+    out = _read(_join(_entities([1], [11]), "ts", [within], tmp_path / "o.parquet"))
     assert out["spend"] == [2.0]
 
 
@@ -174,7 +195,7 @@ def test_nulls_in_keys_and_timestamps(tmp_path: Path) -> None:
     rows = _features([1, None, 1, 2], [10, 20, None, 5], [1.0, 50.0, 60.0, None])
     view = _view(tmp_path, "v", [rows])
     entities = _entities([1, None, 1, 2, 1], [30, 30, None, 30, 15], label=[1, 2, 3, 4, 5])
-    out = _read(historical_join(entities, "ts", [view], tmp_path / "out.parquet"))
+    out = _read(_join(entities, "ts", [view], tmp_path / "out.parquet"))
     # The null-keyed and null-timed feature rows are never chosen; a chosen row's null stays.
     assert out["spend"] == [1.0, None, None, None, 1.0]
     assert out["label"] == [1, 2, 3, 4, 5]
@@ -200,7 +221,7 @@ def test_two_views_with_different_keys_and_ttls(tmp_path: Path) -> None:
         ttl=None,
     )
     entities = _entities([1, 2, 1], [60, 200, 1000], region=["eu", "us", "eu"], store=[7, 7, 8])
-    result = historical_join(entities, "ts", [spend, by_region], tmp_path / "out.parquet")
+    result = _join(entities, "ts", [spend, by_region], tmp_path / "out.parquet")
     assert result.columns == ("customer_id", "ts", "region", "store", "spend", "footfall")
     out = _read(result)
     assert out["spend"] == [1.0, None, None]
@@ -213,14 +234,14 @@ def test_full_names_and_the_collision_error(tmp_path: Path) -> None:
     entities = _entities([1], [5])
     out = tmp_path / "out.parquet"
     with pytest.raises(InvalidParameter, match=r"'spend'.*full_names"):
-        historical_join(entities, "ts", [one, two], out)
+        _join(entities, "ts", [one, two], out)
     assert not out.exists()
-    result = historical_join(entities, "ts", [one, two], out, full_names=True)
+    result = _join(entities, "ts", [one, two], out, full_names=True)
     assert result.columns == ("customer_id", "ts", "one__spend", "two__spend")
     assert _read(result)["two__spend"] == [2.0]
     clash = _view(tmp_path, "c", [_features([1], [0], [1.0])], features=("customer_id",))
     with pytest.raises(InvalidParameter, match="entity column"):
-        historical_join(entities, "ts", [clash], out)
+        _join(entities, "ts", [clash], out)
 
 
 def test_order_and_entity_columns_are_kept(tmp_path: Path) -> None:
@@ -234,7 +255,7 @@ def test_order_and_entity_columns_are_kept(tmp_path: Path) -> None:
         _write(tmp_path / "e1.parquet", entities.slice(100)),
     ]
     for source in (entities, halves):
-        out = _read(historical_join(source, "ts", [view], tmp_path / "out.parquet"))
+        out = _read(_join(source, "ts", [view], tmp_path / "out.parquet"))
         assert out["label"] == labels
         assert out["customer_id"] == ids
         assert out["spend"] == [float(i) for i in ids]
@@ -264,17 +285,17 @@ def test_time_zones_naive_and_dates(tmp_path: Path) -> None:
             ),
         }
     )
-    out = _read(historical_join(aware, "ts", [view], tmp_path / "out.parquet"))
+    out = _read(_join(aware, "ts", [view], tmp_path / "out.parquet"))
     assert out["spend"] == [1.0, None, 2.0]
     dates = pa.table({"customer_id": [1, 1], "day": [dt.date(2024, 1, 1), dt.date(2024, 1, 2)]})
-    out = _read(historical_join(dates, "day", [view], tmp_path / "out.parquet"))
+    out = _read(_join(dates, "day", [view], tmp_path / "out.parquet"))
     assert out["spend"] == [None, 2.0]
     assert out["day"] == [dt.date(2024, 1, 1), dt.date(2024, 1, 2)]
     daily = pa.table(
         {"customer_id": [1], "event_ts": [dt.date(2024, 1, 2)], "spend": [5.0]}
     )  # a date is midnight UTC
     by_day = _view(tmp_path, "d", [daily])
-    out = _read(historical_join(aware, "ts", [by_day], tmp_path / "out.parquet"))
+    out = _read(_join(aware, "ts", [by_day], tmp_path / "out.parquet"))
     assert out["spend"] == [None, None, 5.0]
 
 
@@ -286,7 +307,7 @@ def test_a_transformation_over_the_source(tmp_path: Path) -> None:
         [rows],
         sql="SELECT customer_id, event_ts, spend * 10 AS spend FROM source WHERE spend < 3 -- c",
     )
-    out = _read(historical_join(_entities([1, 2], [9, 9]), "ts", [view], tmp_path / "o.parquet"))
+    out = _read(_join(_entities([1, 2], [9, 9]), "ts", [view], tmp_path / "o.parquet"))
     assert out["spend"] == [20.0, None]
 
 
@@ -354,82 +375,12 @@ def test_the_join_equals_the_reference(
             view = _view(tmp_path, name, parts, keys=keys, features=(f"spend{index}",), ttl=ttl)
         views.append((view, pa.concat_tables(parts)))
     out = tmp_path / "out.parquet"
-    result = historical_join(entities, "ts", [v for v, _ in views], out, full_names=full_names)
+    result = _join(entities, "ts", [v for v, _ in views], out, full_names=full_names)
     expected = reference_join(entities, "ts", views, full_names=full_names)
     got = _read(result)
     assert list(got) == expected.column_names
     for column in expected.column_names:
         assert got[column] == expected.column(column).to_pylist(), column
-
-
-# --- larger than memory ----------------------------------------------------------------------
-
-
-def test_a_join_larger_than_its_memory_limit_spills_and_is_right(tmp_path: Path) -> None:
-    rows, per_key = 1_500_000, 10
-    keys = rows // per_key
-    rng = np.random.default_rng(7)
-    # Each key has a feature row every 100 s; its value says which key and time it is.
-    feature_keys = np.repeat(np.arange(keys), per_key)
-    feature_times = np.tile(np.arange(per_key) * 100, keys)
-    features = pa.table(
-        {
-            "customer_id": feature_keys,
-            "event_ts": pa.array(feature_times * 1_000_000, pa.timestamp("us")),
-            "spend": feature_keys * 10_000 + feature_times,
-            "noise": rng.random(rows),
-        }
-    )
-    view = ViewInput(
-        "v",
-        (_write(tmp_path / "features.parquet", features),),
-        ("customer_id",),
-        "event_ts",
-        ("spend",),
-        ttl_seconds=50,
-    )
-    entity_keys = rng.permutation(feature_keys)
-    entity_times = rng.integers(0, per_key * 100, rows)
-    entities = pa.table(
-        {
-            "customer_id": entity_keys,
-            "ts": pa.array(entity_times * 1_000_000, pa.timestamp("us")),
-            "row": np.arange(rows),
-        }
-    )
-    spill = tmp_path / "spill"
-    spill.mkdir()
-    seen: list[str] = []
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set() and not seen:
-            seen.extend(p.name for p in spill.iterdir())
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        result = historical_join(
-            [_write(tmp_path / "entities.parquet", entities)],
-            "ts",
-            [view],
-            tmp_path / "out.parquet",
-            limits=JoinLimits(memory_limit_mb=64, temp_dir=spill),
-        )
-    finally:
-        done.set()
-        watcher.join()
-    assert seen, "DuckDB wrote nothing to the spill directory"
-    assert list(spill.iterdir()) == []  # and removed what it wrote
-    out = pq.read_table(result.path, columns=["row", "spend"])
-    assert result.rows == rows
-    assert np.array_equal(out.column("row").to_numpy(), np.arange(rows))
-    # The latest row is the last multiple of 100 at or before t; within 50 s or null.
-    expected = np.where(
-        entity_times % 100 <= 50, entity_keys * 10_000 + entity_times // 100 * 100, -1
-    )
-    got = out.column("spend").fill_null(-1).to_numpy()
-    assert np.array_equal(got, expected)
 
 
 # --- hostile input ---------------------------------------------------------------------------
@@ -449,7 +400,7 @@ def test_hostile_transformations_are_refused(tmp_path: Path, sql: str, message: 
     view = _view(tmp_path, "v", [_features([1], [0], [1.0])], sql=sql)
     out = tmp_path / "out.parquet"
     with pytest.raises(InvalidParameter, match=message) as caught:
-        historical_join(_entities([1], [5]), "ts", [view], out)
+        _join(_entities([1], [5]), "ts", [view], out)
     assert str(tmp_path) not in caught.value.message  # no server path in the message
     assert list(tmp_path.glob("*out*")) == []
 
@@ -467,7 +418,7 @@ def test_hostile_column_names_are_quoted(tmp_path: Path) -> None:
         "v'", (_write(tmp_path / "f.parquet", features),), (name,), "event ts'", ('sp"end',)
     )
     entities = pa.table({name: [1, 1], "when": pa.array([_ts(5), _ts(10)], pa.timestamp("us"))})
-    result = historical_join(entities, "when", [view], tmp_path / "out.parquet", full_names=True)
+    result = _join(entities, "when", [view], tmp_path / "out.parquet", full_names=True)
     assert result.columns == (name, "when", "v'__sp\"end")
     assert _read(result)["v'__sp\"end"] == [1.0, 2.0]
 
@@ -500,11 +451,11 @@ def test_unknown_columns_and_bad_types_are_refused(tmp_path: Path) -> None:
     ]
     for table, timestamp, bad, message in cases:
         with pytest.raises(InvalidParameter, match=message):
-            historical_join(table, timestamp, [bad], out)
+            _join(table, timestamp, [bad], out)
         assert list(tmp_path.glob("*out*")) == []
     # Integers of other widths are one type.
     narrow = entities.set_column(0, "customer_id", pa.array([1], pa.int32()))
-    assert _read(historical_join(narrow, "ts", [view], out))["spend"] == [1.0]
+    assert _read(_join(narrow, "ts", [view], out))["spend"] == [1.0]
 
 
 def test_data_columns_named_like_duckdbs_row_ordinals(tmp_path: Path) -> None:
@@ -522,7 +473,7 @@ def test_data_columns_named_like_duckdbs_row_ordinals(tmp_path: Path) -> None:
     )
     view = _view(tmp_path, "v", [features], features=("spend", "file_index"))
     files = [_write(tmp_path / "entities.parquet", entities)]
-    out = _read(historical_join(files, "ts", [view], tmp_path / "out.parquet"))
+    out = _read(_join(files, "ts", [view], tmp_path / "out.parquet"))
     assert out["file_row_number"] == list(range(size, 0, -1))
     assert out["spend"] == [[4.0, 2.0, 3.0][i % 3] for i in range(size)]
     assert out["file_index"] == [[6, 8, 7][i % 3] for i in range(size)]
@@ -534,7 +485,7 @@ def test_a_failing_join_leaves_the_previous_output_alone(tmp_path: Path) -> None
     broken.write_bytes(b"not parquet at all")
     view = ViewInput("v", (broken,), ("customer_id",), "event_ts", ("spend",))
     with pytest.raises(InvalidParameter) as caught:
-        historical_join(_entities([1], [5]), "ts", [view], out)
+        _join(_entities([1], [5]), "ts", [view], out)
     assert str(tmp_path) not in caught.value.message
     assert pq.read_table(out).column_names == ["before"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.parquet", "out.parquet"]
@@ -543,18 +494,18 @@ def test_a_failing_join_leaves_the_previous_output_alone(tmp_path: Path) -> None
 def test_limits_out_of_range_are_refused(tmp_path: Path) -> None:
     for limits in (JoinLimits(memory_limit_mb=1), JoinLimits(threads=0)):
         with pytest.raises(InvalidParameter, match="between"):
-            historical_join(_entities([1], [5]), "ts", [], tmp_path / "out.parquet", limits=limits)
+            _join(_entities([1], [5]), "ts", [], tmp_path / "out.parquet", limits=limits)
     view = _view(tmp_path, "v", [_features([1], [0], [1.0])], ttl=-1)
     with pytest.raises(InvalidParameter, match="ttl_seconds"):
-        historical_join(_entities([1], [5]), "ts", [view], tmp_path / "out.parquet")
+        _join(_entities([1], [5]), "ts", [view], tmp_path / "out.parquet")
 
 
 def test_missing_files_are_refused(tmp_path: Path) -> None:
     view = ViewInput("v", (tmp_path / "absent.parquet",), ("customer_id",), "event_ts", ("spend",))
     with pytest.raises(InvalidParameter, match="does not exist"):
-        historical_join(_entities([1], [5]), "ts", [view], tmp_path / "out.parquet")
+        _join(_entities([1], [5]), "ts", [view], tmp_path / "out.parquet")
     with pytest.raises(InvalidParameter, match="does not exist"):
-        historical_join([tmp_path / "nope.parquet"], "ts", [], tmp_path / "out.parquet")
+        _join([tmp_path / "nope.parquet"], "ts", [], tmp_path / "out.parquet")
 
 
 def test_errors_keep_the_servers_paths_out(tmp_path: Path) -> None:
@@ -564,6 +515,6 @@ def test_errors_keep_the_servers_paths_out(tmp_path: Path) -> None:
         sql = f"SELECT * FROM read_json('{named}')"
         hostile = ViewInput("h", view.files, ("customer_id",), "event_ts", ("spend",), sql=sql)
         with pytest.raises(InvalidParameter, match="transformation") as caught:
-            historical_join([entities], "ts", [hostile], tmp_path / "out.parquet")
+            _join([entities], "ts", [hostile], tmp_path / "out.parquet")
         assert "<file>" in caught.value.message
         assert str(tmp_path) not in caught.value.message

@@ -226,6 +226,32 @@ def test_a_training_set_is_point_in_time_correct_and_saved_with_its_lineage(
     assert ("source:/txns/1", "data:/txns/1", "ingested") in edges
 
 
+def test_a_training_set_in_memory_equals_the_file_and_saves_the_same(
+    platform: Platform, store: FeatureStoreService, people: People, tmp_path: Path
+) -> None:
+    times = [_at(-1), _at(10), _at(29), _at(40), _at(9)]
+    entities = pa.table(
+        {
+            "customer_id": pa.array([1, 1, 1, 2, 3], pa.int64()),
+            "event_timestamp": pa.array(times, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    ctx = people.ctx("mo")
+    written = store.historical(ctx, EntityRows(entities), service="fraud", out=tmp_path / "t.pq")
+    platform.datasets.create(ctx, "in_memory", "red")
+    held = store.historical(
+        ctx, EntityRows(entities), service="fraud", out=None, save_as="in_memory"
+    )
+    assert held.path is None
+    assert held.method == "gather"  # five rows fit any memory limit
+    assert held.table.to_pylist() == pq.read_table(written.path).to_pylist()
+    assert held.columns == written.columns
+    version = platform.datasets.version(people.principals["vi"], "in_memory")
+    (part,) = range(len(version.parts))
+    data = b"".join(platform.datasets.open_part(people.principals["vi"], "in_memory/1", part))
+    assert pq.read_table(pa.BufferReader(data)).to_pylist() == held.table.to_pylist()
+
+
 def test_online_values_equal_offline_ones_at_the_same_time(
     store: FeatureStoreService, people: People, tmp_path: Path
 ) -> None:

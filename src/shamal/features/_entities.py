@@ -93,14 +93,17 @@ class EntityRows:
 
 @dataclass(frozen=True, slots=True)
 class TrainingSet:
-    """A point-in-time join's result: a Parquet file, and what it was built from (the view
-    versions and the dataset versions they read)."""
+    """A point-in-time join's result: a Parquet file (or, asked for in memory, an Arrow
+    table), and what it was built from (the view versions and the dataset versions they
+    read)."""
 
-    path: Any  # pathlib.Path; Any keeps this module free of I/O types in its signatures
+    path: Any  # pathlib.Path or None; Any keeps this module free of I/O types
     rows: int
     columns: tuple[str, ...]
     views: tuple[dict[str, Any], ...]
     saved_as: str | None = None
+    table: Any = None  # pyarrow.Table when asked for in memory
+    method: str = "spill"
 
 
 @dataclass(frozen=True, slots=True)

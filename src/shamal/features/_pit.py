@@ -19,11 +19,11 @@ Semantics, for an entity row with keys ``K`` and timestamp ``T`` and a view with
 - **Nulls**: feature rows with a null event time or any null join key are ignored. Entity rows
   with a null key or a null timestamp are kept, with null features. A chosen row's null
   feature values stay null (row-level semantics, as Feast): no value is taken from another row.
-- **Output**: one Parquet file (zstd) with every entity row exactly once, in the entity rows'
-  order (files in the order given, rows in file order), holding every entity column unchanged
-  first, then each view's requested features in the order the views and features are given.
-  A feature column is named ``feature``, or ``view__feature`` with ``full_names``; two output
-  columns with one name are refused.
+- **Output**: one Parquet file (zstd), or an Arrow table, with every entity row exactly once,
+  in the entity rows' order (files in the order given, rows in file order), holding every
+  entity column unchanged first, then each view's requested features in the order the views
+  and features are given. A feature column is named ``feature``, or ``view__feature`` with
+  ``full_names``; two output columns with one name are refused.
 - **Time**: the entity timestamp and the views' event times may be timestamps of any unit, with
   a time zone or without (naive ones are read as UTC), or dates (midnight UTC); they are
   compared in UTC at microsecond precision.
@@ -31,21 +31,30 @@ Semantics, for an entity row with keys ``K`` and timestamp ``T`` and a view with
   rows, of one type (integers of any width and sign match each other, as do decimals and
   floating point numbers among themselves).
 
-The join streams through DuckDB under a memory limit, spilling to a temporary directory when
-the data is larger, and the result goes straight to the output file; nothing of it is held in
-Python. The database is confined before any user SQL runs: it may read the entity and view
-files and write the output and its spill files, nothing else (no other file, URL, database or
+Two methods compute the same result. **gather**, when the result and one view's features fit
+well within the memory limit: DuckDB's ASOF join finds, for each entity row, the *position* of
+its chosen row in each view (reading only the keys and times), and Arrow takes the features at
+those positions, so feature values are never sorted or hashed; the result is assembled in
+memory. **spill**, for anything larger: one ASOF join of whole rows per view and a join by row
+number, inside DuckDB, which spills to a temporary directory under its memory limit, and the
+result streams to the output file. ``method="auto"`` estimates gather's memory from the Parquet
+metadata and picks it when it fits.
+
+The database is confined before any user SQL runs: it may read the entity and view files and
+write the output and its spill files, nothing else (no other file, URL, database or
 extension), and its configuration is locked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -53,11 +62,12 @@ from typing import Final
 import duckdb
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
 from shamal.datasets import check_select, quote_identifier, quote_text
 from shamal.errors import InvalidParameter
 
-__all__ = ["JoinLimits", "JoinResult", "ViewInput", "historical_join"]
+__all__ = ["METHODS", "JoinLimits", "JoinResult", "ViewInput", "gather_estimate", "historical_join"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +93,11 @@ MAX_TTL_SECONDS: Final = 10**11
 #: The names of DuckDB's virtual Parquet columns that number each row by file and position.
 _ORDINALS: Final = ("file_index", "file_row_number")
 _ENTITY_VIEW: Final = "pit_entities"
+#: The join's methods (see the module's docstring).
+METHODS: Final = ("auto", "gather", "spill")
+#: ``auto`` gathers when its estimate is at most this share of the memory limit (DuckDB's
+#: ASOF joins of keys and times, and Arrow's buffers while a column is taken, need the rest).
+GATHER_SHARE: Final = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +144,14 @@ class JoinLimits:
 
 @dataclass(frozen=True, slots=True)
 class JoinResult:
-    """The written training set: its file, row count and column names in order."""
+    """The training set: its file (None when it was asked for in memory), row count, column
+    names in order, the table itself when asked for in memory, and the method that ran."""
 
-    path: Path
+    path: Path | None
     rows: int
     columns: tuple[str, ...]
+    table: pa.Table | None = None
+    method: str = "spill"
 
 
 @dataclass(slots=True)
@@ -142,16 +160,19 @@ class _Relation:
 
     name: str
     types: dict[str, str] = field(default_factory=dict)
+    #: Its rows' places are DuckDB's file ordinals (not a numbering that may not repeat).
+    ordinals: bool = False
 
 
 def historical_join(
     entities: pa.Table | Sequence[Path],
     entity_timestamp: str,
     views: Sequence[ViewInput],
-    out: Path,
+    out: Path | None,
     *,
     full_names: bool = False,
     limits: JoinLimits = JoinLimits(),  # noqa: B008 - frozen, so one shared default is safe
+    method: str = "auto",
 ) -> JoinResult:
     """Join entity rows with each view's latest feature row as of the entity row's timestamp,
     as the module's docstring states, and write the result to ``out``.
@@ -160,39 +181,48 @@ def historical_join(
         entities: the entity rows, an Arrow table or Parquet files (read in order).
         entity_timestamp: the entity rows' timestamp column.
         views: the feature views to join, in output order.
-        out: the Parquet file (zstd) to write; replaced if it exists, untouched on failure.
+        out: the Parquet file (zstd) to write, replaced if it exists and untouched on failure;
+            None: return the result as an Arrow table instead (``JoinResult.table``).
         full_names: name feature columns ``view__feature`` rather than ``feature``.
-        limits: DuckDB's memory limit, spill directory and threads.
+        limits: the memory limit (DuckDB's, and gather's estimate), spill directory, threads.
+        method: ``auto``, ``gather`` or ``spill`` (see the module's docstring).
 
     Returns:
-        The file written, its row count (the entity rows') and its column names.
+        The file written (or the table), its row count (the entity rows'), its column names.
 
     Raises:
         InvalidParameter: a missing column, a non-temporal timestamp, a join key whose types
             differ, two output columns with one name, a missing file, a refused or failing
             transformation, or limits out of range; nothing is written then.
     """
-    _check_request(entity_timestamp, views, limits)
-    for view in views:
-        if view.sql is not None:
-            try:
-                check_select(view.sql)
-            except InvalidParameter as exc:
-                raise InvalidParameter(f"view {view.name!r}: {exc.message}") from None
+    _check_request(entity_timestamp, views, limits, method)
     entity_files = None if isinstance(entities, pa.Table) else _files("entity rows", entities)
     view_files = [_files(f"view {view.name!r}", view.files) for view in views]
-    out = Path(out).resolve()
-    if not out.parent.is_dir():
-        raise InvalidParameter("the output file's directory does not exist; create it first.")
-    partial = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
+    if out is not None:
+        out = Path(out).resolve()
+        if not out.parent.is_dir():
+            raise InvalidParameter("the output file's directory does not exist; create it first.")
+    if method == "auto":
+        need = gather_estimate(entities, view_files, [v.features for v in views])
+        method = "gather" if need <= limits.memory_limit_mb * GATHER_SHARE * (1 << 20) else "spill"
     readable = [*(entity_files or ()), *(f for files in view_files for f in files)]
     with _spill_directory(limits.temp_dir) as spill:
+        partial = (out.parent if out else spill) / f".pit-{uuid.uuid4().hex}.partial"
         hidden = [*readable, partial, spill]
         try:
             with _confined(limits, spill, [*readable, partial]) as con:
-                return _run(
-                    con, entities, entity_timestamp, views, view_files, partial, out, full_names
-                )
+                job = _Join(con, entity_timestamp, views, view_files, full_names, limits.threads)
+                job.open(entities)
+                table = job.gather() if method == "gather" else None
+                rows = table.num_rows if table is not None else job.spill(partial)
+            if out is None:
+                table = table if table is not None else pq.read_table(partial)
+                return JoinResult(None, rows, job.columns, table, method)
+            if table is not None:
+                pq.write_table(table, partial, compression="zstd", compression_level=1)
+            partial.replace(out)
+            logger.debug("point-in-time join (%s) wrote %d rows", method, rows)
+            return JoinResult(out, rows, job.columns, None, method)
         except duckdb.Error as exc:
             raise InvalidParameter(f"the join failed: {_clean(exc, hidden)}") from None
         except InvalidParameter as exc:
@@ -202,40 +232,113 @@ def historical_join(
             partial.unlink(missing_ok=True)
 
 
-def _run(
-    con: duckdb.DuckDBPyConnection,
-    entities: pa.Table | list[Path],
-    entity_timestamp: str,
-    views: Sequence[ViewInput],
-    view_files: list[list[Path]],
-    partial: Path,
-    out: Path,
-    full_names: bool,
-) -> JoinResult:
-    prefix = _prefix(entities, views)
-    entity = _open_entities(con, entities, prefix)
-    _check_column(entity, entity_timestamp, "the entity table", temporal=True)
-    sources = [
-        _open_view(con, index, view, files, prefix)
-        for index, (view, files) in enumerate(zip(views, view_files, strict=True))
-    ]
-    for view, source in zip(views, sources, strict=True):
-        _check_view(view, source, entity)
-    names = _output_names(list(entity.types), views, full_names)
-    steps, query = _join_steps(list(entity.types), entity_timestamp, views, sources, names, prefix)
-    for step in steps:
-        con.execute(step)
-    (rows,) = con.execute(
-        f"COPY ({query}) TO {quote_text(str(partial))} "  # nosec B608 - quoted names only
-        "(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)"
-    ).fetchone() or (0,)
-    partial.replace(out)
-    columns = (*entity.types, *names)
-    logger.debug("point-in-time join wrote %d rows, %d columns", rows, len(columns))
-    return JoinResult(path=out, rows=int(rows), columns=tuple(columns))
+class _Join:
+    """One join on a confined connection: the relations opened and checked, then one method."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        entity_timestamp: str,
+        views: Sequence[ViewInput],
+        view_files: list[list[Path]],
+        full_names: bool,
+        threads: int,
+    ) -> None:
+        self.con, self.timestamp, self.views = con, entity_timestamp, views
+        self.threads = threads
+        self.view_files, self.full_names = view_files, full_names
+        self.prefix = ""
+        self.entity = _Relation(_ENTITY_VIEW)
+        self.sources: list[_Relation] = []
+        self.names: list[str] = []
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*self.entity.types, *self.names)
+
+    def open(self, entities: pa.Table | list[Path]) -> None:
+        con, views = self.con, self.views
+        self.prefix = prefix = _prefix(entities, views)
+        self.entity = _open_entities(con, entities, prefix)
+        _check_column(self.entity, self.timestamp, "the entity table", temporal=True)
+        self.sources = [
+            _open_view(con, index, view, files, prefix)
+            for index, (view, files) in enumerate(zip(views, self.view_files, strict=True))
+        ]
+        for view, source in zip(views, self.sources, strict=True):
+            _check_view(view, source, self.entity)
+        self.names = _output_names(list(self.entity.types), views, self.full_names)
+
+    def spill(self, partial: Path) -> int:
+        """The join inside DuckDB, streamed to ``partial``; returns its row count."""
+        steps, query = _join_steps(
+            list(self.entity.types),
+            self.timestamp,
+            self.views,
+            self.sources,
+            self.names,
+            self.prefix,
+        )
+        for step in steps:
+            self.con.execute(step)
+        (rows,) = self.con.execute(
+            f"COPY ({query}) TO {quote_text(str(partial))} "  # nosec B608 - quoted names only
+            "(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)"
+        ).fetchone() or (0,)
+        return int(rows)
+
+    def gather(self) -> pa.Table:
+        """The join by positions: DuckDB finds each entity row's chosen row in each view,
+        Arrow takes the features there; the result in memory."""
+        con, q, prefix = self.con, quote_identifier, self.prefix
+        con.execute(_entity_step(self.timestamp, prefix, numbered=True))
+        pos = q(prefix + "pos")
+        entity_columns = ", ".join(q(c) for c in self.entity.types)
+        result = con.sql(f"SELECT {entity_columns} FROM e0 ORDER BY {pos}").to_arrow_table()  # nosec B608
+        names = iter(self.names)
+        for i, (view, source) in enumerate(zip(self.views, self.sources, strict=True)):
+            relation, place = self._positions(i, source)
+            con.execute(
+                f"CREATE TEMP VIEW v{i} AS "
+                f"{_latest_rows(i, view, relation, prefix, position=place)}"
+            )
+            picked = con.sql(_picks(i, view, prefix)).to_arrow_table().column(0).combine_chunks()
+            features = ", ".join(q(f) for f in view.features)
+            order = "" if place != q(prefix + "pos") else f" ORDER BY {place}"
+            values = con.sql(f"SELECT {features} FROM {q(relation)}{order}").to_arrow_table()  # nosec B608
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="pit-take") as pool:
+                # Arrow's take is single-threaded and bound by memory latency: a column each.
+                taken = list(
+                    pool.map(pa.ChunkedArray.take, values.columns, itertools.repeat(picked))
+                )
+            del values
+            for column in taken:
+                result = result.append_column(next(names), column)
+        return result
+
+    def _positions(self, i: int, source: _Relation) -> tuple[str, str]:
+        """A relation of view ``i``'s rows and an expression for a row's position in it (the
+        order in which its features are read back)."""
+        q, prefix = quote_identifier, self.prefix
+        if source.ordinals:
+            counts = [pq.read_metadata(f).num_rows for f in self.view_files[i]]
+            starts = [0, *itertools.accumulate(counts)][:-1]
+            file_, row = q(prefix + "file"), q(prefix + "row")
+            return source.name, f"({starts}::BIGINT[])[CAST({file_} AS BIGINT) + 1] + {row}"
+        # A transformation (or a numbered scan) may not repeat its order: run it once.
+        held = f"pit_held_{i}"
+        self.con.execute(
+            f"CREATE TEMP TABLE {held} AS SELECT *, row_number() OVER () - 1 AS "  # nosec B608
+            f"{q(prefix + 'pos')} FROM {q(source.name)}"
+        )
+        return held, q(prefix + "pos")
 
 
-def _check_request(entity_timestamp: str, views: Sequence[ViewInput], limits: JoinLimits) -> None:
+def _check_request(
+    entity_timestamp: str, views: Sequence[ViewInput], limits: JoinLimits, method: str
+) -> None:
+    if method not in METHODS:
+        raise InvalidParameter(f"method must be one of {', '.join(METHODS)}.")
     if not isinstance(entity_timestamp, str) or not entity_timestamp:
         raise InvalidParameter("entity_timestamp must name the entity rows' timestamp column.")
     if not 16 <= limits.memory_limit_mb <= 1_048_576:
@@ -253,6 +356,11 @@ def _check_request(entity_timestamp: str, views: Sequence[ViewInput], limits: Jo
             )
         if not view.files:
             raise InvalidParameter(f"view {view.name!r} has no Parquet files.")
+        if view.sql is not None:
+            try:
+                check_select(view.sql)
+            except InvalidParameter as exc:
+                raise InvalidParameter(f"view {view.name!r}: {exc.message}") from None
 
 
 def _files(what: str, paths: Sequence[Path]) -> list[Path]:
@@ -348,9 +456,11 @@ def _parquet_scan(files: Sequence[Path]) -> str:
     return f"read_parquet([{listing}], union_by_name = true, can_have_nan = true)"
 
 
-def _ordered_scan(con: duckdb.DuckDBPyConnection, files: Sequence[Path], prefix: str) -> str:
+def _ordered_scan(
+    con: duckdb.DuckDBPyConnection, files: Sequence[Path], prefix: str
+) -> tuple[str, bool]:
     """A SELECT of every column of the files plus ``{prefix}file`` and ``{prefix}row``, which
-    number the rows in input order."""
+    number the rows in input order; and whether those are DuckDB's file ordinals."""
     scan = _parquet_scan(files)
     columns = con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()  # nosec B608
     file_, row = quote_identifier(prefix + "file"), quote_identifier(prefix + "row")
@@ -358,8 +468,8 @@ def _ordered_scan(con: duckdb.DuckDBPyConnection, files: Sequence[Path], prefix:
         # A data column hides DuckDB's virtual ordinals: number the single-threaded,
         # order-preserving scan instead.
         logger.debug("Parquet columns shadow the file ordinals; numbering the scan")
-        return f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM {scan}"  # nosec B608
-    return f"SELECT *, file_index AS {file_}, file_row_number AS {row} FROM {scan}"  # nosec B608
+        return f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM {scan}", False  # nosec B608
+    return f"SELECT *, file_index AS {file_}, file_row_number AS {row} FROM {scan}", True  # nosec B608
 
 
 def _open_entities(
@@ -377,7 +487,7 @@ def _open_entities(
             f"CREATE VIEW {_ENTITY_VIEW} AS SELECT *, 0 AS {file_} FROM {source}"  # nosec B608
         )
     else:
-        scan = _ordered_scan(con, entities, prefix)
+        scan, _ = _ordered_scan(con, entities, prefix)
         con.execute(f"CREATE VIEW {_ENTITY_VIEW} AS {scan}")
     types = _describe(con, _ENTITY_VIEW)
     return _Relation(_ENTITY_VIEW, {k: v for k, v in types.items() if not k.startswith(prefix)})
@@ -388,7 +498,7 @@ def _open_view(
 ) -> _Relation:
     """Register a view's rows (after its transformation) with their ordinals."""
     name = f"pit_view_{index}"
-    scan = _ordered_scan(con, files, prefix)
+    scan, ordinals = _ordered_scan(con, files, prefix)
     if view.sql is None:
         body = scan
     else:
@@ -396,6 +506,7 @@ def _open_view(
         text = duckdb.extract_statements(view.sql)[0].query.strip().rstrip(";")
         # The user's query sees `source` (without our ordinals) and runs confined; its output
         # order is the tie order. Newlines keep a trailing comment from eating our text.
+        ordinals = False
         body = (
             f"WITH source AS (SELECT * EXCLUDE ({file_}, {row}) FROM ({scan})) "  # nosec B608
             f"SELECT *, 0 AS {file_}, row_number() OVER () AS {row} FROM (\n{text}\n)"
@@ -408,7 +519,7 @@ def _open_view(
             f"view {view.name!r}: the {what} failed: {_clean(exc, files)}"
         ) from None
     types = _describe(con, name)
-    return _Relation(name, {k: v for k, v in types.items() if not k.startswith(prefix)})
+    return _Relation(name, {k: v for k, v in types.items() if not k.startswith(prefix)}, ordinals)
 
 
 def _check_column(relation: _Relation, column: str, where: str, *, temporal: bool) -> None:
@@ -495,14 +606,8 @@ def _join_steps(
     table holds only its own view's features, so no step copies what the ones before found.
     """
     q = quote_identifier
-    t, file_, row, order = (q(prefix + n) for n in ("t", "file", "row", "ord"))
-    # An entity row's ordering key: its time, then past any place (every row at that time).
-    latest = _order_key(f"epoch_us({_utc(q(entity_timestamp))})", str((1 << _PLACE_BITS) - 1))
-    steps = [
-        f"CREATE TEMP TABLE e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t}, "  # nosec B608
-        f"CAST({file_} AS BIGINT) * {1 << 40} + {row} AS {order}, "
-        f"{latest} AS {q(prefix + 'o')} FROM {_ENTITY_VIEW}"
-    ]
+    order = q(prefix + "ord")
+    steps = [_entity_step(entity_timestamp, prefix)]
     results: list[str] = []
     joins: list[str] = []
     for i, (view, source) in enumerate(zip(views, sources, strict=True)):
@@ -521,6 +626,21 @@ def _join_steps(
     return steps, final
 
 
+def _entity_step(entity_timestamp: str, prefix: str, *, numbered: bool = False) -> str:
+    """The entity rows as table ``e0``, with their time in UTC, their input order and their
+    ordering key (their time, then past any place: every view row at that time counts);
+    ``numbered`` adds their position (0, 1, ...) in input order."""
+    q = quote_identifier
+    t, file_, row = (q(prefix + n) for n in ("t", "file", "row"))
+    latest = _order_key(f"epoch_us({_utc(q(entity_timestamp))})", str((1 << _PLACE_BITS) - 1))
+    position = f", row_number() OVER (ORDER BY {file_}, {row}) - 1 AS {q(prefix + 'pos')}"
+    return (
+        f"CREATE TEMP TABLE e0 AS SELECT *, {_utc(q(entity_timestamp))} AS {t}, "  # nosec B608
+        f"CAST({file_} AS BIGINT) * {1 << 40} + {row} AS {q(prefix + 'ord')}, "
+        f"{latest} AS {q(prefix + 'o')}{position if numbered else ''} FROM {_ENTITY_VIEW}"
+    )
+
+
 #: Room for a row's place (file index and row number) below its event time in one ordering
 #: key: up to 1,024 files of 2^40 rows each.
 _PLACE_BITS: Final = 50
@@ -531,10 +651,13 @@ def _order_key(micros: str, place: str) -> str:
     return f"(CAST({micros} AS HUGEINT) * {1 << _PLACE_BITS} + {place})"
 
 
-def _latest_rows(i: int, view: ViewInput, relation: str, prefix: str) -> str:
+def _latest_rows(
+    i: int, view: ViewInput, relation: str, prefix: str, *, position: str | None = None
+) -> str:
     """A view's rows with renamed columns and an ordering key (event time, then place): the
     ASOF join takes the greatest key at or before an entity row's, which is the latest row,
-    and of rows with the same keys and time the one written last; no pass to deduplicate."""
+    and of rows with the same keys and time the one written last; no pass to deduplicate.
+    With ``position`` (an expression), the row's position instead of its features."""
     q = quote_identifier
     file_, row = q(prefix + "file"), q(prefix + "row")
     keys = [q(k) for k in view.join_keys]
@@ -543,28 +666,88 @@ def _latest_rows(i: int, view: ViewInput, relation: str, prefix: str) -> str:
     columns.append(f"{ts} AS {q(f'{prefix}t{i}')}")
     place = f"CAST({file_} AS HUGEINT) * {1 << 40} + {row}"
     columns.append(f"{_order_key(f'epoch_us({ts})', place)} AS {q(f'{prefix}o{i}')}")
-    columns += [f"{q(f)} AS {q(f'{prefix}f{i}_{j}')}" for j, f in enumerate(view.features)]
+    if position is not None:
+        columns.append(f"{position} AS {q(f'{prefix}p{i}')}")
+    else:
+        columns += [f"{q(f)} AS {q(f'{prefix}f{i}_{j}')}" for j, f in enumerate(view.features)]
     present = " AND ".join(f"{c} IS NOT NULL" for c in [*keys, q(view.timestamp_field)])
     return f"SELECT {', '.join(columns)} FROM {q(relation)} WHERE {present}"  # nosec B608
+
+
+def _asof_on(i: int, view: ViewInput, prefix: str) -> str:
+    """The ASOF join of ``e0`` with view ``i``'s rows: same keys, the latest row at or before."""
+    q = quote_identifier
+    conditions = [
+        f"e0.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
+    ]
+    conditions.append(f"e0.{q(prefix + 'o')} >= v{i}.{q(f'{prefix}o{i}')}")
+    return f"e0 ASOF LEFT JOIN v{i} ON {' AND '.join(conditions)}"
+
+
+def _fresh(i: int, view: ViewInput, prefix: str, value: str) -> str:
+    """``value`` where view ``i``'s chosen row is within its TTL, else null."""
+    if view.ttl_seconds is None:
+        return value
+    q = quote_identifier
+    t, vt = q(prefix + "t"), f"v{i}.{q(f'{prefix}t{i}')}"
+    # HUGEINT: the difference of two extreme timestamps overflows BIGINT microseconds.
+    age = f"CAST(epoch_us(e0.{t}) AS HUGEINT) - epoch_us({vt})"
+    return f"CASE WHEN {age} <= {int(view.ttl_seconds) * 1_000_000} THEN {value} END"
+
+
+def _picks(i: int, view: ViewInput, prefix: str) -> str:
+    """Each entity row's chosen position in view ``i`` (null: none, or older than the TTL),
+    in the entity rows' order."""
+    q = quote_identifier
+    chosen = _fresh(i, view, prefix, f"v{i}.{q(f'{prefix}p{i}')}")
+    return f"SELECT {chosen} FROM {_asof_on(i, view, prefix)} ORDER BY e0.{q(prefix + 'pos')}"  # nosec B608
 
 
 def _asof(i: int, view: ViewInput, picked: list[str], prefix: str) -> str:
     """Each entity row's number with view ``i``'s features, nulled where older than the TTL."""
     q = quote_identifier
-    t, vt = q(prefix + "t"), f"v{i}.{q(f'{prefix}t{i}')}"
-    conditions = [
-        f"e0.{q(k)} = v{i}.{q(f'{prefix}k{i}_{j}')}" for j, k in enumerate(view.join_keys)
-    ]
-    conditions.append(f"e0.{q(prefix + 'o')} >= v{i}.{q(f'{prefix}o{i}')}")
     values = [f"e0.{q(prefix + 'ord')}"]
     for j, name in enumerate(picked):
-        value = f"v{i}.{q(f'{prefix}f{i}_{j}')}"
-        if view.ttl_seconds is not None:
-            # HUGEINT: the difference of two extreme timestamps overflows BIGINT microseconds.
-            age = f"CAST(epoch_us(e0.{t}) AS HUGEINT) - epoch_us({vt})"
-            value = f"CASE WHEN {age} <= {int(view.ttl_seconds) * 1_000_000} THEN {value} END"
+        value = _fresh(i, view, prefix, f"v{i}.{q(f'{prefix}f{i}_{j}')}")
         values.append(f"{value} AS {name}")
-    return (
-        f"SELECT {', '.join(values)} FROM e0 "  # nosec B608
-        f"ASOF LEFT JOIN v{i} ON {' AND '.join(conditions)}"
-    )
+    return f"SELECT {', '.join(values)} FROM {_asof_on(i, view, prefix)}"  # nosec B608
+
+
+def gather_estimate(
+    entities: pa.Table | Sequence[Path],
+    view_files: Sequence[Sequence[Path]],
+    features: Sequence[Sequence[str]],
+) -> int:
+    """The bytes ``gather`` holds at its peak, from the Parquet metadata: the entity rows, the
+    result's feature columns, and the largest view's features read whole (a transformed view's
+    output is estimated by its files' columns of those names)."""
+    if isinstance(entities, pa.Table):
+        rows, total = entities.num_rows, int(entities.nbytes)
+    else:
+        rows, total = 0, 0
+        for path in entities:
+            meta = pq.read_metadata(path)
+            rows += meta.num_rows
+            total += sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    largest = 0
+    for files, names in zip(view_files, features, strict=True):
+        count, size = 0, 0
+        for path in files:
+            meta = pq.read_metadata(path)
+            count += meta.num_rows
+            size += _column_bytes(meta, set(names))
+        largest = max(largest, size)
+        total += size * rows // max(count, 1)
+    return total + largest
+
+
+def _column_bytes(meta: pq.FileMetaData, names: set[str]) -> int:
+    """The uncompressed bytes of the named columns in a Parquet file."""
+    size = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            if column.path_in_schema.split(".")[0] in names:
+                size += column.total_uncompressed_size
+    return size

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -75,6 +76,8 @@ logger = logging.getLogger(__name__)
 REGISTRY_CHECK_S = 1.0
 #: Entities one online read may name.
 MAX_ONLINE_ENTITIES = 10_000
+#: Threads that copy a join's dataset parts out of the artifact store.
+COPY_THREADS = 3
 #: How the registry's JSON names each kind's list.
 _SECTIONS = {
     "entity": "entities",
@@ -430,15 +433,32 @@ class FeatureStoreService:
         return version, compose_sql([v.sql for v in reversed(chain)])
 
     def _part_files(self, principal: Principal, version: DataVersion, folder: Path) -> list[Path]:
-        files = []
-        reference = f"{version.dataset}/{version.version}"
-        for index in range(len(version.parts)):
+        return self._copies(principal, [version], folder)[version.uri]
+
+    def _copies(
+        self, principal: Principal, versions: Sequence[DataVersion], folder: Path
+    ) -> dict[str, list[Path]]:
+        """Every part of these versions, decrypted and verified, as files in ``folder``, by
+        version URI. Parts are copied on a few threads: one part's hashing and writing
+        overlaps another's reading (each holds no lock while it does)."""
+        distinct = {v.uri: v for v in versions}
+        jobs = [(v, i) for v in distinct.values() for i in range(len(v.parts))]
+
+        def copy(job: tuple[DataVersion, int]) -> Path:
+            version, index = job
             path = folder / f"{version.dataset}-{version.version}-{index:05d}.parquet"
+            reference = f"{version.dataset}/{version.version}"
             with path.open("wb") as out:
                 for chunk in self._datasets.open_part(principal, reference, index):
                     out.write(chunk)
-            files.append(path)
-        return files
+            return path
+
+        with ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="parts") as pool:
+            paths = list(pool.map(copy, jobs))
+        found: dict[str, list[Path]] = {uri: [] for uri in distinct}
+        for (version, _), path in zip(jobs, paths, strict=True):
+            found[version.uri].append(path)
+        return found
 
     def _requested(
         self, registry: _Registry, features: Sequence[str] | None, service: str | None
@@ -478,11 +498,12 @@ class FeatureStoreService:
         features: Sequence[str] | None = None,
         service: str | None = None,
         full_names: bool = False,
-        out: Path,
+        out: Path | None,
         save_as: str | None = None,
     ) -> TrainingSet:
         """A training set: each entity row joined with the latest feature row at or before its
-        timestamp and within each view's TTL, written to ``out`` (Parquet).
+        timestamp and within each view's TTL, written to ``out`` (Parquet), or returned as an
+        Arrow table (``TrainingSet.table``) when ``out`` is None.
 
         ``entities``: an Arrow table, or a dataset reference whose version holds the rows
         (optionally through a SELECT over it, named ``source``). ``save_as``: also write it as a
@@ -501,14 +522,16 @@ class FeatureStoreService:
         try:
             inputs: list[ViewInput] = []
             used: list[dict[str, Any]] = []
-            for view_name, names in wanted:
+            sources = []
+            for view_name, _ in wanted:
                 view = self._readable_view(principal, registry, view_name)
-                version, sql = self._view_source(principal, registry.definitions, view)
-                files = self._part_files(principal, version, folder)
+                sources.append((view, *self._view_source(principal, registry.definitions, view)))
+            copies = self._copies(principal, [version for _, version, _ in sources], folder)
+            for (view, version, sql), (_, names) in zip(sources, wanted, strict=True):
                 inputs.append(
                     ViewInput(
                         name=view.name,
-                        files=tuple(files),
+                        files=tuple(copies[version.uri]),
                         join_keys=registry.definitions.join_keys(view.name),
                         timestamp_field=view.timestamp_field,
                         features=tuple(names),
@@ -535,10 +558,23 @@ class FeatureStoreService:
             )
             saved = None
             if save_as is not None:
-                saved = self._save(ctx, save_as, out, used, [u["dataset"] for u in used])
+                batches = (
+                    result.table.to_batches(max_chunksize=65_536)
+                    if result.table is not None
+                    else pq.ParquetFile(result.path).iter_batches(batch_size=65_536)
+                )
+                saved = self._save(ctx, save_as, batches, used, [u["dataset"] for u in used])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return TrainingSet(result.path, result.rows, result.columns, tuple(used), saved)
+        return TrainingSet(
+            result.path,
+            result.rows,
+            result.columns,
+            tuple(used),
+            saved,
+            result.table,
+            result.method,
+        )
 
     def _entity_rows(
         self, principal: Principal, entities: pa.Table | str, sql: str | None, folder: Path
@@ -559,7 +595,7 @@ class FeatureStoreService:
         self,
         ctx: AuditContext,
         name: str,
-        path: Path,
+        batches: Iterable[pa.RecordBatch],
         used: list[dict[str, Any]],
         sources: list[str],
     ) -> str:
@@ -580,7 +616,7 @@ class FeatureStoreService:
         version = self._datasets.ingest_batches(
             ctx,
             name,
-            pq.ParquetFile(path).iter_batches(batch_size=65_536),
+            batches,
             source={"kind": "features", "feature_views": used},
             mode=WriteMode.OVERWRITE,
         )
