@@ -76,8 +76,9 @@ logger = logging.getLogger(__name__)
 REGISTRY_CHECK_S = 1.0
 #: Entities one online read may name.
 MAX_ONLINE_ENTITIES = 10_000
-#: Threads that copy a join's dataset parts out of the artifact store.
-COPY_THREADS = 3
+#: Threads that copy a join's dataset parts out of the artifact store (reads wait on the disk or
+#: the network far more than they compute: more in flight finish sooner).
+COPY_THREADS = 6
 #: How the registry's JSON names each kind's list.
 _SECTIONS = {
     "entity": "entities",
