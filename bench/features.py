@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -517,6 +518,12 @@ def run_shamal_offline(data_dir: Path, work: Path) -> dict[str, Any]:
     from shamal.features import EntityRows
 
     platform, ctx = _shamal_platform(data_dir, work)
+    # Where the time went (parts copied, join), printed by the service at debug level.
+    breakdown = logging.getLogger("shamal.features._service")
+    breakdown.setLevel(logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("  shamal: %(message)s"))
+    breakdown.addHandler(handler)
     try:
         entities = pq.read_table(data_dir / "entity_rows.parquet")
         started = time.perf_counter()

@@ -527,7 +527,9 @@ class FeatureStoreService:
             for view_name, _ in wanted:
                 view = self._readable_view(principal, registry, view_name)
                 sources.append((view, *self._view_source(principal, registry.definitions, view)))
+            started = time.perf_counter()
             copies = self._copies(principal, [version for _, version, _ in sources], folder)
+            copied = time.perf_counter()
             for (view, version, sql), (_, names) in zip(sources, wanted, strict=True):
                 inputs.append(
                     ViewInput(
@@ -556,6 +558,13 @@ class FeatureStoreService:
             (folder / "spill").mkdir()
             result = historical_join(
                 rows, entities.timestamp, inputs, out, full_names=full_names, limits=limits
+            )
+            logger.debug(
+                "training set of %d rows: parts copied in %.2f s, joined (%s) in %.2f s",
+                result.rows,
+                copied - started,
+                result.method,
+                time.perf_counter() - copied,
             )
             saved = None
             if save_as is not None:
