@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+import pytest
 
-from shamal.features._pit import JoinLimits, ViewInput, gather_estimate, historical_join
+from shamal.errors import InvalidParameter
+from shamal.features._pit import (
+    JoinLimits,
+    ViewInput,
+    _method,
+    gather_estimate,
+    historical_join,
+)
 
 
 def _write(path: Path, table: pa.Table) -> Path:
@@ -153,3 +161,29 @@ def test_a_join_larger_than_its_memory_limit_spills_and_is_right(tmp_path: Path)
     )
     got = out.column("spend").fill_null(-1).to_numpy()
     assert np.array_equal(got, expected)
+
+
+def test_auto_with_an_unreadable_file_gives_a_clear_error(tmp_path: Path) -> None:
+    entities, view = _case(tmp_path, 10)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not really parquet")
+    bad = ViewInput("v", (broken,), ("customer_id",), "event_ts", ("spend",))
+    with pytest.raises(InvalidParameter) as caught:
+        historical_join(entities, "ts", [bad], None)
+    assert str(tmp_path) not in caught.value.message
+
+
+def test_gather_leaves_duckdb_what_its_own_buffers_do_not_take(tmp_path: Path) -> None:
+    entities, view = _case(tmp_path, 400_000)
+    need_mb = gather_estimate(entities, [view.files], [view.features]) >> 20
+    method, limits = _method(
+        "auto", JoinLimits(memory_limit_mb=1024), entities, [list(view.files)], [view]
+    )
+    assert method == "gather"
+    assert limits.memory_limit_mb == 1024 - need_mb
+    assert _method(
+        "spill", JoinLimits(memory_limit_mb=1024), entities, [list(view.files)], [view]
+    ) == (
+        "spill",
+        JoinLimits(memory_limit_mb=1024),
+    )

@@ -38,7 +38,7 @@ those positions, so feature values are never sorted or hashed; the result is ass
 memory. **spill**, for anything larger: one ASOF join of whole rows per view and a join by row
 number, inside DuckDB, which spills to a temporary directory under its memory limit, and the
 result streams to the output file. ``method="auto"`` estimates gather's memory from the Parquet
-metadata and picks it when it fits.
+metadata and picks it when it fits; gathering then leaves DuckDB the rest of the limit.
 
 The database is confined before any user SQL runs: it may read the entity and view files and
 write the output and its spill files, nothing else (no other file, URL, database or
@@ -101,6 +101,8 @@ METHODS: Final = ("auto", "gather", "spill")
 #: ``auto`` gathers when its estimate is at most this share of the memory limit (DuckDB's
 #: ASOF joins of keys and times, and Arrow's buffers while a column is taken, need the rest).
 GATHER_SHARE: Final = 0.6
+#: The least memory DuckDB is given for gather's ASOF joins of keys and times.
+MIN_DUCKDB_MB: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +204,7 @@ def historical_join(
     entity_files = None if isinstance(entities, pa.Table) else _files("entity rows", entities)
     view_files = [_files(f"view {view.name!r}", view.files) for view in views]
     out = _output(out)
-    if method == "auto":
-        need = gather_estimate(entities, view_files, [v.features for v in views])
-        method = "gather" if need <= limits.memory_limit_mb * GATHER_SHARE * (1 << 20) else "spill"
+    method, limits = _method(method, limits, entities, view_files, views)
     readable = [*(entity_files or ()), *(f for files in view_files for f in files)]
     with _spill_directory(limits.temp_dir) as spill:
         partial = (out.parent if out else spill) / f".pit-{uuid.uuid4().hex}.partial"
@@ -223,6 +223,30 @@ def historical_join(
             raise InvalidParameter(_clean(exc.message, hidden)) from None
         finally:
             partial.unlink(missing_ok=True)
+
+
+def _method(
+    method: str,
+    limits: JoinLimits,
+    entities: pa.Table | Sequence[Path],
+    view_files: list[list[Path]],
+    views: Sequence[ViewInput],
+) -> tuple[str, JoinLimits]:
+    """The method to run and DuckDB's limits for it: gathering leaves DuckDB what its own
+    buffers (the estimate) do not take of the memory limit, so the two stay within it."""
+    if method == "spill":
+        return method, limits
+    try:
+        need_mb = gather_estimate(entities, view_files, [v.features for v in views]) >> 20
+    except (pa.ArrowException, OSError):
+        # Unreadable metadata: DuckDB's reading of the files says what is wrong, clearly.
+        return ("spill" if method == "auto" else method), limits
+    if method == "auto":
+        method = "gather" if need_mb <= limits.memory_limit_mb * GATHER_SHARE else "spill"
+    if method == "spill":
+        return method, limits
+    rest = max(MIN_DUCKDB_MB, limits.memory_limit_mb - need_mb)
+    return method, dataclasses.replace(limits, memory_limit_mb=rest)
 
 
 def _output(out: Path | None) -> Path | None:
