@@ -336,45 +336,46 @@ class _Join:
         result = con.sql(f"SELECT {entity_columns} FROM e0 ORDER BY {pos}").to_arrow_table()  # nosec B608
         if not self.views:
             return result
-        places = []
+        reads = []  # per view: the query that reads its features in position order
         for i, (view, source) in enumerate(zip(self.views, self.sources, strict=True)):
-            relation, place = self._positions(i, source)
+            relation, place, order = self._positions(i, source)
             con.execute(
                 f"CREATE TEMP VIEW v{i} AS "
                 f"{_latest_rows(i, view, relation, prefix, position=place)}"
             )
-            places.append((relation, place))
+            features = ", ".join(q(f) for f in view.features)
+            reads.append(f"SELECT {features} FROM {q(relation)}{order}")  # nosec B608
         picks = con.sql(_picks(self.views, prefix)).to_arrow_table()
         names = iter(self.names)
-        for i, (view, (relation, place)) in enumerate(zip(self.views, places, strict=True)):
-            picked = picks.column(i).combine_chunks()
-            features = ", ".join(q(f) for f in view.features)
-            order = "" if place != q(prefix + "pos") else f" ORDER BY {place}"
-            values = con.sql(f"SELECT {features} FROM {q(relation)}{order}").to_arrow_table()  # nosec B608
-            with ThreadPoolExecutor(self.threads, thread_name_prefix="pit-take") as pool:
-                # Arrow's take is single-threaded and bound by memory latency: a column each.
+        # Arrow's take is single-threaded and bound by memory latency: a column per thread.
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="pit-take") as pool:
+            for i, read in enumerate(reads):
+                picked = picks.column(i).combine_chunks()
+                values = con.sql(read).to_arrow_table()
                 taken = list(pool.map(functools.partial(_take, picked), values.columns))
-            del values
-            for column in taken:
-                result = result.append_column(next(names), column)
+                del values
+                for column in taken:
+                    result = result.append_column(next(names), column)
         return result
 
-    def _positions(self, i: int, source: _Relation) -> tuple[str, str]:
-        """A relation of view ``i``'s rows and an expression for a row's position in it (the
-        order in which its features are read back)."""
+    def _positions(self, i: int, source: _Relation) -> tuple[str, str, str]:
+        """A relation of view ``i``'s rows, an expression for a row's position in it, and the
+        ORDER BY (if any) that reads its rows back in that order."""
         q, prefix = quote_identifier, self.prefix
         if source.ordinals:
             counts = [pq.read_metadata(f).num_rows for f in self.view_files[i]]
             starts = [0, *itertools.accumulate(counts)][:-1]
             file_, row = q(prefix + "file"), q(prefix + "row")
-            return source.name, f"({starts}::BIGINT[])[CAST({file_} AS BIGINT) + 1] + {row}"
+            # A plain scan keeps file order (preserve_insertion_order): no sort to read back.
+            return source.name, f"({starts}::BIGINT[])[CAST({file_} AS BIGINT) + 1] + {row}", ""
         # A transformation (or a numbered scan) may not repeat its order: run it once.
         held = f"pit_held_{i}"
         self.con.execute(
             f"CREATE TEMP TABLE {held} AS SELECT *, row_number() OVER () - 1 AS "  # nosec B608
             f"{q(prefix + 'pos')} FROM {q(source.name)}"
         )
-        return held, q(prefix + "pos")
+        position = q(prefix + "pos")
+        return held, position, f" ORDER BY {position}"
 
 
 def _check_request(

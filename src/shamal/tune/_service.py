@@ -143,20 +143,20 @@ class TuneService:
         #: route answers 501 naming the extra (see :data:`NEEDS_EXTRA`).
         self.available = OPTUNA_MISSING is None
         self._storage_url = storage_url
-        self._opened: optuna.storages.RDBStorage | None = None
+        self._storage_opened: optuna.storages.RDBStorage | None = None
         if not self.available:
             logger.info("hyperparameter search is off: %s", NEEDS_EXTRA)
 
     def _open(self) -> optuna.storages.RDBStorage:
         """Load Optuna and open its storage (creating its tables) on first use: the server
         starts without either."""
-        opened = self._opened
+        opened = self._storage_opened
         if opened is None:
             with self._lock:
-                if self._opened is None:
+                if self._storage_opened is None:
                     _load_optuna()
-                    self._opened = glue.open_storage(self._storage_url)
-                opened = self._opened
+                    self._storage_opened = glue.open_storage(self._storage_url)
+                opened = self._storage_opened
         return opened
 
     @property
@@ -166,16 +166,16 @@ class TuneService:
     def _no_studies_yet(self) -> bool:
         """Optuna's tables are missing from the database: no process has opened its storage
         there yet, so no trial exists (a cheap look that spares loading Optuna)."""
-        if self._opened is not None:
+        if self._storage_opened is not None:
             return False
         schema = PG_SCHEMA if self._db.dialect == "postgresql" else None
         return not sqlalchemy.inspect(self._db.engine).has_table("studies", schema=schema)
 
     def close(self) -> None:
-        if self._opened is None:
+        if self._storage_opened is None:
             return
-        self._opened.remove_session()
-        self._opened.engine.dispose()
+        self._storage_opened.remove_session()
+        self._storage_opened.engine.dispose()
 
     # ------------------------------------------------------------------ plumbing
     def _record(self, ctx: AuditContext, target: str, **detail: Any) -> None:
