@@ -780,7 +780,6 @@ def measure(name: str, python: Path, data_dir: Path, work: Path) -> dict[str, An
     runs out of memory at scale 1) gives ``failed``, its wall time and peak, and no result."""
     out = work / f"{name}.json"
     env = dict(os.environ)
-    env[WINDOWS_ENV] = str(FEAST_WINDOWS[0])
     if name.startswith("shamal"):
         env["PYTHONPATH"] = str(REPO / "src")
     command = [str(python), str(Path(__file__).resolve()), "--worker", name]
@@ -1094,8 +1093,7 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-#: Feast's materialize windows (``--feast-windows``), handed to its worker in this variable.
-FEAST_WINDOWS = [1]
+#: Feast's materialize windows (``--feast-windows``): the worker inherits them in this variable.
 WINDOWS_ENV = "BENCH_FEAST_WINDOWS"
 #: The benchmark's parts, in the order they run.
 PARTS = ("offline", "materialize", "online")
@@ -1149,9 +1147,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    FEAST_WINDOWS[0] = max(1, args.feast_windows)
     if args.worker:
         return worker(args.worker, args.data, args.work, args.out)
+    os.environ[WINDOWS_ENV] = str(max(1, args.feast_windows))  # for the workers started below
     say = _say
     tools = TOOLS if args.only == "both" else (args.only,)
     peer = None
