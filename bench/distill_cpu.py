@@ -168,6 +168,8 @@ def main() -> int:
             f"student: layers {list(done.keep)} of {done.teacher_layers}, trained on "
             f"{done.sentences} sentences ({done.origin}), {len(done.losses)} steps in {spent:.0f} s"
         )
+        if done.choice is not None:
+            print(done.choice.describe())
         print(f"loss first {done.losses[0]:.4f} last {done.losses[-1]:.4f}")
         print(
             f"held-out ({done.holdout} sentences of the same text): cosine mean "

@@ -28,6 +28,7 @@ from shamal.optimize import (
     student_weights,
     teacher_folder,
 )
+from shamal.optimize._layer_choice import encoder_layers, measure_layers, search_layers
 from shamal.optimize._measure import run_batches, session
 from shamal.optimize._transformer import load_transformer, probe_sentences, tokenize
 from shamal.train import REQUEUE_EXIT_CODE, LocalCheckpointStore, PreemptionGuard
@@ -62,6 +63,58 @@ def test_layers_are_spread_from_the_first() -> None:
     for bad in (0, 6, 7, -1):
         with pytest.raises(InvalidParameter, match="--layers"):
             choose_layers(6, bad)
+
+
+def test_the_layer_search_tries_every_subset_or_drops_one_layer_at_a_time() -> None:
+    calls: list[tuple[int, ...]] = []
+
+    def score(keep: tuple[int, ...]) -> tuple[float, float]:
+        calls.append(keep)
+        # Layer k is worth (k * 7) % 12: the best six are not the first six, nor spread.
+        value = float(sum((k * 7) % 12 for k in keep))
+        return value, -float(len(keep))
+
+    keep, seen, exhaustive = search_layers(6, 3, score)
+    assert exhaustive
+    assert len(seen) == 20 == len(calls)
+    assert keep == max(seen, key=lambda k: seen[k]) == (1, 3, 5)  # worth 7 + 9 + 11
+    calls.clear()
+    keep, seen, exhaustive = search_layers(12, 6, score)  # C(12, 6) = 924: eliminate instead
+    assert not exhaustive
+    assert len(seen) == len(calls) == 12 + 11 + 10 + 9 + 8 + 7
+    assert keep == tuple(sorted(k for k in range(12) if (k * 7) % 12 >= 6))
+
+
+def test_measured_layers_are_the_subset_closest_to_the_teacher(
+    teacher: Path, tmp_path: Path
+) -> None:
+    source = load_transformer(teacher)
+    words = ["harbour", "ledger", "violin", "orchard", "lantern", "quarry"]
+    feeds = tokenize(source.tokenizer, generated_sentences(24, seed=5, words=words), 32)
+
+    def embed() -> np.ndarray:
+        return next(iter(source.reference(feeds).values()))
+
+    full = embed()
+    choice = measure_layers(source.module.model, embed, 5, choose_layers(6, 5), 24)
+    assert choice is not None
+    assert choice.exhaustive
+    assert choice.tried == 6
+    # Each five-layer student, built as distillation builds it, measured on its own.
+    means = {}
+    for drop in range(6):
+        keep = tuple(k for k in range(6) if k != drop)
+        build_student(teacher, tmp_path / str(drop), keep=keep)
+        out = next(iter(load_transformer(tmp_path / str(drop)).reference(feeds).values()))
+        means[keep] = float(((out * full).sum(1) / np.linalg.norm(out, axis=1)).mean())
+    assert choice.keep == max(means, key=lambda k: means[k])
+    assert choice.cosine_mean == pytest.approx(means[choice.keep], abs=1e-4)
+    assert choice.spread_mean == pytest.approx(means[choose_layers(6, 5)], abs=1e-4)
+    assert "kept layers" in choice.describe()
+    # The teacher has all its layers back.
+    assert len(encoder_layers(source.module.model)) == 6
+    np.testing.assert_allclose(embed(), full, atol=1e-6)
+    assert measure_layers(object(), embed, 2, (0, 5), 24) is None  # not BERT-like: spread
 
 
 def test_student_weights_renumber_the_kept_layers() -> None:
@@ -108,7 +161,10 @@ def test_distillation_lowers_the_loss_and_is_gated(distilled: DistillReport) -> 
     losses = distilled.losses
     assert len(losses) == 8  # 64 sentences / 16 a step, 2 epochs
     assert np.mean(losses[-3:]) < losses[0]
-    assert distilled.keep == (0, 5)
+    assert distilled.choice is not None  # measured, the default
+    assert distilled.keep == distilled.choice.keep
+    assert len(distilled.keep) == 2
+    assert distilled.to_json()["layer_choice"]["keep"] == list(distilled.keep)
     assert distilled.teacher_layers == 6
     config = json.loads((distilled.student / "config.json").read_text())
     assert config["num_hidden_layers"] == 2

@@ -101,7 +101,14 @@ def test_a_distillation_job_registers_a_student_linked_to_its_teacher(
     assert tags["shamal.source_model_uri"] == f"models:/{name}/1"
     assert tags["shamal.source_version"] == "1"
     assert tags["shamal.variant"] == "distilled-2l"
-    assert tags["shamal.distill.kept_layers"] == "0,5"
+    # The two layers were measured on the training text, not spread evenly.
+    assert tags["shamal.distill.layer_choice"] == "measured"
+    kept = [int(x) for x in tags["shamal.distill.kept_layers"].split(",")]
+    assert len(kept) == 2
+    assert kept == sorted(set(kept))
+    assert kept[-1] <= 5
+    assert 0 < float(tags["shamal.distill.untrained_cosine_mean"]) <= 1
+    assert job["command"][job["command"].index("--choose-layers") + 1] == "measured"
     assert tags["shamal.distill.teacher_layers"] == "6"
     # 36 lines: 8 held out for the gate, 28 trained on in 4 steps of 8.
     assert tags["shamal.distill.sentences"] == "28"
@@ -140,6 +147,7 @@ def test_refusals_come_before_anything_is_queued(
         ((str(tmp_path),), "--local"),
         (("models:/nothing/1", "--layers", "0"), "--layers"),
         (("models:/nothing/1", "--keep", "a,b"), "--keep"),
+        (("models:/nothing/1", "--choose-layers", "best"), "--choose-layers"),
         (("models:/nothing/1", "--register", "--x"), "--register"),
     ):
         code, out = shamal("distill", *args)

@@ -62,6 +62,7 @@ class _Training:
     timed: bool
     token_weight: float = 1.0
     min_cosine_mean: float = 0.99
+    choose: str = "measured"
 
     def request(self, data: Path | None) -> DistillRequest:
         from shamal.optimize import DistillRequest, Thresholds
@@ -78,6 +79,7 @@ class _Training:
             thresholds=Thresholds(min_cosine=self.min_cosine, min_cosine_mean=self.min_cosine_mean),
             timed=self.timed,
             token_weight=self.token_weight,
+            choose=self.choose,
         )
         made.check()
         return made
@@ -88,6 +90,7 @@ class _Training:
         args += ["--learning-rate", repr(self.learning_rate), "--min-cosine", repr(self.min_cosine)]
         args += ["--token-weight", repr(self.token_weight)]
         args += ["--min-cosine-mean", repr(self.min_cosine_mean)]
+        args += ["--choose-layers", self.choose]
         args += ["--keep", self.keep] if self.keep else []
         args += ["--max-steps", str(self.max_steps)] if self.max_steps else []
         return args + ([] if self.timed else ["--no-time"])
@@ -192,6 +195,8 @@ def _summary(outcome: DistillOutcome) -> None:
         if report.losses
         else f"[bold]{variant.name}[/]: no training step"
     )
+    if report.choice is not None:
+        console.print(escape(report.choice.describe()))
     console.print(
         f"cosine to the teacher on {f.rows} held-out sentences: mean {f.cosine_mean:.4f}, "
         f"min {f.cosine_min:.4f}"
@@ -260,6 +265,13 @@ def distill(
     keep: Annotated[
         str | None, typer.Option(help="The teacher's layers to keep instead, e.g. 0,2,4.")
     ] = None,
+    choose_layers: Annotated[
+        str,
+        typer.Option(
+            help="How --layers are chosen: measured (the subset that, untrained, stays closest "
+            "to the teacher on the training text) or spread (evenly, first and last kept)."
+        ),
+    ] = "measured",
     data: Annotated[
         Path | None,
         typer.Option(help="Unlabeled text, one sentence a line (UTF-8); default: generated."),
@@ -325,6 +337,7 @@ def distill(
         time_it,
         token_weight,
         min_cosine_mean,
+        choose_layers,
     )
     registration = (register_as, no_register)
     if local:

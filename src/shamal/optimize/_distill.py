@@ -26,6 +26,7 @@ import numpy as np
 
 from shamal.errors import InvalidParameter
 from shamal.optimize._folder import MODEL_FILE, write_model_folder
+from shamal.optimize._layer_choice import LayerChoice, encoder_layers, measure_layers
 from shamal.optimize._measure import (
     Thresholds,
     Timing,
@@ -37,6 +38,7 @@ from shamal.optimize._measure import (
 from shamal.optimize._pipeline import CPU, OptimizeReport, VariantReport
 from shamal.optimize._student import (
     build_student,
+    choose_layers,
     generated_sentences,
     read_sentences,
     vocabulary_words,
@@ -64,6 +66,10 @@ PROBE_HOLDOUT = 64
 #: A user's text keeps this share (at most ``DistillRequest.holdout`` lines) for the gate.
 HOLDOUT_SHARE = 0.1
 TEACHER_VARIANT = "teacher-fp32"
+#: Training sentences the choice of layers is measured on.
+CHOICE_SAMPLE = 256
+#: How the layers are chosen when ``keep`` is not given.
+CHOICES = ("measured", "spread")
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,12 @@ class DistillRequest:
     """What student to make and how to train and judge it.
 
     Attributes:
-        layers: the student's layer count (the teacher's layers spread evenly, from the first).
+        layers: the student's layer count.
         keep: the teacher's layers to keep instead (0-based), e.g. ``(0, 2, 4)``.
+        choose: how ``layers`` layers are chosen when ``keep`` is None: ``measured`` (the
+            subset whose untrained embeddings stay closest to the teacher's on a sample of the
+            training sentences, :mod:`shamal.optimize._layer_choice`) or ``spread`` (evenly,
+            first and last kept).
         data: a UTF-8 text file, one sentence a line; None = generated sentences.
         sentences: how many sentences to generate when ``data`` is None.
         epochs: passes over the training sentences.
@@ -92,6 +102,7 @@ class DistillRequest:
 
     layers: int = 3
     keep: tuple[int, ...] | None = None
+    choose: str = "measured"
     data: Path | None = None
     sentences: int = 2000
     epochs: int = 3
@@ -125,6 +136,7 @@ class DistillRequest:
             (1 <= self.sentences <= 100_000, "--sentences takes 1 to 100000."),
             (8 <= self.holdout <= 10_000, "--holdout takes 8 to 10000."),
             (self.precision in ("fp32", "bf16"), "--precision takes fp32 or bf16."),
+            (self.choose in CHOICES, "--choose-layers takes measured or spread."),
             (
                 math.isfinite(self.token_weight) and 0 <= self.token_weight <= 100,
                 "--token-weight takes 0 to 100.",
@@ -172,6 +184,7 @@ class DistillReport:
         holdout: how many held-out sentences judged it.
         losses: the training loss after each optimizer step (a resumed run's included).
         report: the teacher's fp32 ONNX (when timed) and the student's variant, last.
+        choice: how the layers were measured and chosen (None: given, or spread evenly).
     """
 
     student: Path
@@ -182,6 +195,7 @@ class DistillReport:
     holdout: int
     losses: tuple[float, ...]
     report: OptimizeReport
+    choice: LayerChoice | None = None
 
     @property
     def candidate(self) -> VariantReport:
@@ -204,6 +218,7 @@ class DistillReport:
             "steps": len(self.losses),
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
+            "layer_choice": self.choice.to_json() if self.choice else None,
         }
 
 
@@ -260,6 +275,24 @@ def _token_states(source: TransformerSource, feeds: Feeds, batch: int = 128) -> 
     return out
 
 
+def _choose(
+    request: DistillRequest, teacher: TransformerSource, feeds: Feeds
+) -> LayerChoice | None:
+    """The measured choice of layers, when it is asked for and the encoder is BERT-like."""
+    if request.keep is not None or request.choose != "measured":
+        return None
+    layers = encoder_layers(teacher.module.model)
+    if layers is None:
+        return None
+    spread = choose_layers(len(layers), request.layers)
+    count = len(feeds["input_ids"])
+    rows = np.sort(np.random.default_rng(request.seed).permutation(count)[:CHOICE_SAMPLE])
+    sample = {name: feeds[name][rows] for name in INPUT_NAMES}
+    return measure_layers(
+        teacher.module.model, lambda: _embed(teacher, sample), request.layers, spread, len(rows)
+    )
+
+
 # ---------------------------------------------------------------------- training
 @dataclass
 class _Training:
@@ -272,6 +305,8 @@ class _Training:
     log: DistillLog
     checkpoints: CheckpointStore | None
     guard: PreemptionGuard | None
+    #: The teacher's layers the student started from; a resumed run reports its checkpoint's.
+    keep: tuple[int, ...] = ()
 
     @property
     def per_epoch(self) -> int:
@@ -385,6 +420,8 @@ def _train(module: Any, job: _Training) -> list[float]:
     state = {"model": module, "optimizer": optimizer, "scheduler": scheduler}
     saver = None if job.checkpoints is None else Checkpointer(job.checkpoints, keep_last=1)
     start, losses, saved = _resumed(saver, state)
+    if saved.get("keep"):
+        job.keep = tuple(int(layer) for layer in saved["keep"])
     carried = job.log.started(saved)
     # Dropout stays off: the student copies a fixed function, and on a short run the noise
     # only slows it down. Gradients flow in eval mode all the same.
@@ -394,7 +431,8 @@ def _train(module: Any, job: _Training) -> list[float]:
         job.log.metrics(step + 1, {"loss": losses[-1], "lr": float(scheduler.get_last_lr()[0])})
         stop = job.guard is not None and job.guard.should_stop()
         if saver is not None and (stop or (step + 1) % job.per_epoch == 0 or step + 1 == total):
-            saver.save(step + 1, **state, extra={**carried, "losses": losses})
+            extra = {**carried, "losses": losses, "keep": list(job.keep)}
+            saver.save(step + 1, **state, extra=extra)
         if stop and job.guard is not None:
             job.guard.exit()
     return losses
@@ -471,15 +509,24 @@ def distill_encoder(
             "with mean pooling)."
         )
     train, holdout, origin = _texts(request, teacher_model.tokenizer)
-    keep, total = build_student(teacher, dest / "student", layers=request.layers, keep=request.keep)
     feeds = tokenize(teacher_model.tokenizer, train, request.max_length)
+    choice = _choose(request, teacher_model, feeds)
+    keep, total = build_student(
+        teacher,
+        dest / "student",
+        layers=request.layers,
+        keep=choice.keep if choice else request.keep,
+    )
     targets = _embed(teacher_model, feeds)
     states: list[np.ndarray] = []
     if _token_loss(request, feeds, teacher_model.hidden_size):
         states = _token_states(teacher_model, feeds)
-    job = _Training(feeds, targets, states, request, log or _Quiet(), checkpoints, guard)
+    job = _Training(feeds, targets, states, request, log or _Quiet(), checkpoints, guard, keep)
     student = load_transformer(dest / "student")
     losses = _train(student.module, job)
+    if job.keep != keep:  # resumed from a checkpoint whose student started elsewhere
+        logger.warning("resumed a student of layers %s (measured now: %s)", job.keep, keep)
+        keep, choice = job.keep, None
     _save_student(student.module, dest / "student")
     held = tokenize(teacher_model.tokenizer, holdout, request.max_length)
     evals = (_trimmed(held, np.arange(len(holdout))), f"{len(holdout)} held-out sentences")
@@ -492,5 +539,13 @@ def distill_encoder(
     source = str(request.source_uri or teacher)
     report = OptimizeReport(source, "transformer", "embedding", tuple(variants))
     return DistillReport(
-        dest / "student", keep, total, len(train), origin, len(holdout), tuple(losses), report
+        dest / "student",
+        keep,
+        total,
+        len(train),
+        origin,
+        len(holdout),
+        tuple(losses),
+        report,
+        choice,
     )

@@ -144,7 +144,10 @@ def distill_tags(report: DistillReport, request: DistillRequest) -> dict[str, st
         "shamal.distill.data": report.origin[:250],
         "shamal.distill.steps": str(len(report.losses)),
         "shamal.distill.holdout": str(report.holdout),
+        "shamal.distill.layer_choice": "measured" if report.choice else "given or spread",
     }
+    if report.choice is not None:
+        tags["shamal.distill.untrained_cosine_mean"] = f"{report.choice.cosine_mean:.6f}"
     if report.losses:
         tags["shamal.distill.loss_first"] = f"{report.losses[0]:.6f}"
         tags["shamal.distill.loss_last"] = f"{report.losses[-1]:.6f}"
