@@ -13,6 +13,7 @@ import pytest
 
 from shamal.errors import InvalidParameter
 from shamal.features._pit import (
+    GATHER_SHARE,
     JoinLimits,
     ViewInput,
     _method,
@@ -176,6 +177,7 @@ def test_auto_with_an_unreadable_file_gives_a_clear_error(tmp_path: Path) -> Non
 def test_gather_leaves_duckdb_what_its_own_buffers_do_not_take(tmp_path: Path) -> None:
     entities, view = _case(tmp_path, 400_000)
     need_mb = gather_estimate(entities, [view.files], [view.features]) >> 20
+    assert 0 < need_mb < 1024 * GATHER_SHARE  # gathers, and DuckDB's share is not all of it
     method, limits = _method(
         "auto", JoinLimits(memory_limit_mb=1024), entities, [list(view.files)], [view]
     )

@@ -96,17 +96,19 @@ def test_measured_layers_are_the_subset_closest_to_the_teacher(
         return next(iter(source.reference(feeds).values()))
 
     full = embed()
-    choice = measure_layers(source.module.model, embed, 5, choose_layers(6, 5), 24)
+    choice = measure_layers(source.module.model, embed, 5, choose_layers(6, 5))
     assert choice is not None
     assert choice.exhaustive
     assert choice.tried == 6
+    assert choice.sentences == 24
     # Each five-layer student, built as distillation builds it, measured on its own.
     means = {}
     for drop in range(6):
         keep = tuple(k for k in range(6) if k != drop)
         build_student(teacher, tmp_path / str(drop), keep=keep)
         out = next(iter(load_transformer(tmp_path / str(drop)).reference(feeds).values()))
-        means[keep] = float(((out * full).sum(1) / np.linalg.norm(out, axis=1)).mean())
+        norms = np.linalg.norm(out, axis=1) * np.linalg.norm(full, axis=1)
+        means[keep] = float(((out * full).sum(1) / norms).mean())
     assert choice.keep == max(means, key=lambda k: means[k])
     assert choice.cosine_mean == pytest.approx(means[choice.keep], abs=1e-4)
     assert choice.spread_mean == pytest.approx(means[choose_layers(6, 5)], abs=1e-4)
@@ -114,7 +116,7 @@ def test_measured_layers_are_the_subset_closest_to_the_teacher(
     # The teacher has all its layers back.
     assert len(encoder_layers(source.module.model)) == 6
     np.testing.assert_allclose(embed(), full, atol=1e-6)
-    assert measure_layers(object(), embed, 2, (0, 5), 24) is None  # not BERT-like: spread
+    assert measure_layers(object(), embed, 2, (0, 5)) is None  # not BERT-like: spread
 
 
 def test_student_weights_renumber_the_kept_layers() -> None:

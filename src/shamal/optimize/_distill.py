@@ -289,7 +289,7 @@ def _choose(
     rows = np.sort(np.random.default_rng(request.seed).permutation(count)[:CHOICE_SAMPLE])
     sample = {name: feeds[name][rows] for name in INPUT_NAMES}
     return measure_layers(
-        teacher.module.model, lambda: _embed(teacher, sample), request.layers, spread, len(rows)
+        teacher.module.model, lambda: _embed(teacher, sample), request.layers, spread
     )
 
 

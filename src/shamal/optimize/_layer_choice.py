@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from shamal.optimize._measure import row_cosines
+
 __all__ = ["EXHAUSTIVE_LIMIT", "LayerChoice", "encoder_layers", "measure_layers", "search_layers"]
 
 logger = logging.getLogger(__name__)
@@ -128,17 +130,11 @@ def _subset(model: Any, layers: Any, keep: tuple[int, ...]) -> Iterator[None]:
         model.encoder.layer = layers
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return np.asarray((a * b).sum(axis=1) / np.maximum(norms, 1e-12))
-
-
 def measure_layers(
     model: Any,
     embed: Callable[[], np.ndarray],
     count: int,
     spread: tuple[int, ...],
-    sentences: int,
 ) -> LayerChoice | None:
     """Choose ``count`` layers of ``model`` (the teacher's transformers model) by measuring.
 
@@ -146,7 +142,6 @@ def measure_layers(
         embed: the teacher's sentence embeddings of the sample, computed by whatever layers
             ``model`` holds when it is called.
         spread: the evenly spread choice, measured too for the report.
-        sentences: the sample's size (for the report).
 
     Returns:
         The choice, or None when the model's encoder layers cannot be found (not BERT-like):
@@ -160,12 +155,14 @@ def measure_layers(
 
     def score(keep: tuple[int, ...]) -> tuple[float, float]:
         with _subset(model, layers, keep):
-            cosines = _cosines(embed(), reference)
+            cosines = row_cosines(reference, embed())
         return float(cosines.mean()), float(cosines.min())
 
     keep, seen, exhaustive = search_layers(total, count, score)
     mean, low = seen[keep]
     spread_mean = (seen[spread] if spread in seen else score(spread))[0]
-    choice = LayerChoice(keep, mean, low, spread, spread_mean, len(seen), exhaustive, sentences)
+    choice = LayerChoice(
+        keep, mean, low, spread, spread_mean, len(seen), exhaustive, len(reference)
+    )
     logger.info("distillation: %s", choice.describe())
     return choice

@@ -141,7 +141,8 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.kind == "f"
 
 
-def _row_cosines(ref: np.ndarray, var: np.ndarray) -> np.ndarray:
+def row_cosines(ref: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """The cosine of each row of ``var`` to the same row of ``ref`` (1 where they are equal)."""
     a = ref.reshape(len(ref), -1).astype(np.float64)
     b = var.reshape(len(var), -1).astype(np.float64)
     den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
@@ -172,7 +173,7 @@ def _task_metric(
         if labels is not None:
             return "r2", _r2(labels, first_ref), _r2(labels, first_var)
         return "r2 vs original", 1.0, _r2(first_ref, first_var)
-    cos = _row_cosines(first_ref, first_var)
+    cos = row_cosines(first_ref, first_var)
     return "cosine mean", 1.0, float(cos.mean())
 
 
@@ -192,7 +193,7 @@ def compare(
     diffs = [float(np.max(np.abs(reference[k] - variant[k]), initial=0.0)) for k in floats]
     cos_mean = cos_min = None
     if task in ("embedding", "other") and floats:
-        cos = _row_cosines(reference[floats[0]], variant[floats[0]])
+        cos = row_cosines(reference[floats[0]], variant[floats[0]])
         cos_mean, cos_min = float(cos.mean()), float(cos.min())
     metric, original, achieved = _task_metric(task, reference, variant, labels)
     reason = ""
