@@ -167,6 +167,7 @@ def test_distillation_lowers_the_loss_and_is_gated(distilled: DistillReport) -> 
     assert distilled.keep == distilled.choice.keep
     assert len(distilled.keep) == 2
     assert distilled.to_json()["layer_choice"]["keep"] == list(distilled.keep)
+    assert distilled.to_json()["layer_choice"]["sentences"] == 64  # all 64 (fewer than 256)
     assert distilled.teacher_layers == 6
     config = json.loads((distilled.student / "config.json").read_text())
     assert config["num_hidden_layers"] == 2

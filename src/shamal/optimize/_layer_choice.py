@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -62,16 +62,8 @@ class LayerChoice:
     sentences: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "keep": list(self.keep),
-            "cosine_mean": self.cosine_mean,
-            "cosine_min": self.cosine_min,
-            "spread": list(self.spread),
-            "spread_mean": self.spread_mean,
-            "tried": self.tried,
-            "exhaustive": self.exhaustive,
-            "sentences": self.sentences,
-        }
+        """Every field, the layer tuples as lists."""
+        return {**asdict(self), "keep": list(self.keep), "spread": list(self.spread)}
 
     def describe(self) -> str:
         """One line for people: what was kept and why."""
